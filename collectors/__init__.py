@@ -1,0 +1,1 @@
+"""Collectors: scrape targets, parse and normalize their metrics, hand canonical samples on."""

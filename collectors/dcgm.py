@@ -1,0 +1,69 @@
+"""Normalize a dcgm-exporter /metrics scrape into one GpuSample per GPU."""
+
+from __future__ import annotations
+
+from collectors.parse import ParsedScrape, ScrapeFormatError, parse_exposition
+from kneepoint.samples import GpuSample
+
+# DCGM writes "blank" (no reading) as huge sentinel values, e.g. DCGM_FP64_BLANK = 1.4e26
+# and DCGM_INT64_BLANK = 9223372036854775792: anything this large is not a measurement.
+SENTINEL_FLOOR = 9.2e18
+
+# GpuSample field -> (DCGM field, scale). Ratios stay 0..1; GPU_UTIL is a percentage.
+FIELDS: dict[str, tuple[str, float]] = {
+    "utilization": ("DCGM_FI_DEV_GPU_UTIL", 0.01),
+    "gr_engine_active": ("DCGM_FI_PROF_GR_ENGINE_ACTIVE", 1.0),
+    "sm_active": ("DCGM_FI_PROF_SM_ACTIVE", 1.0),
+    "tensor_active": ("DCGM_FI_PROF_PIPE_TENSOR_ACTIVE", 1.0),
+    "dram_active": ("DCGM_FI_PROF_DRAM_ACTIVE", 1.0),
+    "power_watts": ("DCGM_FI_DEV_POWER_USAGE", 1.0),
+    "energy_mj": ("DCGM_FI_DEV_TOTAL_ENERGY_CONSUMPTION", 1.0),
+    "temperature_c": ("DCGM_FI_DEV_GPU_TEMP", 1.0),
+    "memory_temperature_c": ("DCGM_FI_DEV_MEMORY_TEMP", 1.0),
+    "fb_used_mib": ("DCGM_FI_DEV_FB_USED", 1.0),
+    "fb_free_mib": ("DCGM_FI_DEV_FB_FREE", 1.0),
+    "xid_error": ("DCGM_FI_DEV_XID_ERRORS", 1.0),
+}
+
+
+def parse_dcgm(text: str, default_host: str) -> list[GpuSample]:
+    """Parse one dcgm-exporter body; `default_host` names GPUs whose series carry no host."""
+    parsed = parse_exposition(text, lambda name: name.startswith("DCGM_FI_"))
+    return normalize_dcgm(parsed, default_host)
+
+
+def normalize_dcgm(parsed: ParsedScrape, default_host: str) -> list[GpuSample]:
+    if not parsed.samples:
+        raise ScrapeFormatError("no DCGM_FI_* series found; is this a dcgm-exporter endpoint?")
+    gpus: dict[tuple[str, int], GpuSample] = {}
+    for field, (name, scale) in FIELDS.items():
+        for labels, value in parsed.series(name):
+            gpu = _gpu(gpus, labels, default_host)
+            if gpu is None or value >= SENTINEL_FLOOR:
+                continue
+            setattr(gpu, field, value * scale)
+    for gpu in gpus.values():
+        # GDDR cards (L4, T4, RTX) report no memory temperature and show 0 °C for it.
+        if gpu.memory_temperature_c == 0:
+            gpu.memory_temperature_c = None
+        # XID_ERRORS holds the last XID code; 0 means none has happened.
+        if gpu.xid_error == 0:
+            gpu.xid_error = None
+    return sorted(gpus.values(), key=lambda gpu: (gpu.host, gpu.index))
+
+
+def _gpu(
+    gpus: dict[tuple[str, int], GpuSample], labels: dict[str, str], default_host: str
+) -> GpuSample | None:
+    if "gpu" not in labels:
+        return None
+    host = labels.get("Hostname") or labels.get("hostname") or default_host
+    key = (host, int(labels["gpu"]))
+    gpu = gpus.get(key)
+    if gpu is None:
+        gpu = gpus[key] = GpuSample(host=host, index=key[1])
+    gpu.uuid = gpu.uuid or labels.get("UUID")
+    gpu.model = gpu.model or labels.get("modelName")
+    gpu.pod = gpu.pod or labels.get("pod") or labels.get("exported_pod")
+    gpu.namespace = gpu.namespace or labels.get("namespace") or labels.get("exported_namespace")
+    return gpu

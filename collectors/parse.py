@@ -1,0 +1,91 @@
+"""Turn a Prometheus text exposition into {sample name: [(labels, value)]} with the
+prometheus_client parser, keeping only the series a normalizer asks for."""
+
+from __future__ import annotations
+
+import math
+import re
+from collections.abc import Callable
+from dataclasses import dataclass, field
+
+from prometheus_client.parser import text_string_to_metric_families
+
+_METRIC_NAME = re.compile(r"[a-zA-Z_:][a-zA-Z0-9_:]*")
+
+
+class ScrapeFormatError(ValueError):
+    """The body is not a usable Prometheus text exposition."""
+
+
+Series = list[tuple[dict[str, str], float]]
+
+
+@dataclass
+class ParsedScrape:
+    """Samples by name; `dropped` counts NaN/Inf values, which carry no usable number."""
+
+    samples: dict[str, Series] = field(default_factory=dict)
+    dropped: int = 0
+    _seen: dict[tuple[str, frozenset[tuple[str, str]]], float] = field(
+        default_factory=dict, repr=False
+    )
+
+    def series(self, name: str) -> Series:
+        return self.samples.get(name, [])
+
+    def has(self, name: str) -> bool:
+        return name in self.samples
+
+
+def parse_exposition(
+    text: str,
+    wanted: Callable[[str], bool],
+    rename: Callable[[str], str] = lambda name: name,
+) -> ParsedScrape:
+    """Parse `text`, keeping samples whose (renamed) name `wanted` accepts.
+
+    Lines of unwanted series are skipped before the parser sees them: parsing is the cost
+    of a scrape, and a vLLM capture is two thirds series nobody reads (`_created`, buckets
+    of histograms we keep only as sum and count, process and HTTP metrics). Every line's
+    name is still checked, so an HTML page or garbage is an error, not an empty scrape.
+    """
+    if not text.strip():
+        raise ScrapeFormatError("the response body is empty")
+    if not text.endswith("\n"):
+        raise ScrapeFormatError("the response ends mid-line (truncated body)")
+    kept: list[str] = []
+    for number, line in enumerate(text.split("\n"), start=1):
+        if not line or line[0] == "#":
+            continue
+        name = line.partition(" ")[0].partition("{")[0]
+        canonical = rename(name)
+        if wanted(canonical):
+            kept.append(line if canonical is name else canonical + line[len(name) :])
+        elif not _METRIC_NAME.fullmatch(name):
+            raise ScrapeFormatError(f"line {number} is not a metric sample: {line[:60]!r}")
+    parsed = ParsedScrape()
+    try:
+        families = text_string_to_metric_families("\n".join(kept) + "\n")
+        for family in families:
+            for sample in family.samples:
+                _add(parsed, sample.name, sample.labels, sample.value)
+    except ValueError as error:
+        raise ScrapeFormatError(f"malformed exposition: {error}") from error
+    return parsed
+
+
+def _add(parsed: ParsedScrape, name: str, labels: dict[str, str], value: float) -> None:
+    if not math.isfinite(value):
+        parsed.dropped += 1
+        return
+    key = (name, frozenset(labels.items()))
+    seen = parsed._seen.get(key)
+    if seen is not None:
+        # An identical repeat is harmless; two values for one series make both untrustworthy.
+        if seen != value:
+            raise ScrapeFormatError(
+                f"duplicate series {name}{labels} with different values ({seen} and {value})"
+            )
+        return
+    parsed._seen[key] = value
+    parsed.samples.setdefault(name, []).append((labels, value))

@@ -1,0 +1,82 @@
+"""Fetch every target's /metrics concurrently with httpx; one slow target delays no other."""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from dataclasses import dataclass
+
+import httpx
+
+from kneepoint.clock import Clock, system_clock
+from kneepoint.config import Target
+
+
+class ScrapeError(Exception):
+    """The target could not be read; the message says why in one sentence."""
+
+
+@dataclass(frozen=True)
+class Fetched:
+    target: Target
+    started_at: float
+    duration: float
+    body: str | None
+    error: str | None
+
+
+async def fetch(client: httpx.AsyncClient, target: Target) -> str:
+    """Return the body of one target's /metrics, or raise ScrapeError."""
+    try:
+        async with asyncio.timeout(target.timeout):
+            async with client.stream(
+                "GET", target.url, headers=target.headers, timeout=target.timeout
+            ) as response:
+                if response.status_code != 200:
+                    raise ScrapeError(f"HTTP {response.status_code} from {target.url}")
+                content_type = response.headers.get("content-type", "")
+                if "html" in content_type:
+                    raise ScrapeError(f"{target.url} answered with an HTML page, not metrics")
+                chunks: list[bytes] = []
+                size = 0
+                async for chunk in response.aiter_bytes():
+                    size += len(chunk)
+                    if size > target.max_bytes:
+                        raise ScrapeError(
+                            f"response from {target.url} exceeds {target.max_bytes} bytes"
+                        )
+                    chunks.append(chunk)
+                return b"".join(chunks).decode(response.encoding or "utf-8", errors="replace")
+    except TimeoutError:
+        raise ScrapeError(f"timed out after {target.timeout:g}s") from None
+    except httpx.TimeoutException:
+        raise ScrapeError(f"timed out after {target.timeout:g}s") from None
+    except httpx.ConnectError as error:
+        raise ScrapeError(f"cannot connect to {target.url}: {_reason(error)}") from None
+    except httpx.HTTPError as error:
+        raise ScrapeError(f"{type(error).__name__} from {target.url}: {_reason(error)}") from None
+
+
+async def fetch_all(targets: list[Target], clock: Clock = system_clock) -> list[Fetched]:
+    """Fetch all targets at once; failures come back as Fetched with an error, never raise."""
+    async with httpx.AsyncClient(follow_redirects=True) as client:
+        return list(await asyncio.gather(*(_timed(client, t, clock) for t in targets)))
+
+
+async def _timed(client: httpx.AsyncClient, target: Target, clock: Clock) -> Fetched:
+    started_at, began = clock(), time.perf_counter()
+    try:
+        body = await fetch(client, target)
+        return Fetched(target, started_at, time.perf_counter() - began, body, None)
+    except ScrapeError as error:
+        return Fetched(target, started_at, time.perf_counter() - began, None, str(error))
+
+
+def _reason(error: BaseException) -> str:
+    cause: BaseException | None = error
+    while cause is not None:
+        if isinstance(cause, ConnectionRefusedError):
+            return "connection refused"
+        cause = cause.__cause__ or cause.__context__
+    text = str(error) or type(error).__name__
+    return text.splitlines()[0][:200]

@@ -1,0 +1,238 @@
+"""Normalize a vLLM /metrics scrape (v0 0.5 to V1 0.32) into one canonical ReplicaSample.
+
+Each canonical quantity lists its vLLM names newest first; the first one present wins, so a
+release that exposes a deprecated name next to its replacement (0.10, 0.11) is counted once.
+"""
+
+from __future__ import annotations
+
+from collections import defaultdict
+from collections.abc import Iterable
+
+from collectors.parse import ParsedScrape, ScrapeFormatError, Series, parse_exposition
+from kneepoint.samples import CacheConfig, Histogram, ReplicaSample
+
+GAUGES: dict[str, tuple[str, ...]] = {
+    "requests_running": ("vllm:num_requests_running",),
+    "requests_waiting": ("vllm:num_requests_waiting",),
+    "requests_swapped": ("vllm:num_requests_swapped",),
+}
+KV_USAGE = ("vllm:kv_cache_usage_perc", "vllm:gpu_cache_usage_perc")
+V0_PREFIX_HIT_RATE = "vllm:gpu_prefix_cache_hit_rate"
+WAITING_BY_REASON = "vllm:num_requests_waiting_by_reason"
+
+COUNTERS: dict[str, tuple[str, ...]] = {
+    "preemptions": ("vllm:num_preemptions_total",),
+    "prompt_tokens": ("vllm:prompt_tokens_total",),
+    "generation_tokens": ("vllm:generation_tokens_total",),
+    "prefix_cache_queries": (
+        "vllm:prefix_cache_queries_total",
+        "vllm:gpu_prefix_cache_queries_total",
+    ),
+    "prefix_cache_hits": ("vllm:prefix_cache_hits_total", "vllm:gpu_prefix_cache_hits_total"),
+    "request_prompt_tokens_sum": ("vllm:request_prompt_tokens_sum",),
+    "request_prompt_tokens_count": ("vllm:request_prompt_tokens_count",),
+    "request_generation_tokens_sum": ("vllm:request_generation_tokens_sum",),
+    "request_generation_tokens_count": ("vllm:request_generation_tokens_count",),
+    "spec_decode_drafts": ("vllm:spec_decode_num_drafts_total",),
+    "spec_decode_draft_tokens": ("vllm:spec_decode_num_draft_tokens_total",),
+    "spec_decode_accepted_tokens": ("vllm:spec_decode_num_accepted_tokens_total",),
+}
+# Counters split by a label: canonical name -> (vLLM name, label, label value).
+LABELLED_COUNTERS: dict[str, tuple[str, str, str]] = {
+    "prompt_tokens_local_compute": (
+        "vllm:prompt_tokens_by_source_total", "source", "local_compute"),
+    "prompt_tokens_local_cache_hit": (
+        "vllm:prompt_tokens_by_source_total", "source", "local_cache_hit"),
+    "prompt_tokens_external": (
+        "vllm:prompt_tokens_by_source_total", "source", "external_kv_transfer"),
+    **{
+        f"requests_finished_{reason}": (
+            "vllm:request_success_total", "finished_reason", reason)
+        for reason in ("stop", "length", "abort", "error", "repetition")
+    },
+}
+ACCEPTED_PER_POSITION = "vllm:spec_decode_num_accepted_tokens_per_pos_total"
+
+HISTOGRAMS: dict[str, tuple[str, ...]] = {
+    "ttft": ("vllm:time_to_first_token_seconds",),
+    "itl": ("vllm:inter_token_latency_seconds", "vllm:time_per_output_token_seconds"),
+    "e2e": ("vllm:e2e_request_latency_seconds",),
+    "queue": ("vllm:request_queue_time_seconds", "vllm:time_in_queue_requests"),
+}
+CACHE_CONFIG = "vllm:cache_config_info"
+# Families only v0 exposes: they tell v0 apart from the early V1 engine (0.8), which shares
+# the `gpu_cache_usage_perc` name with it.
+V0_MARKERS = (
+    "vllm:num_requests_swapped",
+    "vllm:cpu_cache_usage_perc",
+    V0_PREFIX_HIT_RATE,
+    "vllm:avg_prompt_throughput_toks_per_s",
+    "vllm:time_in_queue_requests_count",
+)
+
+
+def _wanted_names() -> frozenset[str]:
+    names: set[str] = {*KV_USAGE, V0_PREFIX_HIT_RATE, WAITING_BY_REASON, CACHE_CONFIG}
+    names.update(*GAUGES.values(), *COUNTERS.values(), V0_MARKERS)
+    names.update(name for name, _, _ in LABELLED_COUNTERS.values())
+    names.add(ACCEPTED_PER_POSITION)
+    for aliases in HISTOGRAMS.values():
+        for name in aliases:
+            names.update({f"{name}_bucket", f"{name}_sum", f"{name}_count"})
+    return frozenset(names)
+
+
+WANTED = _wanted_names()
+
+
+def canonical_name(name: str) -> str:
+    """Map Ray's `vllm_…` spelling to the usual `vllm:…`."""
+    return "vllm:" + name[5:] if name[:5] == "vllm_" else name
+
+
+def parse_vllm(text: str) -> ReplicaSample:
+    """Parse and normalize one vLLM /metrics body; raise ScrapeFormatError if it is not one."""
+    return normalize_vllm(parse_exposition(text, WANTED.__contains__, canonical_name))
+
+
+def normalize_vllm(parsed: ParsedScrape) -> ReplicaSample:
+    usage_name = _first_present(parsed, KV_USAGE)
+    if usage_name is None:
+        raise ScrapeFormatError(
+            "no vLLM KV-cache metric (kv_cache_usage_perc or gpu_cache_usage_perc) found; "
+            "is this a vLLM /metrics endpoint?"
+        )
+    usage = _per_engine(parsed.series(usage_name))
+    engines = sorted(usage)
+    gauges: dict[str, float | None] = {
+        "kv_cache_usage": max(usage.values()),
+        "kv_cache_usage_mean": sum(usage.values()) / len(usage),
+        "requests_waiting_capacity": _sum_matching(parsed, WAITING_BY_REASON, "reason", "capacity"),
+        "prefix_cache_hit_rate_gauge": _mean(parsed.series(V0_PREFIX_HIT_RATE)),
+    }
+    for field, aliases in GAUGES.items():
+        gauges[field] = _sum_first(parsed, aliases)
+    counters: dict[str, float | None] = {
+        field: _sum_first(parsed, aliases) for field, aliases in COUNTERS.items()
+    }
+    for field, (name, label, value) in LABELLED_COUNTERS.items():
+        counters[field] = _sum_matching(parsed, name, label, value)
+    return ReplicaSample(
+        generation=detect_generation(parsed),
+        engines=len(engines),
+        model_names=_model_names(parsed, usage_name),
+        gauges=gauges,
+        counters=counters,
+        histograms=_histograms(parsed),
+        accepted_per_position=_per_position(parsed.series(ACCEPTED_PER_POSITION)),
+        cache=_cache_config(parsed.series(CACHE_CONFIG)),
+    )
+
+
+def detect_generation(parsed: ParsedScrape) -> str:
+    """Name the engine generation from which names the server exposes (metrics.md §2)."""
+    new, old = parsed.has(KV_USAGE[0]), parsed.has(KV_USAGE[1])
+    if new:
+        return "v1-0.10" if old else "v1"
+    return "v0" if any(parsed.has(marker) for marker in V0_MARKERS) else "v1-0.8"
+
+
+def _first_present(parsed: ParsedScrape, aliases: Iterable[str]) -> str | None:
+    return next((name for name in aliases if parsed.has(name)), None)
+
+
+def _engine(labels: dict[str, str]) -> str:
+    # Releases before the `engine` label have one engine per server.
+    return labels.get("engine", "0")
+
+
+def _per_engine(series: Series) -> dict[str, float]:
+    values: dict[str, float] = defaultdict(float)
+    for labels, value in series:
+        values[_engine(labels)] += value
+    return dict(values)
+
+
+def _sum_first(parsed: ParsedScrape, aliases: Iterable[str]) -> float | None:
+    name = _first_present(parsed, aliases)
+    return None if name is None else sum(value for _, value in parsed.series(name))
+
+
+def _sum_matching(parsed: ParsedScrape, name: str, label: str, wanted: str) -> float | None:
+    values = [value for labels, value in parsed.series(name) if labels.get(label) == wanted]
+    return sum(values) if values else None
+
+
+def _mean(series: Series) -> float | None:
+    return sum(value for _, value in series) / len(series) if series else None
+
+
+def _model_names(parsed: ParsedScrape, name: str) -> list[str]:
+    return sorted({labels["model_name"] for labels, _ in parsed.series(name) if "model_name" in labels})
+
+
+def _histograms(parsed: ParsedScrape) -> dict[str, Histogram]:
+    histograms: dict[str, Histogram] = {}
+    for field, aliases in HISTOGRAMS.items():
+        name = _first_present(parsed, (f"{alias}_bucket" for alias in aliases))
+        if name is None:
+            continue
+        base = name.removesuffix("_bucket")
+        counts: dict[float, float] = defaultdict(float)
+        for labels, value in parsed.series(name):
+            counts[float(labels["le"])] += value
+        bounds = tuple(sorted(counts))
+        total = sum(value for _, value in parsed.series(f"{base}_sum"))
+        histograms[field] = Histogram(bounds, tuple(counts[b] for b in bounds), total)
+    return histograms
+
+
+def _per_position(series: Series) -> list[float] | None:
+    if not series:
+        return None
+    by_position: dict[int, float] = defaultdict(float)
+    for labels, value in series:
+        by_position[int(labels["position"])] += value
+    return [by_position[position] for position in range(max(by_position) + 1)]
+
+
+def _cache_config(series: Series) -> CacheConfig:
+    if not series:
+        return CacheConfig()
+    labels = series[0][0]
+    per_engine_tokens = [
+        _as_int(lbl.get("kv_cache_size_tokens"))
+        or _product(_as_int(lbl.get("block_size")), _as_int(lbl.get("num_gpu_blocks")))
+        for lbl, _ in series
+    ]
+    known = [tokens for tokens in per_engine_tokens if tokens is not None]
+    return CacheConfig(
+        block_size=_as_int(labels.get("block_size")),
+        num_gpu_blocks=_as_int(labels.get("num_gpu_blocks")),
+        cache_dtype=labels.get("cache_dtype"),
+        enable_prefix_caching=_as_bool(labels.get("enable_prefix_caching")),
+        gpu_memory_utilization=_as_float(labels.get("gpu_memory_utilization")),
+        # One series per data-parallel engine, each with its own cache: capacities add up.
+        capacity_tokens=sum(known) if len(known) == len(per_engine_tokens) else None,
+    )
+
+
+def _product(a: int | None, b: int | None) -> int | None:
+    return None if a is None or b is None else a * b
+
+
+def _as_int(text: str | None) -> int | None:
+    number = _as_float(text)
+    return None if number is None else int(number)
+
+
+def _as_float(text: str | None) -> float | None:
+    try:
+        return float(text) if text not in (None, "", "None") else None
+    except ValueError:
+        return None
+
+
+def _as_bool(text: str | None) -> bool | None:
+    return {"true": True, "false": False}.get((text or "").lower())

@@ -1,0 +1,269 @@
+"""kneepoint.yaml: load, expand ${VAR}, validate, and fail with one sentence naming the key."""
+
+from __future__ import annotations
+
+import os
+import re
+from pathlib import Path
+from typing import Annotated, Any, Literal
+
+import yaml
+from apscheduler.triggers.cron import CronTrigger
+from pydantic import (
+    BaseModel,
+    BeforeValidator,
+    ConfigDict,
+    Field,
+    ValidationError,
+    field_validator,
+    model_validator,
+)
+from pydantic_settings import BaseSettings, SettingsConfigDict
+
+from kneepoint.durations import parse_duration
+
+Duration = Annotated[float, BeforeValidator(parse_duration)]
+Fraction = Annotated[float, Field(ge=0.0, le=1.0)]
+_VARIABLE = re.compile(r"\$\{([A-Za-z_][A-Za-z0-9_]*)(?::-([^}]*))?\}")
+_GPU_REF = re.compile(r"[^/\s]+/\d+")
+
+
+class ConfigError(ValueError):
+    """The configuration cannot be used; the message is one sentence naming the key."""
+
+
+class Strict(BaseModel):
+    model_config = ConfigDict(extra="forbid", frozen=True, populate_by_name=True)
+
+
+class Retention(Strict):
+    raw: Duration = 48 * 3600.0
+    minute: Duration = 35 * 86400.0
+    hour: Duration = 400 * 86400.0
+
+    @model_validator(mode="after")
+    def _tiers_grow(self) -> Retention:
+        if not self.raw <= self.minute <= self.hour:
+            raise ValueError("raw, minute and hour retention must not shrink from tier to tier")
+        return self
+
+
+class Target(Strict):
+    name: Annotated[str, Field(min_length=1, pattern=r"^[A-Za-z0-9_.:-]+$")]
+    kind: Literal["vllm", "dcgm"]
+    url: Annotated[str, Field(pattern=r"^https?://\S+$")]
+    gpus: list[str] = []
+    headers: dict[str, str] = {}
+    timeout: Duration = 5.0
+    max_bytes: Annotated[int, Field(gt=0)] = 8 * 1024 * 1024
+
+    @field_validator("gpus")
+    @classmethod
+    def _gpu_refs(cls, gpus: list[str]) -> list[str]:
+        for ref in gpus:
+            if not _GPU_REF.fullmatch(ref):
+                raise ValueError(f"{ref!r} is not a GPU reference like gpu-node-7/0")
+        return gpus
+
+
+class PrometheusSource(Strict):
+    url: Annotated[str, Field(pattern=r"^https?://\S+$")]
+    vllm_selector: str = ""
+    dcgm_selector: str = ""
+
+
+class ApiReference(Strict):
+    name: str = "hosted-api"
+    input_per_mtok: Annotated[float, Field(ge=0)] = 0.15
+    output_per_mtok: Annotated[float, Field(ge=0)] = 0.60
+
+
+class Pricing(Strict):
+    gpu_hour: dict[str, Annotated[float, Field(ge=0)]] = {"default": 2.0}
+    replica_gpu_hour: dict[str, Annotated[float, Field(ge=0)]] = {}
+    extra_monthly: Annotated[float, Field(ge=0)] = 0.0
+    api_reference: ApiReference = ApiReference()
+
+
+class Slo(Strict):
+    name: str
+    metric: Literal["ttft", "itl", "e2e", "queue"]
+    threshold: Duration
+    objective: Annotated[float, Field(gt=0.0, lt=1.0)]
+    window: Duration = 30 * 86400.0
+
+
+ChannelType = Literal[
+    "slack", "discord", "teams", "feishu", "dingtalk", "wecom",
+    "telegram", "pagerduty", "webhook", "alertmanager",
+]
+
+
+class Channel(Strict):
+    name: str
+    type: ChannelType
+    url: str | None = None
+    secret: str | None = None
+    token: str | None = None
+    chat_id: str | None = None
+    routing_key: str | None = None
+    headers: dict[str, str] = {}
+
+
+class Rule(Strict):
+    name: str
+    metric: str
+    op: Literal[">", ">=", "<", "<=", "==", "!="]
+    threshold: float
+    for_: Duration = Field(0.0, alias="for")
+    resolve_threshold: float | None = None
+    severity: Literal["page", "ticket", "info"] = "ticket"
+    scope: Literal["replica", "fleet"] = "replica"
+    labels: dict[str, str] = {}
+    runbook: str = ""
+    channels: list[str] = []
+
+
+class Report(Strict):
+    schedule: str = "0 9 * * MON"
+    channels: list[str] = []
+    output_dir: str = "reports"
+
+    @field_validator("schedule")
+    @classmethod
+    def _cron(cls, schedule: str) -> str:
+        CronTrigger.from_crontab(schedule)
+        return schedule
+
+
+class Config(Strict):
+    database: str = "sqlite:///kneepoint.db"
+    scrape_interval: Duration = 15.0
+    evaluation_interval: Duration = 15.0
+    retention: Retention = Retention()
+    dashboard_url: str = "http://localhost:8501"
+    targets: list[Target] = []
+    prometheus: PrometheusSource | None = None
+    pricing: Pricing = Pricing()
+    slos: list[Slo] = []
+    channels: list[Channel] = []
+    rules: list[Rule] = []
+    report: Report = Report()
+
+    @model_validator(mode="after")
+    def _references(self) -> Config:
+        _unique("targets", [t.name for t in self.targets])
+        _unique("channels", [c.name for c in self.channels])
+        _unique("slos", [s.name for s in self.slos])
+        known = {c.name for c in self.channels}
+        for index, rule in enumerate(self.rules):
+            for channel in rule.channels:
+                if channel not in known:
+                    raise ValueError(f"rules[{index}].channels names unknown channel {channel!r}")
+        for channel in self.report.channels:
+            if channel not in known:
+                raise ValueError(f"report.channels names unknown channel {channel!r}")
+        for index, target in enumerate(self.targets):
+            if target.gpus and target.kind != "vllm":
+                raise ValueError(f"targets[{index}].gpus is only for vllm targets")
+        if self.scrape_interval <= 0:
+            raise ValueError("scrape_interval must be positive")
+        return self
+
+    def target(self, name: str) -> Target:
+        return next(t for t in self.targets if t.name == name)
+
+
+class Settings(BaseSettings):
+    """Where the config lives, from the environment (KNEEPOINT_CONFIG)."""
+
+    model_config = SettingsConfigDict(env_prefix="KNEEPOINT_")
+    config: Path = Path("kneepoint.yaml")
+
+
+def _unique(key: str, names: list[str]) -> None:
+    seen: set[str] = set()
+    for name in names:
+        if name in seen:
+            raise ValueError(f"{key} has two entries named {name!r}")
+        seen.add(name)
+
+
+def config_path(explicit: str | Path | None = None) -> Path:
+    """`--config FILE`, else $KNEEPOINT_CONFIG, else ./kneepoint.yaml."""
+    return Path(explicit) if explicit else Settings().config
+
+
+def load_config(
+    path: str | Path | None = None, environ: dict[str, str] | None = None
+) -> Config:
+    """Read, expand and validate a config file; raise ConfigError with one clear sentence."""
+    file = config_path(path)
+    try:
+        text = file.read_text(encoding="utf-8")
+    except OSError as error:
+        raise ConfigError(f"cannot read config {file}: {error.strerror or error}") from error
+    return parse_config(text, source=str(file), environ=environ)
+
+
+def parse_config(
+    text: str, source: str = "kneepoint.yaml", environ: dict[str, str] | None = None
+) -> Config:
+    try:
+        raw = yaml.safe_load(text)
+    except yaml.YAMLError as error:
+        mark = getattr(error, "problem_mark", None)
+        where = f" at line {mark.line + 1}" if mark else ""
+        problem = getattr(error, "problem", None) or _first_line(error)
+        raise ConfigError(f"{source}: not valid YAML{where}: {problem}") from error
+    if raw is None:
+        raw = {}
+    if not isinstance(raw, dict):
+        raise ConfigError(f"{source}: the top level must be a mapping of keys")
+    expanded = _expand(raw, os.environ if environ is None else environ, source, "")
+    try:
+        return Config.model_validate(expanded)
+    except ValidationError as error:
+        raise ConfigError(f"{source}: {_describe(error)}") from None
+
+
+def _expand(value: Any, environ: Any, source: str, key: str) -> Any:
+    if isinstance(value, dict):
+        return {k: _expand(v, environ, source, _join(key, str(k))) for k, v in value.items()}
+    if isinstance(value, list):
+        return [_expand(v, environ, source, f"{key}[{i}]") for i, v in enumerate(value)]
+    if not isinstance(value, str):
+        return value
+
+    def substitute(match: re.Match[str]) -> str:
+        name, default = match.group(1), match.group(2)
+        if name in environ:
+            return str(environ[name])
+        if default is not None:
+            return default
+        raise ConfigError(f"{source}: {key} uses ${{{name}}}, which is not set in the environment")
+
+    return _VARIABLE.sub(substitute, value)
+
+
+def _join(prefix: str, key: str) -> str:
+    return f"{prefix}.{key}" if prefix else key
+
+
+def _describe(error: ValidationError) -> str:
+    first = error.errors()[0]
+    location = ""
+    for part in first["loc"]:
+        location += f"[{part}]" if isinstance(part, int) else (f".{part}" if location else str(part))
+    message = first["msg"].removeprefix("Value error, ")
+    if first["type"] == "extra_forbidden":
+        message = "is not a known key"
+    elif first["type"] == "missing":
+        message = "is required"
+    if not location:
+        return message
+    return f"{location}: {message}"
+
+
+def _first_line(error: Exception) -> str:
+    return str(error).strip().splitlines()[0]

@@ -1,0 +1,113 @@
+"""The canonical quantities one scrape yields, whatever vLLM or DCGM version produced them."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+# Engine generations a vLLM target can speak (metrics.md section 2).
+GENERATIONS = ("v0", "v1-0.8", "v1-0.10", "v1")
+
+# Histogram families whose buckets are stored, so quantiles work over any window.
+HISTOGRAMS = ("ttft", "itl", "e2e", "queue")
+
+# Monotonic counters of a replica, stored cumulative; windowed values come from their increase.
+REPLICA_COUNTERS = (
+    "preemptions",
+    "prompt_tokens",
+    "generation_tokens",
+    "prefix_cache_queries",
+    "prefix_cache_hits",
+    "prompt_tokens_local_compute",
+    "prompt_tokens_local_cache_hit",
+    "prompt_tokens_external",
+    "requests_finished_stop",
+    "requests_finished_length",
+    "requests_finished_abort",
+    "requests_finished_error",
+    "requests_finished_repetition",
+    "request_prompt_tokens_sum",
+    "request_prompt_tokens_count",
+    "request_generation_tokens_sum",
+    "request_generation_tokens_count",
+    "spec_decode_drafts",
+    "spec_decode_draft_tokens",
+    "spec_decode_accepted_tokens",
+)
+
+# Point-in-time values of a replica (the latest scrape is what they mean).
+REPLICA_GAUGES = (
+    "kv_cache_usage",
+    "kv_cache_usage_mean",
+    "requests_running",
+    "requests_waiting",
+    "requests_waiting_capacity",
+    "requests_swapped",
+    "prefix_cache_hit_rate_gauge",
+)
+
+
+@dataclass(frozen=True)
+class Histogram:
+    """A cumulative histogram: upper bounds (ending in +Inf), cumulative counts, and the sum."""
+
+    bounds: tuple[float, ...]
+    counts: tuple[float, ...]
+    total: float
+
+    @property
+    def count(self) -> float:
+        return self.counts[-1] if self.counts else 0.0
+
+
+@dataclass
+class CacheConfig:
+    """What `cache_config_info` tells about the KV cache."""
+
+    block_size: int | None = None
+    num_gpu_blocks: int | None = None
+    cache_dtype: str | None = None
+    enable_prefix_caching: bool | None = None
+    gpu_memory_utilization: float | None = None
+    capacity_tokens: int | None = None
+
+
+@dataclass
+class ReplicaSample:
+    """One vLLM scrape, aggregated over data-parallel engines.
+
+    Counters and queues are summed over engines, occupancy is the max (and the mean); fields
+    the server did not expose are None, never 0.
+    """
+
+    generation: str
+    engines: int
+    model_names: list[str]
+    gauges: dict[str, float | None] = field(default_factory=dict)
+    counters: dict[str, float | None] = field(default_factory=dict)
+    histograms: dict[str, Histogram] = field(default_factory=dict)
+    accepted_per_position: list[float] | None = None
+    cache: CacheConfig = field(default_factory=CacheConfig)
+
+
+@dataclass
+class GpuSample:
+    """One GPU as one dcgm-exporter scrape shows it."""
+
+    host: str
+    index: int
+    uuid: str | None = None
+    model: str | None = None
+    pod: str | None = None
+    namespace: str | None = None
+    utilization: float | None = None
+    gr_engine_active: float | None = None
+    sm_active: float | None = None
+    tensor_active: float | None = None
+    dram_active: float | None = None
+    power_watts: float | None = None
+    energy_mj: float | None = None
+    temperature_c: float | None = None
+    memory_temperature_c: float | None = None
+    fb_used_mib: float | None = None
+    fb_free_mib: float | None = None
+    xid_error: float | None = None

@@ -1,0 +1,178 @@
+"""`kneepoint status`: the numbers per replica, fleet and GPU over a window (design.md)."""
+
+from __future__ import annotations
+
+import json
+import math
+from datetime import UTC, datetime
+from typing import Any
+
+import pandas as pd
+from sqlalchemy.orm import Session
+
+from kneepoint.config import Config
+from kneepoint.counters import increase, rate
+from kneepoint.store import queries
+from kneepoint.store.models import TargetRow
+
+# Keys that a later derivation fills; present and null until then (design.md contract).
+DERIVED_KEYS = (
+    "prefix_cache_hit_rate",
+    "preemption_recompute_tokens",
+    "preemption_recompute_is_estimate",
+    "spec_decode_acceptance_rate",
+    "spec_decode_mean_acceptance_length",
+    "spec_decode_per_position_acceptance",
+    "ttft_seconds",
+    "itl_seconds",
+    "e2e_seconds",
+    "cost_per_million_generated_tokens",
+    "cost_per_million_tokens",
+)
+
+
+def build_status(session: Session, config: Config, now: float, window: float) -> dict[str, Any]:
+    start = now - window
+    rows = queries.targets(session)
+    samples = queries.replica_frame(session, start, now)
+    gpus = queries.gpu_frame(session, start, now)
+    gpu_block = [_gpu(frame, config, rows) for _, frame in gpus.groupby("gpu_id", sort=False)]
+    replicas = []
+    for target in config.targets:
+        if target.kind != "vllm":
+            continue
+        row = rows.get(target.name)
+        frame = samples[samples.target_id == row.id] if row is not None else samples.iloc[0:0]
+        mine = [g for g in gpu_block if g["replica"] == target.name]
+        replicas.append(_replica(target.name, row, frame, mine))
+    return {
+        "generated_at": iso(now),
+        "window_seconds": int(window) if float(window).is_integer() else window,
+        "replicas": replicas,
+        "fleet": _fleet(replicas),
+        "gpus": gpu_block,
+    }
+
+
+def _replica(name: str, row: TargetRow | None, frame: pd.DataFrame, gpus: list[dict]) -> dict:
+    latest = frame.iloc[-1] if len(frame) else None
+    times = list(frame.ts)
+    result: dict[str, Any] = {
+        "name": name,
+        "up": None if row is None else row.up,
+        "last_scrape_at": iso(row.last_scrape_at) if row and row.last_scrape_at else None,
+        "last_error": row.last_error if row else None,
+        "engine_generation": row.generation if row else None,
+        "engines": row.engines if row else None,
+        "model_names": json.loads(row.model_names) if row and row.model_names else [],
+        "kv_cache_occupancy": _value(latest, "kv_cache_usage"),
+        "kv_cache_occupancy_mean": _value(latest, "kv_cache_usage_mean"),
+        "kv_cache_capacity_tokens": row.capacity_tokens if row else None,
+        "requests_running": _value(latest, "requests_running"),
+        "requests_waiting": _value(latest, "requests_waiting"),
+        "requests_waiting_capacity": _value(latest, "requests_waiting_capacity"),
+        "preemptions": increase(_column(frame, "preemptions")),
+        "preemptions_per_second": rate(times, _column(frame, "preemptions")),
+        "prompt_tokens_per_second": rate(times, _column(frame, "prompt_tokens")),
+        "generation_tokens_per_second": rate(times, _column(frame, "generation_tokens")),
+        "gpu_utilization": _mean([_busy(g) for g in gpus]),
+    }
+    result.update(dict.fromkeys(DERIVED_KEYS))
+    return result
+
+
+def _fleet(replicas: list[dict]) -> dict[str, Any]:
+    def values(key: str) -> list[Any]:
+        return [r[key] for r in replicas if r[key] is not None]
+
+    def total(key: str) -> float | None:
+        found = values(key)
+        return sum(found) if found else None
+
+    generations = set(values("engine_generation"))
+    scraped = values("last_scrape_at")
+    fleet: dict[str, Any] = {
+        "name": "fleet",
+        "up": all(r["up"] for r in replicas) if replicas else None,
+        "last_scrape_at": max(scraped) if scraped else None,
+        "last_error": next(iter(values("last_error")), None),
+        "engine_generation": generations.pop() if len(generations) == 1 else (
+            "mixed" if generations else None),
+        "engines": total("engines"),
+        "model_names": sorted({m for r in replicas for m in r["model_names"]}),
+        # A fraction is never summed: the fleet's occupancy is its fullest replica.
+        "kv_cache_occupancy": max(values("kv_cache_occupancy"), default=None),
+        "kv_cache_occupancy_mean": _mean(values("kv_cache_occupancy_mean")),
+        "kv_cache_capacity_tokens": total("kv_cache_capacity_tokens"),
+        "gpu_utilization": _mean(values("gpu_utilization")),
+    }
+    for key in ("requests_running", "requests_waiting", "requests_waiting_capacity",
+                "preemptions", "preemptions_per_second", "prompt_tokens_per_second",
+                "generation_tokens_per_second"):
+        fleet[key] = total(key)
+    fleet.update(dict.fromkeys(DERIVED_KEYS))
+    return fleet
+
+
+def _gpu(frame: pd.DataFrame, config: Config, rows: dict[str, TargetRow]) -> dict[str, Any]:
+    latest = frame.iloc[-1]
+    by_id = {row.id: name for name, row in rows.items()}
+    host, index = str(latest["host"]), int(latest["gpu_index"])
+    exporter = by_id.get(int(latest["target_id"]), "")
+    energy = increase(_column(frame, "energy_mj"))
+    return {
+        "host": host,
+        "index": index,
+        "model": latest["model"],
+        "replica": replica_of(config, {host, exporter}, index),
+        "utilization": _value(latest, "utilization"),
+        "gr_engine_active": _value(latest, "gr_engine_active"),
+        "sm_active": _value(latest, "sm_active"),
+        "dram_active": _value(latest, "dram_active"),
+        "power_watts": _value(latest, "power_watts"),
+        "energy_joules": None if energy is None else energy / 1000.0,
+        "temperature_c": _value(latest, "temperature_c"),
+        "memory_temperature_c": _value(latest, "memory_temperature_c"),
+        "fb_used_mib": _value(latest, "fb_used_mib"),
+        "xid_error": _value(latest, "xid_error"),
+        "pod": None if pd.isna(latest["pod"]) else latest["pod"],
+    }
+
+
+def _busy(gpu: dict[str, Any]) -> float | None:
+    # GPU_UTIL only says a kernel ran; GR_ENGINE_ACTIVE is work done, where DCGM has it.
+    return gpu["gr_engine_active"] if gpu["gr_engine_active"] is not None else gpu["utilization"]
+
+
+def replica_of(config: Config, hosts: set[str], index: int) -> str | None:
+    """The replica whose `gpus:` lists this GPU, by DCGM hostname or exporter target name."""
+    for target in config.targets:
+        for ref in target.gpus:
+            host, _, position = ref.rpartition("/")
+            if host in hosts and int(position) == index:
+                return target.name
+    return None
+
+
+def iso(ts: float) -> str:
+    return datetime.fromtimestamp(ts, UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
+
+
+def _value(row: pd.Series | None, key: str) -> Any:
+    if row is None or key not in row:
+        return None
+    value = row[key]
+    if value is None or (isinstance(value, float) and math.isnan(value)):
+        return None
+    return value.item() if hasattr(value, "item") else value
+
+
+def _column(frame: pd.DataFrame, key: str) -> list[float | None]:
+    if key not in frame:
+        return []
+    return [None if pd.isna(v) else float(v) for v in frame[key]]
+
+
+def _mean(values: list[Any]) -> float | None:
+    known = [v for v in values if v is not None]
+    return sum(known) / len(known) if known else None

@@ -1,0 +1,1 @@
+"""The store: SQLAlchemy models, the engine and session factory, writes, queries, rollups."""

@@ -1,0 +1,143 @@
+"""Tables, designed for time series: one wide row per replica and per GPU per scrape.
+
+Counters are stored cumulative, exactly as scraped; gauges as scraped. Rollups thin raw rows
+to one per minute and later one per hour (keeping the sample before any counter reset, so
+increases over any window stay exact) and replace gauges by the bucket's mean and peak.
+"""
+
+from __future__ import annotations
+
+from sqlalchemy import Boolean, Float, ForeignKey, Index, Integer, String, Text, UniqueConstraint
+from sqlalchemy.orm import DeclarativeBase, Mapped, mapped_column
+
+from kneepoint.samples import HISTOGRAMS, REPLICA_COUNTERS
+
+RAW, MINUTE, HOUR = 0, 60, 3600
+
+
+class Base(DeclarativeBase):
+    pass
+
+
+class TargetRow(Base):
+    """A configured target and its health as of the last scrape."""
+
+    __tablename__ = "targets"
+
+    id: Mapped[int] = mapped_column(Integer, primary_key=True)
+    name: Mapped[str] = mapped_column(String(200), unique=True)
+    kind: Mapped[str] = mapped_column(String(16))
+    url: Mapped[str] = mapped_column(Text)
+    up: Mapped[bool | None] = mapped_column(Boolean)
+    last_scrape_at: Mapped[float | None] = mapped_column(Float)
+    last_success_at: Mapped[float | None] = mapped_column(Float)
+    last_error: Mapped[str | None] = mapped_column(Text)
+    consecutive_failures: Mapped[int] = mapped_column(Integer, default=0)
+    generation: Mapped[str | None] = mapped_column(String(16))
+    engines: Mapped[int | None] = mapped_column(Integer)
+    model_names: Mapped[str | None] = mapped_column(Text)
+    cache_dtype: Mapped[str | None] = mapped_column(String(32))
+    block_size: Mapped[int | None] = mapped_column(Integer)
+    num_gpu_blocks: Mapped[int | None] = mapped_column(Integer)
+    capacity_tokens: Mapped[int | None] = mapped_column(Integer)
+    prefix_caching: Mapped[bool | None] = mapped_column(Boolean)
+    gpu_memory_utilization: Mapped[float | None] = mapped_column(Float)
+
+
+class ScrapeErrorRow(Base):
+    """A failed scrape: kept for the raw retention so down time can be shown."""
+
+    __tablename__ = "scrape_errors"
+
+    target_id: Mapped[int] = mapped_column(ForeignKey("targets.id"), primary_key=True)
+    ts: Mapped[float] = mapped_column(Float, primary_key=True)
+    error: Mapped[str] = mapped_column(Text)
+
+
+class HistogramLayoutRow(Base):
+    """Bucket upper bounds, stored once and referenced by every encoded histogram."""
+
+    __tablename__ = "histogram_layouts"
+
+    id: Mapped[int] = mapped_column(Integer, primary_key=True)
+    bounds: Mapped[str] = mapped_column(Text, unique=True)
+
+
+class ReplicaSampleRow(Base):
+    __tablename__ = "replica_samples"
+    __table_args__ = {"sqlite_with_rowid": False}
+
+    target_id: Mapped[int] = mapped_column(ForeignKey("targets.id"), primary_key=True)
+    ts: Mapped[float] = mapped_column(Float, primary_key=True)
+    resolution: Mapped[int] = mapped_column(Integer, default=RAW)
+    engines: Mapped[int | None] = mapped_column(Integer)
+    kv_cache_usage: Mapped[float | None] = mapped_column(Float)
+    kv_cache_usage_mean: Mapped[float | None] = mapped_column(Float)
+    kv_cache_usage_peak: Mapped[float | None] = mapped_column(Float)
+    requests_running: Mapped[float | None] = mapped_column(Float)
+    requests_running_peak: Mapped[float | None] = mapped_column(Float)
+    requests_waiting: Mapped[float | None] = mapped_column(Float)
+    requests_waiting_peak: Mapped[float | None] = mapped_column(Float)
+    requests_waiting_capacity: Mapped[float | None] = mapped_column(Float)
+    requests_swapped: Mapped[float | None] = mapped_column(Float)
+    prefix_cache_hit_rate_gauge: Mapped[float | None] = mapped_column(Float)
+    accepted_per_position: Mapped[str | None] = mapped_column(Text)
+
+
+for _counter in REPLICA_COUNTERS:
+    setattr(ReplicaSampleRow, _counter, mapped_column(_counter, Float, nullable=True))
+for _histogram in HISTOGRAMS:
+    setattr(ReplicaSampleRow, f"hist_{_histogram}", mapped_column(f"hist_{_histogram}", Text))
+
+
+class GpuRow(Base):
+    """A GPU's identity; its readings are in gpu_samples."""
+
+    __tablename__ = "gpus"
+    __table_args__ = (UniqueConstraint("target_id", "host", "gpu_index"),)
+
+    id: Mapped[int] = mapped_column(Integer, primary_key=True)
+    target_id: Mapped[int] = mapped_column(ForeignKey("targets.id"))
+    host: Mapped[str] = mapped_column(String(200))
+    gpu_index: Mapped[int] = mapped_column(Integer)
+    uuid: Mapped[str | None] = mapped_column(String(64))
+    model: Mapped[str | None] = mapped_column(String(100))
+    pod: Mapped[str | None] = mapped_column(String(200))
+    namespace: Mapped[str | None] = mapped_column(String(200))
+
+
+GPU_READINGS = (
+    "utilization", "gr_engine_active", "sm_active", "tensor_active", "dram_active",
+    "power_watts", "temperature_c", "memory_temperature_c", "fb_used_mib", "fb_free_mib",
+)
+
+
+class GpuSampleRow(Base):
+    __tablename__ = "gpu_samples"
+    __table_args__ = {"sqlite_with_rowid": False}
+
+    gpu_id: Mapped[int] = mapped_column(ForeignKey("gpus.id"), primary_key=True)
+    ts: Mapped[float] = mapped_column(Float, primary_key=True)
+    resolution: Mapped[int] = mapped_column(Integer, default=RAW)
+    energy_mj: Mapped[float | None] = mapped_column(Float)
+    xid_error: Mapped[float | None] = mapped_column(Float)
+
+
+for _reading in GPU_READINGS:
+    setattr(GpuSampleRow, _reading, mapped_column(_reading, Float, nullable=True))
+
+
+class JobHealthRow(Base):
+    """Each scheduled job's last run and last error: the collector's own health."""
+
+    __tablename__ = "job_health"
+
+    job_id: Mapped[str] = mapped_column(String(64), primary_key=True)
+    last_run_at: Mapped[float | None] = mapped_column(Float)
+    last_success_at: Mapped[float | None] = mapped_column(Float)
+    last_error: Mapped[str | None] = mapped_column(Text)
+    runs: Mapped[int] = mapped_column(Integer, default=0)
+    failures: Mapped[int] = mapped_column(Integer, default=0)
+
+
+Index("ix_scrape_errors_ts", ScrapeErrorRow.ts)

@@ -1,0 +1,76 @@
+"""The one read path over the store: every page, command and alert reads through here."""
+
+from __future__ import annotations
+
+import pandas as pd
+from sqlalchemy import select
+from sqlalchemy.orm import Session
+
+from kneepoint.samples import Histogram
+from kneepoint.store.codec import decode_bounds, decode_histogram
+from kneepoint.store.models import (
+    GpuRow,
+    GpuSampleRow,
+    HistogramLayoutRow,
+    JobHealthRow,
+    ReplicaSampleRow,
+    ScrapeErrorRow,
+    TargetRow,
+)
+
+
+def targets(session: Session) -> dict[str, TargetRow]:
+    return {row.name: row for row in session.scalars(select(TargetRow).order_by(TargetRow.id))}
+
+
+def replica_frame(
+    session: Session, start: float, end: float, target_ids: list[int] | None = None
+) -> pd.DataFrame:
+    """Replica rows with start <= ts <= end, ordered by target and time."""
+    query = select(ReplicaSampleRow.__table__).where(
+        ReplicaSampleRow.ts >= start, ReplicaSampleRow.ts <= end
+    )
+    if target_ids is not None:
+        query = query.where(ReplicaSampleRow.target_id.in_(target_ids))
+    query = query.order_by(ReplicaSampleRow.target_id, ReplicaSampleRow.ts)
+    return pd.read_sql(query, session.connection())
+
+
+def gpu_frame(session: Session, start: float, end: float) -> pd.DataFrame:
+    """GPU readings with their identity (target, host, index, model, pod)."""
+    query = (
+        select(
+            GpuRow.target_id, GpuRow.host, GpuRow.gpu_index, GpuRow.model, GpuRow.pod,
+            GpuRow.uuid, GpuSampleRow.__table__,
+        )
+        .join(GpuRow, GpuRow.id == GpuSampleRow.gpu_id)
+        .where(GpuSampleRow.ts >= start, GpuSampleRow.ts <= end)
+        .order_by(GpuSampleRow.gpu_id, GpuSampleRow.ts)
+    )
+    return pd.read_sql(query, session.connection())
+
+
+def scrape_errors(session: Session, start: float, end: float) -> pd.DataFrame:
+    query = (
+        select(TargetRow.name.label("target"), ScrapeErrorRow.ts, ScrapeErrorRow.error)
+        .join(TargetRow, TargetRow.id == ScrapeErrorRow.target_id)
+        .where(ScrapeErrorRow.ts >= start, ScrapeErrorRow.ts <= end)
+        .order_by(ScrapeErrorRow.ts)
+    )
+    return pd.read_sql(query, session.connection())
+
+
+def job_health(session: Session) -> list[JobHealthRow]:
+    return list(session.scalars(select(JobHealthRow).order_by(JobHealthRow.job_id)))
+
+
+def histogram_layouts(session: Session) -> dict[int, tuple[float, ...]]:
+    return {row.id: decode_bounds(row.bounds) for row in session.scalars(select(HistogramLayoutRow))}
+
+
+def histograms(
+    encoded: pd.Series, layouts: dict[int, tuple[float, ...]]
+) -> list[Histogram | None]:
+    """Decode a column of encoded histograms (None where a row has none)."""
+    return [None if text is None or pd.isna(text) else decode_histogram(text, layouts)
+            for text in encoded]
