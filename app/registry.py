@@ -1,0 +1,22 @@
+"""Every page of the app, in menu order. Tests check that each file in app/pages is here."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from pathlib import Path
+
+PAGES_DIR = Path(__file__).resolve().parent / "pages"
+
+
+@dataclass(frozen=True)
+class PageSpec:
+    file: str
+    title: str
+    icon: str
+    url_path: str
+
+
+PAGES = (
+    PageSpec("overview.py", "Overview", ":material/monitoring:", "overview"),
+    PageSpec("health.py", "Collector health", ":material/health_and_safety:", "health"),
+)

@@ -1,0 +1,92 @@
+"""APScheduler jobs: scrape, roll up, and the slots later features plug into."""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Callable
+from dataclasses import dataclass
+
+from apscheduler.events import EVENT_JOB_ERROR, EVENT_JOB_EXECUTED, EVENT_JOB_MISSED, JobEvent
+from apscheduler.schedulers.base import BaseScheduler
+from apscheduler.triggers.interval import IntervalTrigger
+from sqlalchemy.orm import Session, sessionmaker
+
+from collectors.collect import collect_once
+from kneepoint.clock import Clock, system_clock
+from kneepoint.config import Config
+from kneepoint.store.models import JobHealthRow
+from kneepoint.store.rollup import rollup
+
+log = logging.getLogger(__name__)
+ROLLUP_EVERY = 300.0
+
+
+@dataclass(frozen=True)
+class Job:
+    """A job for the scheduler: later features (alert evaluation, reports) add their own."""
+
+    id: str
+    func: Callable[[], object]
+    every: float
+
+
+def scrape_job(config: Config, sessions: sessionmaker[Session], clock: Clock) -> None:
+    for outcome in collect_once(config, sessions, clock):
+        if not outcome.ok:
+            log.warning("scrape of %s failed: %s", outcome.target, outcome.error)
+
+
+def rollup_job(config: Config, sessions: sessionmaker[Session], clock: Clock) -> None:
+    with sessions.begin() as session:
+        rollup(session, clock(), config.retention)
+
+
+def standard_jobs(config: Config, sessions: sessionmaker[Session], clock: Clock) -> list[Job]:
+    return [
+        Job("scrape", lambda: scrape_job(config, sessions, clock), config.scrape_interval),
+        Job("rollup", lambda: rollup_job(config, sessions, clock), ROLLUP_EVERY),
+    ]
+
+
+def install(
+    scheduler: BaseScheduler,
+    jobs: list[Job],
+    sessions: sessionmaker[Session],
+    clock: Clock = system_clock,
+) -> None:
+    """Add jobs (one instance each, coalesced) and record every run's outcome as health."""
+    for job in jobs:
+        scheduler.add_job(
+            job.func, IntervalTrigger(seconds=job.every), id=job.id, name=job.id,
+            replace_existing=True, coalesce=True, max_instances=1,
+            misfire_grace_time=max(1, int(job.every)), next_run_time=_now(scheduler),
+        )
+    scheduler.add_listener(
+        lambda event: record_job_event(sessions, event, clock),
+        EVENT_JOB_EXECUTED | EVENT_JOB_ERROR | EVENT_JOB_MISSED,
+    )
+
+
+def record_job_event(sessions: sessionmaker[Session], event: JobEvent, clock: Clock) -> None:
+    """A job's success or error lands in job_health instead of dying in a log."""
+    error = getattr(event, "exception", None)
+    missed = event.code == EVENT_JOB_MISSED
+    now = clock()
+    with sessions.begin() as session:
+        row = session.get(JobHealthRow, event.job_id)
+        if row is None:
+            row = JobHealthRow(job_id=event.job_id, runs=0, failures=0)
+            session.add(row)
+        row.last_run_at = now
+        row.runs = (row.runs or 0) + 1
+        if error is not None or missed:
+            row.failures = (row.failures or 0) + 1
+            row.last_error = "missed its run time" if missed else f"{type(error).__name__}: {error}"
+        else:
+            row.last_success_at, row.last_error = now, None
+
+
+def _now(scheduler: BaseScheduler):  # type: ignore[no-untyped-def]
+    from datetime import datetime
+
+    return datetime.now(scheduler.timezone)

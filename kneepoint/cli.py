@@ -1,0 +1,163 @@
+"""The `kneepoint` command line. Errors: one sentence on stderr, exit 2 for bad input, 1 else."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+from typing import Annotated, NoReturn
+
+import typer
+from rich.console import Console
+from rich.table import Table
+
+from kneepoint.clock import system_clock
+from kneepoint.config import Config, ConfigError, config_path, load_config
+from kneepoint.durations import parse_duration
+
+app = typer.Typer(add_completion=False, no_args_is_help=True,
+                  help="Capacity and SLO monitoring for self-hosted LLM inference.")
+ConfigOption = Annotated[
+    str | None, typer.Option("--config", help="kneepoint.yaml (else $KNEEPOINT_CONFIG).")
+]
+APP_ENTRY = Path(__file__).resolve().parent.parent / "app" / "main.py"
+
+
+def fail(message: str, code: int = 1) -> NoReturn:
+    Console(stderr=True).print(f"kneepoint: {message}", highlight=False, markup=False)
+    raise typer.Exit(code)
+
+
+def _config(path: str | None) -> Config:
+    try:
+        return load_config(path)
+    except ConfigError as error:
+        fail(str(error), 2)
+
+
+def _sessions(config: Config):  # type: ignore[no-untyped-def]
+    from kneepoint.store.db import open_store
+
+    try:
+        return open_store(config.database)
+    except Exception as error:  # the database URL or file is unusable: say which
+        fail(f"cannot open database {config.database}: {error}", 1)
+
+
+@app.command()
+def collect(
+    config: ConfigOption = None,
+    once: Annotated[bool, typer.Option("--once", help="Scrape once and exit.")] = False,
+) -> None:
+    """Scrape every target into the store, once or on the schedule."""
+    settings = _config(config)
+    sessions = _sessions(settings)
+    if once:
+        from collectors.collect import collect_once
+
+        for outcome in collect_once(settings, sessions):
+            state = "up" if outcome.ok else f"down: {outcome.error}"
+            typer.echo(f"{outcome.target}: {state} ({outcome.seconds * 1000:.0f} ms)")
+        return
+    from apscheduler.schedulers.blocking import BlockingScheduler
+
+    from collectors.schedule import install, standard_jobs
+
+    scheduler = BlockingScheduler()
+    install(scheduler, standard_jobs(settings, sessions, system_clock), sessions)
+    typer.echo(f"collecting {len(settings.targets)} targets every "
+               f"{settings.scrape_interval:g}s into {settings.database}", err=True)
+    try:
+        scheduler.start()
+    except (KeyboardInterrupt, SystemExit):
+        pass
+
+
+@app.command()
+def status(
+    config: ConfigOption = None,
+    as_json: Annotated[bool, typer.Option("--json", help="Print the JSON contract.")] = False,
+    window: Annotated[str, typer.Option(help="Window for rates: 5m, 1h, …")] = "5m",
+) -> None:
+    """The numbers per replica, fleet and GPU."""
+    try:
+        seconds = parse_duration(window)
+    except ValueError as error:
+        fail(f"--window: {error}", 2)
+    if seconds <= 0:
+        fail("--window must be positive", 2)
+    settings = _config(config)
+    sessions = _sessions(settings)
+    from kneepoint.status import build_status
+
+    with sessions() as session:
+        report = build_status(session, settings, system_clock(), seconds)
+    if as_json:
+        typer.echo(json.dumps(report, indent=2))
+        return
+    _print_status(report)
+
+
+def _print_status(report: dict) -> None:
+    table = Table(title=f"kneepoint status, window {report['window_seconds']}s")
+    for column in ("replica", "up", "gen", "KV occ.", "running", "waiting", "prompt tok/s",
+                   "gen tok/s", "preempt."):
+        table.add_column(column)
+
+    def show(value: object, fmt: str = "{:.0f}") -> str:
+        return "–" if value is None else fmt.format(value)
+
+    for r in [*report["replicas"], report["fleet"]]:
+        table.add_row(r["name"], {True: "up", False: "DOWN", None: "?"}[r["up"]],
+                      r["engine_generation"] or "–", show(r["kv_cache_occupancy"], "{:.0%}"),
+                      show(r["requests_running"]), show(r["requests_waiting"]),
+                      show(r["prompt_tokens_per_second"], "{:.1f}"),
+                      show(r["generation_tokens_per_second"], "{:.1f}"), show(r["preemptions"]))
+    Console().print(table)
+    for r in report["replicas"]:
+        if r["last_error"]:
+            Console().print(f"{r['name']}: {r['last_error']}", markup=False)
+
+
+@app.command()
+def serve(
+    config: ConfigOption = None,
+    port: Annotated[int, typer.Option(help="Port of the web app.")] = 8501,
+    no_browser: Annotated[bool, typer.Option("--no-browser")] = False,
+) -> None:
+    """Run the collectors and scheduler, and the web app, for the configured targets."""
+    settings = _config(config)
+    sessions = _sessions(settings)
+    from apscheduler.schedulers.background import BackgroundScheduler
+
+    from collectors.schedule import install, standard_jobs
+
+    scheduler = BackgroundScheduler()
+    install(scheduler, standard_jobs(settings, sessions, system_clock), sessions)
+    scheduler.start()
+    try:
+        sys.exit(run_app(config_path(config), port, open_browser=not no_browser))
+    finally:
+        scheduler.shutdown(wait=False)
+
+
+def run_app(config_file: Path, port: int, open_browser: bool = False) -> int:
+    """Start the Streamlit app on `port` reading `config_file`; return its exit status."""
+    env = {**os.environ, "KNEEPOINT_CONFIG": str(config_file.resolve())}
+    command = [sys.executable, "-m", "streamlit", "run", str(APP_ENTRY),
+               "--server.port", str(port), "--server.headless", str(not open_browser).lower(),
+               "--browser.gatherUsageStats", "false"]
+    try:
+        return subprocess.call(command, env=env)
+    except KeyboardInterrupt:
+        return 0
+
+
+def main() -> None:
+    app()
+
+
+if __name__ == "__main__":
+    main()
