@@ -1,7 +1,7 @@
 """Downsampling and retention: raw rows -> one per minute -> one per hour -> gone.
 
-Counters are cumulative, so thinning them is lossless for any increase() as long as the
-sample just before each reset survives: a bucket keeps its last row plus any pre-reset row.
+Counters are cumulative, so thinning them is lossless for increase() between kept rows as
+long as both samples around each reset survive: a bucket keeps its last row plus those.
 Gauges on a kept row become the bucket's mean, and `*_peak` columns its maximum, so peaks
 and averages stay right at every resolution.
 """
@@ -111,7 +111,11 @@ def _thin_group(
 ) -> None:
     keep_raw: set[int] = set()
     for counter in shape.counters:
-        keep_raw.update(reset_points([row[counter] for row in rows]))
+        values = [row[counter] for row in rows]
+        for before in reset_points(values):
+            # Both sides of a reset stay: the drop between them is what marks the reset.
+            after = next(i for i in range(before + 1, len(values)) if values[i] is not None)
+            keep_raw.update((before, after))
     buckets: dict[int, list[int]] = {}
     for index, row in enumerate(rows):
         buckets.setdefault(int(row["ts"] // resolution), []).append(index)
@@ -129,7 +133,7 @@ def _thin_group(
         updates.append(values)
         for index in members[:-1]:
             if index in keep_raw:
-                # The sample before a reset stays, so increases across the reset stay exact.
+                # A sample next to a reset stays, so increases across the reset stay exact.
                 updates.append(_as_update(shape, rows[index], resolution))
             else:
                 removals.append({"k": rows[index][shape.key], "t": rows[index]["ts"]})

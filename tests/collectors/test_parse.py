@@ -1,0 +1,65 @@
+from __future__ import annotations
+
+import math
+
+import pytest
+
+from collectors.parse import ScrapeFormatError, parse_exposition
+
+
+def everything(_: str) -> bool:
+    return True
+
+
+MALFORMED = {
+    "an HTML error page": "<html><body><h1>502 Bad Gateway</h1></body></html>\n",
+    "plain garbage": "this is not prometheus\n",
+    "an empty body": "",
+    "only whitespace": "  \n\n",
+    "a body cut mid-line": "vllm:num_requests_running{engine=\"0\"} 1\nvllm:num_requests_wai",
+    "an unterminated label set": 'vllm:num_requests_running{engine="0" 3\n',
+    "a value that is not a number": "vllm:num_requests_running twelve\n",
+    "a label without quotes": "vllm:num_requests_running{engine=0} 3\n",
+    "two different values for one series": "a{x=\"1\"} 1\na{x=\"1\"} 2\n",
+    "a JSON error body": '{"error": "unauthorized"}\n',
+}
+
+
+@pytest.mark.parametrize("text", MALFORMED.values(), ids=MALFORMED.keys())
+def test_it_rejects_malformed_text_with_a_clear_error(text: str) -> None:
+    with pytest.raises(ScrapeFormatError) as raised:
+        parse_exposition(text, everything)
+    assert str(raised.value)
+
+
+def test_it_names_the_line_of_garbage() -> None:
+    with pytest.raises(ScrapeFormatError, match="line 2"):
+        parse_exposition("a 1\n<html>\n", lambda name: name == "a")
+
+
+def test_it_drops_nan_and_inf_values_and_counts_them() -> None:
+    parsed = parse_exposition("a NaN\nb +Inf\nc -Inf\nd 4\n", everything)
+    assert parsed.samples == {"d": [({}, 4.0)]}
+    assert parsed.dropped == 3
+
+
+def test_it_keeps_one_of_identical_duplicate_series() -> None:
+    parsed = parse_exposition('a{x="1"} 5\na{x="1"} 5\na{x="2"} 6\n', everything)
+    assert parsed.series("a") == [({"x": "1"}, 5.0), ({"x": "2"}, 6.0)]
+
+
+def test_it_skips_unwanted_series_before_parsing_them() -> None:
+    # A malformed line in a series nobody reads does not fail the scrape...
+    parsed = parse_exposition('keep 1\nskip{x="1" 2\n', lambda name: name == "keep")
+    assert parsed.series("keep") == [({}, 1.0)]
+    # ...but a malformed line in a wanted series does.
+    with pytest.raises(ScrapeFormatError):
+        parse_exposition('keep{x="1" 2\n', lambda name: name == "keep")
+
+
+def test_it_renames_before_filtering() -> None:
+    parsed = parse_exposition(
+        "vllm_x 1\n", lambda name: name == "vllm:x", lambda n: n.replace("vllm_", "vllm:")
+    )
+    assert parsed.series("vllm:x") == [({}, 1.0)]
+    assert not math.isnan(parsed.series("vllm:x")[0][1])

@@ -1,0 +1,100 @@
+"""Shared test helpers: real captures, a real local HTTP server, a seeded store."""
+
+from __future__ import annotations
+
+import os
+import threading
+import time
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass, field
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parent.parent
+SHARED_FIXTURES = ROOT.parent / "shared" / "fixtures"
+OWN_FIXTURES = ROOT / "tests" / "fixtures"
+VLLM_032 = SHARED_FIXTURES / "vllm-0.32.0-cpu-prefix-caching.prom"
+DCGM_L4 = SHARED_FIXTURES / "dcgm_exporter_gpu_operator_L4_idle.prom"
+DCGM_T4 = SHARED_FIXTURES / "dcgm_exporter_gpu_operator_T4_loaded_nohelp.prom"
+
+
+def read(path: Path) -> str:
+    return path.read_text(encoding="utf-8")
+
+
+def require_real(reason: str) -> None:
+    """Skip on a developer machine without the system; fail in CI (KNEEPOINT_REQUIRE_REAL=1)."""
+    if os.environ.get("KNEEPOINT_REQUIRE_REAL") == "1":
+        pytest.fail(f"required real system missing: {reason}")
+    pytest.skip(reason)
+
+
+@dataclass
+class Route:
+    """What the test server answers on one path."""
+
+    body: bytes | Callable[[], bytes] = b""
+    status: int = 200
+    content_type: str = "text/plain; version=0.0.4; charset=utf-8"
+    delay: float = 0.0
+    declared_length: int | None = None  # a Content-Length larger than the body: truncation
+
+
+@dataclass
+class MetricsServer:
+    """A real HTTP server on loopback whose routes tests set; it counts requests per path."""
+
+    routes: dict[str, Route] = field(default_factory=dict)
+    hits: dict[str, int] = field(default_factory=dict)
+    headers: dict[str, dict[str, str]] = field(default_factory=dict)  # last request's, by path
+    port: int = 0
+
+    def url(self, path: str) -> str:
+        return f"http://127.0.0.1:{self.port}{path}"
+
+
+@pytest.fixture
+def metrics_server() -> Iterator[MetricsServer]:
+    state = MetricsServer()
+
+    class Handler(BaseHTTPRequestHandler):
+        def do_GET(self) -> None:  # noqa: N802 (the stdlib's name)
+            state.hits[self.path] = state.hits.get(self.path, 0) + 1
+            state.headers[self.path] = dict(self.headers.items())
+            route = state.routes.get(self.path)
+            if route is None:
+                self.send_error(404)
+                return
+            if route.delay:
+                time.sleep(route.delay)
+            body = route.body() if callable(route.body) else route.body
+            try:
+                self.send_response(route.status)
+                self.send_header("Content-Type", route.content_type)
+                self.send_header("Content-Length", str(route.declared_length or len(body)))
+                self.end_headers()
+                self.wfile.write(body)
+            except (BrokenPipeError, ConnectionResetError):
+                pass  # the client gave up (a timeout test): nothing left to do
+
+        def log_message(self, *args: object) -> None:
+            pass
+
+    server = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+    server.daemon_threads = True
+    state.port = server.server_address[1]
+    thread = threading.Thread(target=server.serve_forever, daemon=True)
+    thread.start()
+    yield state
+    server.shutdown()
+    server.server_close()
+
+
+def free_port() -> int:
+    import socket
+
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return int(sock.getsockname()[1])
