@@ -9,16 +9,21 @@ import pandas as pd
 import streamlit as st
 from sqlalchemy.orm import Session, sessionmaker
 
-from kneepoint.config import Config, load_config
+from kneepoint.config import Config, config_path, load_config
 from kneepoint.series import replica_series
 from kneepoint.status import build_status
 from kneepoint.store import queries
 from kneepoint.store.db import open_store
 
 
-@st.cache_resource
 def store() -> tuple[Config, sessionmaker[Session]]:
-    config = load_config()
+    """The configuration and its store, opened once per config file."""
+    return _open(str(config_path().resolve()))
+
+
+@st.cache_resource
+def _open(path: str) -> tuple[Config, sessionmaker[Session]]:
+    config = load_config(path)
     return config, open_store(config.database)
 
 
@@ -27,34 +32,63 @@ def replica_names() -> list[str]:
     return [t.name for t in config.targets if t.kind == "vllm"]
 
 
-@st.cache_data(ttl=5, show_spinner=False)
 def status(window: float, now: float) -> dict[str, Any]:
-    config, sessions = store()
+    return _status(str(config_path().resolve()), window, now)
+
+
+@st.cache_data(ttl=5, show_spinner=False)
+def _status(path: str, window: float, now: float) -> dict[str, Any]:
+    config, sessions = _open(path)
     with sessions() as session:
         return build_status(session, config, now, window)
 
 
-@st.cache_data(ttl=10, show_spinner=False)
 def series(start: float, end: float) -> pd.DataFrame:
-    _, sessions = store()
+    return _series(str(config_path().resolve()), start, end)
+
+
+@st.cache_data(ttl=10, show_spinner=False)
+def _series(path: str, start: float, end: float) -> pd.DataFrame:
+    _, sessions = _open(path)
     with sessions() as session:
         names = {row.id: name for name, row in queries.targets(session).items()}
         return replica_series(queries.replica_frame(session, start, end), names)
 
 
-@st.cache_data(ttl=10, show_spinner=False)
 def health(start: float, end: float) -> tuple[pd.DataFrame, pd.DataFrame, pd.DataFrame]:
-    _, sessions = store()
+    return _health(str(config_path().resolve()), start, end)
+
+
+@st.cache_data(ttl=10, show_spinner=False)
+def _health(path: str, start: float, end: float) -> tuple[pd.DataFrame, pd.DataFrame, pd.DataFrame]:
+    _, sessions = _open(path)
     with sessions() as session:
-        targets = pd.DataFrame([{
-            "target": row.name, "kind": row.kind, "up": row.up, "url": row.url,
-            "last scrape": _when(row.last_scrape_at), "last error": row.last_error,
-            "failures in a row": row.consecutive_failures,
-        } for row in queries.targets(session).values()])
-        jobs = pd.DataFrame([{
-            "job": row.job_id, "runs": row.runs, "failures": row.failures,
-            "last run": _when(row.last_run_at), "last error": row.last_error,
-        } for row in queries.job_health(session)])
+        targets = pd.DataFrame(
+            [
+                {
+                    "target": row.name,
+                    "kind": row.kind,
+                    "up": row.up,
+                    "url": row.url,
+                    "last scrape": _when(row.last_scrape_at),
+                    "last error": row.last_error,
+                    "failures in a row": row.consecutive_failures,
+                }
+                for row in queries.targets(session).values()
+            ]
+        )
+        jobs = pd.DataFrame(
+            [
+                {
+                    "job": row.job_id,
+                    "runs": row.runs,
+                    "failures": row.failures,
+                    "last run": _when(row.last_run_at),
+                    "last error": row.last_error,
+                }
+                for row in queries.job_health(session)
+            ]
+        )
         errors = queries.scrape_errors(session, start, end)
         errors.insert(0, "time", pd.to_datetime(errors.pop("ts"), unit="s", utc=True))
         return targets, jobs, errors

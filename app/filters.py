@@ -36,8 +36,9 @@ def sidebar(all_replicas: list[str]) -> Filters:
     filters = current(all_replicas)
     options = list(RANGES) if filters.range_label in RANGES else [*RANGES, filters.range_label]
     label = st.sidebar.selectbox("Time range", options, index=options.index(filters.range_label))
-    replicas = st.sidebar.multiselect("Replicas", all_replicas, default=list(filters.replicas),
-                                      placeholder="All replicas")
+    replicas = st.sidebar.multiselect(
+        "Replicas", all_replicas, default=list(filters.replicas), placeholder="All replicas"
+    )
     st.query_params["range"] = label
     st.query_params["replica"] = replicas
     return Filters(parse_duration(label), format_duration(parse_duration(label)), tuple(replicas))

@@ -11,8 +11,13 @@ from kneepoint.config import ConfigError
 st.set_page_config(page_title="kneepoint", page_icon=":material/monitoring:", layout="wide")
 
 pages = {
-    spec.url_path: st.Page(PAGES_DIR / spec.file, title=spec.title, icon=spec.icon,
-                           url_path=spec.url_path, default=index == 0)
+    spec.url_path: st.Page(
+        PAGES_DIR / spec.file,
+        title=spec.title,
+        icon=spec.icon,
+        url_path=spec.url_path,
+        default=index == 0,
+    )
     for index, spec in enumerate(PAGES)
 }
 page = st.navigation(list(pages.values()))
@@ -21,8 +26,12 @@ current_path = next(path for path, candidate in pages.items() if candidate is pa
 requested = st.query_params.get("page")
 if requested in pages and requested != current_path:
     # A link names its page in the query string (?page=health&range=6h&replica=a).
-    st.switch_page(pages[requested], query_params={
-        key: st.query_params.get_all(key) for key in st.query_params if key != "page"})
+    st.switch_page(
+        pages[requested],
+        query_params={
+            key: st.query_params.get_all(key) for key in st.query_params if key != "page"
+        },
+    )
 
 try:
     replicas = data.replica_names()

@@ -36,7 +36,9 @@ def store_fetched(fetched: list[Fetched], sessions: sessionmaker[Session]) -> li
     """Normalize and store; a target whose body is bad is recorded as down, the rest go on."""
     outcomes: list[Outcome] = []
     with sessions.begin() as session:
-        ids = ensure_targets(session, [(f.target.name, f.target.kind, f.target.url) for f in fetched])
+        ids = ensure_targets(
+            session, [(f.target.name, f.target.kind, f.target.url) for f in fetched]
+        )
         for item in fetched:
             target_id = ids[item.target.name]
             error = item.error or _store_body(session, target_id, item)

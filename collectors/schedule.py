@@ -5,8 +5,15 @@ from __future__ import annotations
 import logging
 from collections.abc import Callable
 from dataclasses import dataclass
+from datetime import datetime
 
-from apscheduler.events import EVENT_JOB_ERROR, EVENT_JOB_EXECUTED, EVENT_JOB_MISSED, JobEvent
+from apscheduler.events import (
+    EVENT_JOB_ERROR,
+    EVENT_JOB_EXECUTED,
+    EVENT_JOB_MAX_INSTANCES,
+    EVENT_JOB_MISSED,
+    JobEvent,
+)
 from apscheduler.schedulers.base import BaseScheduler
 from apscheduler.triggers.interval import IntervalTrigger
 from sqlalchemy.orm import Session, sessionmaker
@@ -57,20 +64,29 @@ def install(
     """Add jobs (one instance each, coalesced) and record every run's outcome as health."""
     for job in jobs:
         scheduler.add_job(
-            job.func, IntervalTrigger(seconds=job.every), id=job.id, name=job.id,
-            replace_existing=True, coalesce=True, max_instances=1,
-            misfire_grace_time=max(1, int(job.every)), next_run_time=_now(scheduler),
+            job.func,
+            IntervalTrigger(seconds=job.every),
+            id=job.id,
+            name=job.id,
+            replace_existing=True,
+            coalesce=True,
+            max_instances=1,
+            misfire_grace_time=max(1, int(job.every)),
+            next_run_time=_now(scheduler),
         )
     scheduler.add_listener(
         lambda event: record_job_event(sessions, event, clock),
-        EVENT_JOB_EXECUTED | EVENT_JOB_ERROR | EVENT_JOB_MISSED,
+        EVENT_JOB_EXECUTED | EVENT_JOB_ERROR | EVENT_JOB_MISSED | EVENT_JOB_MAX_INSTANCES,
     )
 
 
 def record_job_event(sessions: sessionmaker[Session], event: JobEvent, clock: Clock) -> None:
     """A job's success or error lands in job_health instead of dying in a log."""
     error = getattr(event, "exception", None)
-    missed = event.code == EVENT_JOB_MISSED
+    skipped = {
+        EVENT_JOB_MISSED: "missed its run time",
+        EVENT_JOB_MAX_INSTANCES: "skipped: its previous run was still going",
+    }.get(event.code)
     now = clock()
     with sessions.begin() as session:
         row = session.get(JobHealthRow, event.job_id)
@@ -79,14 +95,12 @@ def record_job_event(sessions: sessionmaker[Session], event: JobEvent, clock: Cl
             session.add(row)
         row.last_run_at = now
         row.runs = (row.runs or 0) + 1
-        if error is not None or missed:
+        if error is not None or skipped:
             row.failures = (row.failures or 0) + 1
-            row.last_error = "missed its run time" if missed else f"{type(error).__name__}: {error}"
+            row.last_error = skipped or f"{type(error).__name__}: {error}"
         else:
             row.last_success_at, row.last_error = now, None
 
 
-def _now(scheduler: BaseScheduler):  # type: ignore[no-untyped-def]
-    from datetime import datetime
-
+def _now(scheduler: BaseScheduler) -> datetime:
     return datetime.now(scheduler.timezone)

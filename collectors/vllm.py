@@ -41,14 +41,22 @@ COUNTERS: dict[str, tuple[str, ...]] = {
 # Counters split by a label: canonical name -> (vLLM name, label, label value).
 LABELLED_COUNTERS: dict[str, tuple[str, str, str]] = {
     "prompt_tokens_local_compute": (
-        "vllm:prompt_tokens_by_source_total", "source", "local_compute"),
+        "vllm:prompt_tokens_by_source_total",
+        "source",
+        "local_compute",
+    ),
     "prompt_tokens_local_cache_hit": (
-        "vllm:prompt_tokens_by_source_total", "source", "local_cache_hit"),
+        "vllm:prompt_tokens_by_source_total",
+        "source",
+        "local_cache_hit",
+    ),
     "prompt_tokens_external": (
-        "vllm:prompt_tokens_by_source_total", "source", "external_kv_transfer"),
+        "vllm:prompt_tokens_by_source_total",
+        "source",
+        "external_kv_transfer",
+    ),
     **{
-        f"requests_finished_{reason}": (
-            "vllm:request_success_total", "finished_reason", reason)
+        f"requests_finished_{reason}": ("vllm:request_success_total", "finished_reason", reason)
         for reason in ("stop", "length", "abort", "error", "repetition")
     },
 }
@@ -169,7 +177,9 @@ def _mean(series: Series) -> float | None:
 
 
 def _model_names(parsed: ParsedScrape, name: str) -> list[str]:
-    return sorted({labels["model_name"] for labels, _ in parsed.series(name) if "model_name" in labels})
+    return sorted(
+        {labels["model_name"] for labels, _ in parsed.series(name) if "model_name" in labels}
+    )
 
 
 def _histograms(parsed: ParsedScrape) -> dict[str, Histogram]:

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import subprocess
@@ -17,8 +18,11 @@ from kneepoint.clock import system_clock
 from kneepoint.config import Config, ConfigError, config_path, load_config
 from kneepoint.durations import parse_duration
 
-app = typer.Typer(add_completion=False, no_args_is_help=True,
-                  help="Capacity and SLO monitoring for self-hosted LLM inference.")
+app = typer.Typer(
+    add_completion=False,
+    no_args_is_help=True,
+    help="Capacity and SLO monitoring for self-hosted LLM inference.",
+)
 ConfigOption = Annotated[
     str | None, typer.Option("--config", help="kneepoint.yaml (else $KNEEPOINT_CONFIG).")
 ]
@@ -26,7 +30,9 @@ APP_ENTRY = Path(__file__).resolve().parent.parent / "app" / "main.py"
 
 
 def fail(message: str, code: int = 1) -> NoReturn:
-    Console(stderr=True).print(f"kneepoint: {message}", highlight=False, markup=False)
+    Console(stderr=True, soft_wrap=True).print(
+        f"kneepoint: {message}", highlight=False, markup=False
+    )
     raise typer.Exit(code)
 
 
@@ -67,12 +73,13 @@ def collect(
 
     scheduler = BlockingScheduler()
     install(scheduler, standard_jobs(settings, sessions, system_clock), sessions)
-    typer.echo(f"collecting {len(settings.targets)} targets every "
-               f"{settings.scrape_interval:g}s into {settings.database}", err=True)
-    try:
+    typer.echo(
+        f"collecting {len(settings.targets)} targets every "
+        f"{settings.scrape_interval:g}s into {settings.database}",
+        err=True,
+    )
+    with contextlib.suppress(KeyboardInterrupt, SystemExit):
         scheduler.start()
-    except (KeyboardInterrupt, SystemExit):
-        pass
 
 
 @app.command()
@@ -102,19 +109,34 @@ def status(
 
 def _print_status(report: dict) -> None:
     table = Table(title=f"kneepoint status, window {report['window_seconds']}s")
-    for column in ("replica", "up", "gen", "KV occ.", "running", "waiting", "prompt tok/s",
-                   "gen tok/s", "preempt."):
+    for column in (
+        "replica",
+        "up",
+        "gen",
+        "KV occ.",
+        "running",
+        "waiting",
+        "prompt tok/s",
+        "gen tok/s",
+        "preempt.",
+    ):
         table.add_column(column)
 
     def show(value: object, fmt: str = "{:.0f}") -> str:
         return "–" if value is None else fmt.format(value)
 
     for r in [*report["replicas"], report["fleet"]]:
-        table.add_row(r["name"], {True: "up", False: "DOWN", None: "?"}[r["up"]],
-                      r["engine_generation"] or "–", show(r["kv_cache_occupancy"], "{:.0%}"),
-                      show(r["requests_running"]), show(r["requests_waiting"]),
-                      show(r["prompt_tokens_per_second"], "{:.1f}"),
-                      show(r["generation_tokens_per_second"], "{:.1f}"), show(r["preemptions"]))
+        table.add_row(
+            r["name"],
+            {True: "up", False: "DOWN", None: "?"}[r["up"]],
+            r["engine_generation"] or "–",
+            show(r["kv_cache_occupancy"], "{:.0%}"),
+            show(r["requests_running"]),
+            show(r["requests_waiting"]),
+            show(r["prompt_tokens_per_second"], "{:.1f}"),
+            show(r["generation_tokens_per_second"], "{:.1f}"),
+            show(r["preemptions"]),
+        )
     Console().print(table)
     for r in report["replicas"]:
         if r["last_error"]:
@@ -146,9 +168,19 @@ def serve(
 def run_app(config_file: Path, port: int, open_browser: bool = False) -> int:
     """Start the Streamlit app on `port` reading `config_file`; return its exit status."""
     env = {**os.environ, "KNEEPOINT_CONFIG": str(config_file.resolve())}
-    command = [sys.executable, "-m", "streamlit", "run", str(APP_ENTRY),
-               "--server.port", str(port), "--server.headless", str(not open_browser).lower(),
-               "--browser.gatherUsageStats", "false"]
+    command = [
+        sys.executable,
+        "-m",
+        "streamlit",
+        "run",
+        str(APP_ENTRY),
+        "--server.port",
+        str(port),
+        "--server.headless",
+        str(not open_browser).lower(),
+        "--browser.gatherUsageStats",
+        "false",
+    ]
     try:
         return subprocess.call(command, env=env)
     except KeyboardInterrupt:

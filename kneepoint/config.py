@@ -94,8 +94,16 @@ class Slo(Strict):
 
 
 ChannelType = Literal[
-    "slack", "discord", "teams", "feishu", "dingtalk", "wecom",
-    "telegram", "pagerduty", "webhook", "alertmanager",
+    "slack",
+    "discord",
+    "teams",
+    "feishu",
+    "dingtalk",
+    "wecom",
+    "telegram",
+    "pagerduty",
+    "webhook",
+    "alertmanager",
 ]
 
 
@@ -194,9 +202,7 @@ def config_path(explicit: str | Path | None = None) -> Path:
     return Path(explicit) if explicit else Settings().config
 
 
-def load_config(
-    path: str | Path | None = None, environ: dict[str, str] | None = None
-) -> Config:
+def load_config(path: str | Path | None = None, environ: dict[str, str] | None = None) -> Config:
     """Read, expand and validate a config file; raise ConfigError with one clear sentence."""
     file = config_path(path)
     try:
@@ -254,7 +260,9 @@ def _describe(error: ValidationError) -> str:
     first = error.errors()[0]
     location = ""
     for part in first["loc"]:
-        location += f"[{part}]" if isinstance(part, int) else (f".{part}" if location else str(part))
+        location += (
+            f"[{part}]" if isinstance(part, int) else (f".{part}" if location else str(part))
+        )
     message = first["msg"].removeprefix("Value error, ")
     if first["type"] == "extra_forbidden":
         message = "is not a known key"

@@ -8,6 +8,7 @@ last sample inside the window.
 
 from __future__ import annotations
 
+import itertools
 from collections.abc import Sequence
 
 
@@ -17,7 +18,7 @@ def increase(values: Sequence[float | None]) -> float | None:
     if len(known) < 2:
         return None
     total = 0.0
-    for earlier, later in zip(known, known[1:], strict=False):
+    for earlier, later in itertools.pairwise(known):
         total += later - earlier if later >= earlier else later
     return total
 

@@ -27,10 +27,12 @@ def replica_series(frame: pd.DataFrame, names: dict[int, str]) -> pd.DataFrame:
     """Long-form rows (time, replica, one column per SERIES key) from replica_frame rows."""
     parts = []
     for target_id, rows in frame.groupby("target_id", sort=False):
-        out = pd.DataFrame({
-            "time": pd.to_datetime(rows["ts"], unit="s", utc=True),
-            "replica": names.get(int(target_id), str(target_id)),
-        })
+        out = pd.DataFrame(
+            {
+                "time": pd.to_datetime(rows["ts"], unit="s", utc=True),
+                "replica": names.get(int(target_id), str(target_id)),
+            }
+        )
         for column, (stored, is_counter) in SERIES.items():
             values = rows[stored].astype(float)
             out[column] = interval_rates(rows["ts"], values) if is_counter else values

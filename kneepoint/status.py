@@ -96,8 +96,9 @@ def _fleet(replicas: list[dict]) -> dict[str, Any]:
         "up": all(r["up"] for r in replicas) if replicas else None,
         "last_scrape_at": max(scraped) if scraped else None,
         "last_error": next(iter(values("last_error")), None),
-        "engine_generation": generations.pop() if len(generations) == 1 else (
-            "mixed" if generations else None),
+        "engine_generation": generations.pop()
+        if len(generations) == 1
+        else ("mixed" if generations else None),
         "engines": total("engines"),
         "model_names": sorted({m for r in replicas for m in r["model_names"]}),
         # A fraction is never summed: the fleet's occupancy is its fullest replica.
@@ -106,9 +107,15 @@ def _fleet(replicas: list[dict]) -> dict[str, Any]:
         "kv_cache_capacity_tokens": total("kv_cache_capacity_tokens"),
         "gpu_utilization": _mean(values("gpu_utilization")),
     }
-    for key in ("requests_running", "requests_waiting", "requests_waiting_capacity",
-                "preemptions", "preemptions_per_second", "prompt_tokens_per_second",
-                "generation_tokens_per_second"):
+    for key in (
+        "requests_running",
+        "requests_waiting",
+        "requests_waiting_capacity",
+        "preemptions",
+        "preemptions_per_second",
+        "prompt_tokens_per_second",
+        "generation_tokens_per_second",
+    ):
         fleet[key] = total(key)
     fleet.update(dict.fromkeys(DERIVED_KEYS))
     return fleet

@@ -60,7 +60,7 @@ def metrics_server() -> Iterator[MetricsServer]:
     state = MetricsServer()
 
     class Handler(BaseHTTPRequestHandler):
-        def do_GET(self) -> None:  # noqa: N802 (the stdlib's name)
+        def do_GET(self) -> None:
             state.hits[self.path] = state.hits.get(self.path, 0) + 1
             state.headers[self.path] = dict(self.headers.items())
             route = state.routes.get(self.path)

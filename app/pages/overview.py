@@ -35,8 +35,10 @@ def tiles() -> None:
             right.metric("Running", _fmt(replica["requests_running"], "{:.0f}"))
             left.metric("Waiting", _fmt(replica["requests_waiting"], "{:.0f}"))
             right.metric("Gen tok/s", _fmt(replica["generation_tokens_per_second"], "{:.0f}"))
-            st.caption(f"prompt {_fmt(replica['prompt_tokens_per_second'], '{:.0f}')} tok/s · "
-                       f"{replica['engine_generation'] or 'unknown'} engine")
+            st.caption(
+                f"prompt {_fmt(replica['prompt_tokens_per_second'], '{:.0f}')} tok/s · "
+                f"{replica['engine_generation'] or 'unknown'} engine"
+            )
     st.caption(f"Last 5 minutes, as of {report['generated_at']}")
 
 
@@ -51,7 +53,14 @@ if series.empty:
     st.info("No samples in this time range yet.")
 else:
     left, right = st.columns(2)
-    for index, column in enumerate(("kv_cache_occupancy", "requests_waiting",
-                                    "requests_running", "generation_tokens_per_second")):
+    for index, column in enumerate(
+        (
+            "kv_cache_occupancy",
+            "requests_waiting",
+            "requests_running",
+            "generation_tokens_per_second",
+        )
+    ):
         (left if index % 2 == 0 else right).plotly_chart(
-            replica_lines(series, column), width="stretch")
+            replica_lines(series, column), width="stretch"
+        )

@@ -26,9 +26,17 @@ def decode_bounds(text: str) -> tuple[float, ...]:
 
 
 def encode_histogram(layout_id: int, histogram: Histogram) -> str:
-    per_bucket = [histogram.counts[0], *(
-        later - earlier for earlier, later in zip(histogram.counts, histogram.counts[1:], strict=False)
-    )] if histogram.counts else []
+    per_bucket = (
+        [
+            histogram.counts[0],
+            *(
+                later - earlier
+                for earlier, later in zip(histogram.counts, histogram.counts[1:], strict=False)
+            ),
+        ]
+        if histogram.counts
+        else []
+    )
     return f"{layout_id}|{number(histogram.total)}|{','.join(number(n) for n in per_bucket)}"
 
 

@@ -7,6 +7,8 @@ increases over any window stay exact) and replace gauges by the bucket's mean an
 
 from __future__ import annotations
 
+from typing import ClassVar
+
 from sqlalchemy import Boolean, Float, ForeignKey, Index, Integer, String, Text, UniqueConstraint
 from sqlalchemy.orm import DeclarativeBase, Mapped, mapped_column
 
@@ -65,7 +67,7 @@ class HistogramLayoutRow(Base):
 
 class ReplicaSampleRow(Base):
     __tablename__ = "replica_samples"
-    __table_args__ = {"sqlite_with_rowid": False}
+    __table_args__: ClassVar[dict[str, bool]] = {"sqlite_with_rowid": False}
 
     target_id: Mapped[int] = mapped_column(ForeignKey("targets.id"), primary_key=True)
     ts: Mapped[float] = mapped_column(Float, primary_key=True)
@@ -107,14 +109,22 @@ class GpuRow(Base):
 
 
 GPU_READINGS = (
-    "utilization", "gr_engine_active", "sm_active", "tensor_active", "dram_active",
-    "power_watts", "temperature_c", "memory_temperature_c", "fb_used_mib", "fb_free_mib",
+    "utilization",
+    "gr_engine_active",
+    "sm_active",
+    "tensor_active",
+    "dram_active",
+    "power_watts",
+    "temperature_c",
+    "memory_temperature_c",
+    "fb_used_mib",
+    "fb_free_mib",
 )
 
 
 class GpuSampleRow(Base):
     __tablename__ = "gpu_samples"
-    __table_args__ = {"sqlite_with_rowid": False}
+    __table_args__: ClassVar[dict[str, bool]] = {"sqlite_with_rowid": False}
 
     gpu_id: Mapped[int] = mapped_column(ForeignKey("gpus.id"), primary_key=True)
     ts: Mapped[float] = mapped_column(Float, primary_key=True)

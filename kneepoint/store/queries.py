@@ -40,8 +40,13 @@ def gpu_frame(session: Session, start: float, end: float) -> pd.DataFrame:
     """GPU readings with their identity (target, host, index, model, pod)."""
     query = (
         select(
-            GpuRow.target_id, GpuRow.host, GpuRow.gpu_index, GpuRow.model, GpuRow.pod,
-            GpuRow.uuid, GpuSampleRow.__table__,
+            GpuRow.target_id,
+            GpuRow.host,
+            GpuRow.gpu_index,
+            GpuRow.model,
+            GpuRow.pod,
+            GpuRow.uuid,
+            GpuSampleRow.__table__,
         )
         .join(GpuRow, GpuRow.id == GpuSampleRow.gpu_id)
         .where(GpuSampleRow.ts >= start, GpuSampleRow.ts <= end)
@@ -65,12 +70,14 @@ def job_health(session: Session) -> list[JobHealthRow]:
 
 
 def histogram_layouts(session: Session) -> dict[int, tuple[float, ...]]:
-    return {row.id: decode_bounds(row.bounds) for row in session.scalars(select(HistogramLayoutRow))}
+    return {
+        row.id: decode_bounds(row.bounds) for row in session.scalars(select(HistogramLayoutRow))
+    }
 
 
-def histograms(
-    encoded: pd.Series, layouts: dict[int, tuple[float, ...]]
-) -> list[Histogram | None]:
+def histograms(encoded: pd.Series, layouts: dict[int, tuple[float, ...]]) -> list[Histogram | None]:
     """Decode a column of encoded histograms (None where a row has none)."""
-    return [None if text is None or pd.isna(text) else decode_histogram(text, layouts)
-            for text in encoded]
+    return [
+        None if text is None or pd.isna(text) else decode_histogram(text, layouts)
+        for text in encoded
+    ]

@@ -43,10 +43,20 @@ REPLICA_SHAPE = Shape(
     ReplicaSampleRow.__table__,  # type: ignore[arg-type]
     "target_id",
     REPLICA_COUNTERS,
-    ("kv_cache_usage", "kv_cache_usage_mean", "requests_running", "requests_waiting",
-     "requests_waiting_capacity", "requests_swapped", "prefix_cache_hit_rate_gauge"),
-    {"kv_cache_usage_peak": "kv_cache_usage", "requests_running_peak": "requests_running",
-     "requests_waiting_peak": "requests_waiting"},
+    (
+        "kv_cache_usage",
+        "kv_cache_usage_mean",
+        "requests_running",
+        "requests_waiting",
+        "requests_waiting_capacity",
+        "requests_swapped",
+        "prefix_cache_hit_rate_gauge",
+    ),
+    {
+        "kv_cache_usage_peak": "kv_cache_usage",
+        "requests_running_peak": "requests_running",
+        "requests_waiting_peak": "requests_waiting",
+    },
 )
 GPU_SHAPE = Shape(
     GpuSampleRow.__table__,  # type: ignore[arg-type]
@@ -69,7 +79,9 @@ def rollup(session: Session, now: float, retention: Retention) -> RollupResult:
     for shape in (REPLICA_SHAPE, GPU_SHAPE):
         result.thinned += _thin(session, shape, RAW, MINUTE, now - retention.raw)
         result.thinned += _thin(session, shape, MINUTE, HOUR, now - retention.minute)
-        expired = session.execute(delete(shape.table).where(shape.table.c.ts < now - retention.hour))
+        expired = session.execute(
+            delete(shape.table).where(shape.table.c.ts < now - retention.hour)
+        )
         result.expired += expired.rowcount or 0
     errors = session.execute(delete(ScrapeErrorRow).where(ScrapeErrorRow.ts < now - retention.raw))
     result.expired += errors.rowcount or 0
@@ -80,10 +92,15 @@ def _thin(session: Session, shape: Shape, source: int, target: int, older_than: 
     # Only whole buckets: a bucket still filling would lose the rows that arrive later.
     cutoff = math.floor(older_than / target) * target
     table = shape.table
-    rows = session.execute(
-        select(table).where(table.c.resolution == source, table.c.ts < cutoff)
-        .order_by(table.c[shape.key], table.c.ts)
-    ).mappings().all()
+    rows = (
+        session.execute(
+            select(table)
+            .where(table.c.resolution == source, table.c.ts < cutoff)
+            .order_by(table.c[shape.key], table.c.ts)
+        )
+        .mappings()
+        .all()
+    )
     updates: list[dict] = []
     removals: list[dict] = []
     group: list = []
@@ -96,12 +113,16 @@ def _thin(session: Session, shape: Shape, source: int, target: int, older_than: 
         _thin_group(shape, group, target, updates, removals)
     if updates:
         columns = {c: bindparam(c) for c in (*shape.means, *shape.peaks, "resolution")}
-        statement = update(table).where(and_(
-            table.c[shape.key] == bindparam("k"), table.c.ts == bindparam("t"))).values(columns)
+        statement = (
+            update(table)
+            .where(and_(table.c[shape.key] == bindparam("k"), table.c.ts == bindparam("t")))
+            .values(columns)
+        )
         session.execute(statement, updates)
     if removals:
-        statement = delete(table).where(and_(
-            table.c[shape.key] == bindparam("k"), table.c.ts == bindparam("t")))
+        statement = delete(table).where(
+            and_(table.c[shape.key] == bindparam("k"), table.c.ts == bindparam("t"))
+        )
         session.execute(statement, removals)
     return len(removals)
 
@@ -126,8 +147,9 @@ def _thin_group(
             known = [rows[i][column] for i in members if rows[i][column] is not None]
             values[column] = sum(known) / len(known) if known else None
         for peak, gauge in shape.peaks.items():
-            candidates = [rows[i][peak] if rows[i][peak] is not None else rows[i][gauge]
-                          for i in members]
+            candidates = [
+                rows[i][peak] if rows[i][peak] is not None else rows[i][gauge] for i in members
+            ]
             known = [c for c in candidates if c is not None]
             values[peak] = max(known) if known else None
         updates.append(values)
@@ -142,6 +164,10 @@ def _thin_group(
 def _as_update(shape: Shape, row, resolution: int) -> dict:  # type: ignore[no-untyped-def]
     values = {"k": row[shape.key], "t": row["ts"], "resolution": resolution}
     values.update({column: row[column] for column in shape.means})
-    values.update({peak: row[peak] if row[peak] is not None else row[gauge]
-                   for peak, gauge in shape.peaks.items()})
+    values.update(
+        {
+            peak: row[peak] if row[peak] is not None else row[gauge]
+            for peak, gauge in shape.peaks.items()
+        }
+    )
     return values

@@ -74,16 +74,24 @@ def record_gpus(session: Session, target_id: int, ts: float, gpus: list[GpuSampl
     _mark_up(session, target_id, ts)
     for gpu in gpus:
         identity = _gpu_row(session, target_id, gpu)
-        row = GpuSampleRow(gpu_id=identity.id, ts=ts, resolution=0,
-                           energy_mj=gpu.energy_mj, xid_error=gpu.xid_error)
+        row = GpuSampleRow(
+            gpu_id=identity.id,
+            ts=ts,
+            resolution=0,
+            energy_mj=gpu.energy_mj,
+            xid_error=gpu.xid_error,
+        )
         for reading in GPU_READINGS:
             setattr(row, reading, getattr(gpu, reading))
         session.add(row)
 
 
 def _gpu_row(session: Session, target_id: int, gpu: GpuSample) -> GpuRow:
-    row = session.scalar(select(GpuRow).where(
-        GpuRow.target_id == target_id, GpuRow.host == gpu.host, GpuRow.gpu_index == gpu.index))
+    row = session.scalar(
+        select(GpuRow).where(
+            GpuRow.target_id == target_id, GpuRow.host == gpu.host, GpuRow.gpu_index == gpu.index
+        )
+    )
     if row is None:
         row = GpuRow(target_id=target_id, host=gpu.host, gpu_index=gpu.index)
         session.add(row)

@@ -18,9 +18,16 @@ GOOD = VLLM_032.read_bytes()
 
 
 def config_for(server: MetricsServer, tmp_path: Path, **paths: str) -> Config:
-    targets = [Target(name=name, kind="dcgm" if name.startswith("gpu") else "vllm",
-                      url=server.url(path), timeout=1.0, max_bytes=200_000)
-               for name, path in paths.items()]
+    targets = [
+        Target(
+            name=name,
+            kind="dcgm" if name.startswith("gpu") else "vllm",
+            url=server.url(path),
+            timeout=1.0,
+            max_bytes=200_000,
+        )
+        for name, path in paths.items()
+    ]
     return Config(database=f"sqlite:///{tmp_path / 'k.db'}", targets=targets)
 
 
@@ -37,7 +44,9 @@ def health(sessions, name: str) -> TargetRow:  # type: ignore[no-untyped-def]
 BAD_ROUTES = {
     "HTTP 500": (Route(b"internal error", status=500), "HTTP 500"),
     "an HTML error page": (
-        Route(b"<html><body>502</body></html>\n", content_type="text/html"), "HTML page"),
+        Route(b"<html><body>502</body></html>\n", content_type="text/html"),
+        "HTML page",
+    ),
     "HTML served as text": (Route(b"<html><body>oops</body></html>\n"), "not a metric sample"),
     "malformed text": (Route(b'vllm:kv_cache_usage_perc{engine="0" 1\n'), "malformed"),
     "a truncated body": (Route(GOOD[:20_000], declared_length=len(GOOD)), "from http"),
@@ -45,8 +54,9 @@ BAD_ROUTES = {
     "a timeout": (Route(GOOD, delay=3.0), "timed out after 1s"),
     "NaN everywhere": (Route(b"vllm:kv_cache_usage_perc NaN\n"), "no vLLM KV-cache metric"),
     "conflicting duplicate series": (
-        Route(GOOD + b"vllm:num_requests_running{engine=\"0\",model_name=\"tiny\"} 9.0\n"),
-        "duplicate series"),
+        Route(GOOD + b'vllm:num_requests_running{engine="0",model_name="tiny"} 9.0\n'),
+        "duplicate series",
+    ),
 }
 
 
@@ -116,8 +126,12 @@ def test_up_flips_back_when_the_target_answers_again(
 
 def test_bearer_headers_are_sent(metrics_server: MetricsServer, tmp_path: Path) -> None:
     metrics_server.routes = {"/m": Route(GOOD)}
-    target = Target(name="auth", kind="vllm", url=metrics_server.url("/m"),
-                    headers={"Authorization": "Bearer s3cret"})
+    target = Target(
+        name="auth",
+        kind="vllm",
+        url=metrics_server.url("/m"),
+        headers={"Authorization": "Bearer s3cret"},
+    )
     config = Config(database=f"sqlite:///{tmp_path / 'k.db'}", targets=[target])
     assert collect_once(config, open_store(config.database))[0].ok
     assert metrics_server.headers["/m"]["Authorization"] == "Bearer s3cret"
@@ -139,10 +153,14 @@ def test_a_counter_reset_between_scrapes_never_shows_negative(
 ) -> None:
     from kneepoint.status import build_status
 
-    before = GOOD.replace(b"vllm:generation_tokens_total{engine=\"0\",model_name=\"tiny\"} 2428.0",
-                          b"vllm:generation_tokens_total{engine=\"0\",model_name=\"tiny\"} 90000.0")
-    after = GOOD.replace(b"vllm:generation_tokens_total{engine=\"0\",model_name=\"tiny\"} 2428.0",
-                         b"vllm:generation_tokens_total{engine=\"0\",model_name=\"tiny\"} 500.0")
+    before = GOOD.replace(
+        b'vllm:generation_tokens_total{engine="0",model_name="tiny"} 2428.0',
+        b'vllm:generation_tokens_total{engine="0",model_name="tiny"} 90000.0',
+    )
+    after = GOOD.replace(
+        b'vllm:generation_tokens_total{engine="0",model_name="tiny"} 2428.0',
+        b'vllm:generation_tokens_total{engine="0",model_name="tiny"} 500.0',
+    )
     assert before != GOOD and after != GOOD
     metrics_server.routes = {"/m": Route(before)}
     config = config_for(metrics_server, tmp_path, replica="/m")

@@ -9,8 +9,9 @@ from tests.conftest import DCGM_L4, DCGM_T4, read
 LABELS = 'gpu="{gpu}",UUID="GPU-{gpu}",modelName="NVIDIA H100 80GB HBM3",{host}'
 
 
-def line(field: str, value: str, gpu: int = 0, host: str = 'Hostname="node-7"',
-         extra: str = "") -> str:
+def line(
+    field: str, value: str, gpu: int = 0, host: str = 'Hostname="node-7"', extra: str = ""
+) -> str:
     return f"DCGM_FI_{field}{{{LABELS.format(gpu=gpu, host=host)}{extra}}} {value}\n"
 
 
@@ -42,8 +43,11 @@ def test_it_reads_the_real_loaded_t4_capture_without_help_lines() -> None:
 
 
 def test_it_drops_blank_sentinels() -> None:
-    text = line("DEV_GPU_TEMP", "55") + line("PROF_DRAM_ACTIVE", "9223372036854775794") + \
-        line("DEV_POWER_USAGE", "1.4e26")
+    text = (
+        line("DEV_GPU_TEMP", "55")
+        + line("PROF_DRAM_ACTIVE", "9223372036854775794")
+        + line("DEV_POWER_USAGE", "1.4e26")
+    )
     [gpu] = parse_dcgm(text, default_host="x")
     assert gpu.temperature_c == 55
     assert gpu.dram_active is None
@@ -51,16 +55,20 @@ def test_it_drops_blank_sentinels() -> None:
 
 
 def test_it_accepts_lower_case_hostname_and_falls_back_to_the_target_name() -> None:
-    text = line("DEV_GPU_TEMP", "50", gpu=0, host='hostname="node-8"') + \
-        line("DEV_GPU_TEMP", "51", gpu=1, host='device="nvidia1"')
+    text = line("DEV_GPU_TEMP", "50", gpu=0, host='hostname="node-8"') + line(
+        "DEV_GPU_TEMP", "51", gpu=1, host='device="nvidia1"'
+    )
     gpus = parse_dcgm(text, default_host="dcgm-target")
     assert [(g.host, g.index, g.temperature_c) for g in gpus] == [
-        ("dcgm-target", 1, 51), ("node-8", 0, 50)]
+        ("dcgm-target", 1, 51),
+        ("node-8", 0, 50),
+    ]
 
 
 def test_it_reads_pods_directly_and_behind_prometheus() -> None:
-    text = line("DEV_GPU_TEMP", "50", gpu=0, extra=',pod="vllm-0",namespace="llm"') + \
-        line("DEV_GPU_TEMP", "50", gpu=1, extra=',exported_pod="vllm-1"')
+    text = line("DEV_GPU_TEMP", "50", gpu=0, extra=',pod="vllm-0",namespace="llm"') + line(
+        "DEV_GPU_TEMP", "50", gpu=1, extra=',exported_pod="vllm-1"'
+    )
     gpus = parse_dcgm(text, default_host="x")
     assert [(g.pod, g.namespace) for g in gpus] == [("vllm-0", "llm"), ("vllm-1", None)]
 

@@ -16,11 +16,11 @@ MALFORMED = {
     "plain garbage": "this is not prometheus\n",
     "an empty body": "",
     "only whitespace": "  \n\n",
-    "a body cut mid-line": "vllm:num_requests_running{engine=\"0\"} 1\nvllm:num_requests_wai",
+    "a body cut mid-line": 'vllm:num_requests_running{engine="0"} 1\nvllm:num_requests_wai',
     "an unterminated label set": 'vllm:num_requests_running{engine="0" 3\n',
     "a value that is not a number": "vllm:num_requests_running twelve\n",
     "a label without quotes": "vllm:num_requests_running{engine=0} 3\n",
-    "two different values for one series": "a{x=\"1\"} 1\na{x=\"1\"} 2\n",
+    "two different values for one series": 'a{x="1"} 1\na{x="1"} 2\n',
     "a JSON error body": '{"error": "unauthorized"}\n',
 }
 

@@ -11,27 +11,33 @@ BAD = {
     "an unknown top-level key": ("scrape_intervall: 15s", "scrape_intervall: is not a known key"),
     "an unknown target key": (
         "targets: [{name: a, kind: vllm, url: 'http://x/metrics', timout: 5s}]",
-        "targets[0].timout: is not a known key"),
+        "targets[0].timout: is not a known key",
+    ),
     "a missing url": ("targets: [{name: a, kind: vllm}]", "targets[0].url: is required"),
     "a bad duration": ("scrape_interval: soon", "scrape_interval: 'soon' is not a duration"),
     "a bad kind": ("targets: [{name: a, kind: sglang, url: 'http://x/m'}]", "targets[0].kind"),
     "a url that is not http": ("targets: [{name: a, kind: vllm, url: 'x.y'}]", "targets[0].url"),
     "two targets with one name": (
         "targets: [{name: a, kind: vllm, url: 'http://x/m'}, {name: a, kind: dcgm, url: 'http://y/m'}]",
-        "targets has two entries named 'a'"),
+        "targets has two entries named 'a'",
+    ),
     "a bad GPU reference": (
         "targets: [{name: a, kind: vllm, url: 'http://x/m', gpus: ['node']}]",
-        "targets[0].gpus"),
+        "targets[0].gpus",
+    ),
     "GPUs on a DCGM target": (
         "targets: [{name: a, kind: dcgm, url: 'http://x/m', gpus: ['n/0']}]",
-        "targets[0].gpus is only for vllm targets"),
+        "targets[0].gpus is only for vllm targets",
+    ),
     "a rule naming an unknown channel": (
         "rules: [{name: r, metric: kv_cache_occupancy, op: '>', threshold: 0.9, channels: [x]}]",
-        "rules[0].channels names unknown channel 'x'"),
-    "a bad comparison": (
-        "rules: [{name: r, metric: m, op: '=>', threshold: 1}]", "rules[0].op"),
+        "rules[0].channels names unknown channel 'x'",
+    ),
+    "a bad comparison": ("rules: [{name: r, metric: m, op: '=>', threshold: 1}]", "rules[0].op"),
     "an objective of 100 %": (
-        "slos: [{name: s, metric: ttft, threshold: 0.5s, objective: 1.0}]", "slos[0].objective"),
+        "slos: [{name: s, metric: ttft, threshold: 0.5s, objective: 1.0}]",
+        "slos[0].objective",
+    ),
     "a bad cron schedule": ("report: {schedule: 'every monday'}", "report.schedule"),
     "shrinking retention": ("retention: {raw: 40d}", "retention"),
     "a negative price": ("pricing: {gpu_hour: {default: -1}}", "pricing.gpu_hour.default"),
@@ -63,7 +69,10 @@ def test_defaults_fill_what_the_file_leaves_out() -> None:
     assert config.database == "sqlite:///kneepoint.db"
     assert config.scrape_interval == 15
     assert (config.retention.raw, config.retention.minute, config.retention.hour) == (
-        48 * 3600, 35 * 86400, 400 * 86400)
+        48 * 3600,
+        35 * 86400,
+        400 * 86400,
+    )
     assert config.report.schedule == "0 9 * * MON"
 
 
@@ -101,5 +110,5 @@ def test_the_path_comes_from_the_flag_then_the_environment(
 
 
 def test_a_missing_file_is_one_clear_sentence(tmp_path: Path) -> None:
-    with pytest.raises(ConfigError, match="cannot read config .*missing.yaml"):
+    with pytest.raises(ConfigError, match=r"cannot read config .*missing\.yaml"):
         load_config(tmp_path / "missing.yaml")

@@ -59,8 +59,16 @@ def frame(sessions):  # type: ignore[no-untyped-def]
 def test_migrations_create_every_table_and_sqlite_runs_in_wal_mode(sessions) -> None:  # type: ignore[no-untyped-def]
     engine = sessions.kw["bind"]
     tables = set(inspect(engine).get_table_names())
-    assert {"targets", "replica_samples", "gpu_samples", "gpus", "scrape_errors",
-            "histogram_layouts", "job_health", "alembic_version"} <= tables
+    assert {
+        "targets",
+        "replica_samples",
+        "gpu_samples",
+        "gpus",
+        "scrape_errors",
+        "histogram_layouts",
+        "job_health",
+        "alembic_version",
+    } <= tables
     with engine.connect() as connection:
         assert connection.execute(text("PRAGMA journal_mode")).scalar() == "wal"
         assert connection.execute(text("PRAGMA busy_timeout")).scalar() >= 5000
@@ -71,7 +79,8 @@ def test_a_replica_sample_reads_back_exactly(sessions) -> None:  # type: ignore[
     row = frame(sessions).iloc[0]
     for name, value in BASE.counters.items():
         assert (row[name] if value is not None else None) == value or (
-            value is None and row[name] != row[name])  # NaN for SQL NULL
+            value is None and row[name] != row[name]
+        )  # NaN for SQL NULL
     with sessions() as session:
         layouts = queries.histogram_layouts(session)
     [ttft] = queries.histograms(frame(sessions)["hist_ttft"], layouts)
@@ -92,7 +101,7 @@ def test_gpu_readings_keep_their_identity(sessions) -> None:  # type: ignore[no-
 
 histograms = st.lists(st.integers(0, 10**9), min_size=1, max_size=30).map(
     lambda deltas: Histogram(
-        tuple(float(i) for i in range(len(deltas) - 1)) + (float("inf"),),
+        (*tuple(float(i) for i in range(len(deltas) - 1)), float("inf")),
         tuple(float(sum(deltas[: i + 1])) for i in range(len(deltas))),
         float(sum(deltas)) * 0.37,
     )
@@ -172,5 +181,8 @@ def test_target_rows_keep_the_replica_s_cache_configuration(sessions) -> None:  
         target = queries.targets(session)["r"]
         assert session.scalars(select(ReplicaSampleRow)).one().engines == 1
     assert (target.block_size, target.num_gpu_blocks, target.capacity_tokens) == (
-        128, 16384, 2097152)
+        128,
+        16384,
+        2097152,
+    )
     assert target.generation == "v1" and target.up is True

@@ -1,0 +1,143 @@
+"""The running app in a real Chromium: every page opens without an error box, and a link
+with page, range and replica in its query string reopens that view."""
+
+from __future__ import annotations
+
+import os
+import shutil
+import subprocess
+import sys
+import time
+from collections.abc import Iterator
+from pathlib import Path
+
+import httpx
+import pytest
+
+from app.registry import PAGES
+from tests.conftest import ROOT, free_port, require_real
+from tests.seed import seed
+
+CHROMIUM = "/usr/bin/chromium"
+ERROR_BOXES = '[data-testid="stException"], [data-testid="stAlertContentError"]'
+
+
+@pytest.fixture(scope="module")
+def app_url(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
+    config = seed(tmp_path_factory.mktemp("browser"), time.time())
+    port = free_port()
+    env = {**os.environ, "KNEEPOINT_CONFIG": str(config)}
+    process = subprocess.Popen(
+        [
+            sys.executable,
+            "-m",
+            "streamlit",
+            "run",
+            str(ROOT / "app" / "main.py"),
+            "--server.port",
+            str(port),
+            "--server.headless",
+            "true",
+            "--browser.gatherUsageStats",
+            "false",
+        ],
+        env=env,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        text=True,
+    )
+    url = f"http://127.0.0.1:{port}"
+    try:
+        deadline = time.monotonic() + 60
+        while time.monotonic() < deadline:
+            try:
+                if httpx.get(f"{url}/_stcore/health", timeout=1).status_code == 200:
+                    break
+            except httpx.HTTPError:
+                time.sleep(0.3)
+        else:
+            process.kill()
+            pytest.fail(f"streamlit did not start: {process.communicate()[0][-2000:]}")
+        yield url
+    finally:
+        process.terminate()
+        process.wait(timeout=10)
+
+
+@pytest.fixture(scope="module")
+def browser():  # type: ignore[no-untyped-def]
+    if not Path(CHROMIUM).exists() or shutil.which("chromium") is None:
+        require_real(f"no Chromium at {CHROMIUM} (apt-get install chromium)")
+    try:
+        from playwright.sync_api import sync_playwright
+    except ImportError:
+        require_real("the playwright Python package is not installed")
+    with sync_playwright() as playwright:
+        # launch() gives Chromium a fresh, temporary profile of its own.
+        instance = playwright.chromium.launch(
+            executable_path=CHROMIUM,
+            headless=True,
+            args=[
+                "--no-sandbox",
+                "--disable-gpu",
+                "--disable-background-networking",
+                "--disable-component-update",
+                "--no-first-run",
+                "--disable-sync",
+            ],
+        )
+        yield instance
+        instance.close()
+
+
+def open_page(browser, url: str):  # type: ignore[no-untyped-def]
+    page = browser.new_page()
+    page.goto(url)
+    page.wait_for_selector("h1", timeout=60_000)
+    # Give the page's own queries time to finish and render, then look for failures.
+    page.wait_for_load_state("networkidle")
+    page.wait_for_timeout(1500)
+    return page
+
+
+@pytest.mark.real
+@pytest.mark.parametrize("spec", PAGES, ids=lambda spec: spec.url_path)
+def test_each_page_opens_without_an_error_box(browser, app_url: str, spec) -> None:  # type: ignore[no-untyped-def]
+    page = open_page(browser, f"{app_url}/{spec.url_path}")
+    try:
+        assert page.locator("h1").first.inner_text().strip() == spec.title
+        errors = page.locator(ERROR_BOXES)
+        assert errors.count() == 0, errors.all_inner_texts()
+    finally:
+        page.close()
+
+
+@pytest.mark.real
+def test_a_link_reopens_the_same_page_range_and_replica(browser, app_url: str) -> None:  # type: ignore[no-untyped-def]
+    page = open_page(browser, f"{app_url}/?page=health&range=6h&replica=replica-b")
+    try:
+        page.wait_for_function(
+            "document.querySelector('h1')?.innerText.includes('health')", timeout=30_000
+        )
+        assert page.locator("h1").first.inner_text().strip() == "Collector health"
+        sidebar = page.locator('[data-testid="stSidebar"]')
+        assert sidebar.get_by_label("Time range").input_value() == "6h"
+        assert "replica-b" in sidebar.inner_text()
+        assert "range=6h" in page.url and "page=health" in page.url
+        assert page.locator(ERROR_BOXES).count() == 0
+    finally:
+        page.close()
+
+
+@pytest.mark.real
+def test_the_overview_shows_a_tile_per_replica_and_charts(browser, app_url: str) -> None:  # type: ignore[no-untyped-def]
+    page = open_page(browser, f"{app_url}/overview?range=1h")
+    try:
+        body = page.locator("body").inner_text()
+        for name in ("replica-a", "replica-b", "replica-down"):
+            assert name in body
+        assert "connection refused" in body
+        page.wait_for_selector(".js-plotly-plot", timeout=30_000)
+        assert page.locator(".js-plotly-plot").count() == 4
+    finally:
+        page.close()
