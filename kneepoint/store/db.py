@@ -51,4 +51,12 @@ def open_store(url: str) -> sessionmaker[Session]:
     """Engine + migrations + session factory: what every reader and writer starts from."""
     engine = make_engine(url)
     migrate(engine)
-    return sessionmaker(engine, expire_on_commit=False)
+    # Histogram layouts rarely change: their ids are cached across sessions, and forgotten on
+    # any rollback, which may have undone the row a cached id points to.
+    factory = sessionmaker(engine, expire_on_commit=False, info={"histogram_layouts": {}})
+    event.listen(
+        factory,
+        "after_soft_rollback",
+        lambda session, _previous: session.info["histogram_layouts"].clear(),
+    )
+    return factory

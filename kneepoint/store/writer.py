@@ -5,7 +5,7 @@ from __future__ import annotations
 import json
 from collections.abc import Iterable
 
-from sqlalchemy import select
+from sqlalchemy import bindparam, insert, select, update
 from sqlalchemy.orm import Session
 
 from kneepoint.samples import GpuSample, ReplicaSample
@@ -21,6 +21,14 @@ from kneepoint.store.models import (
 )
 
 _ERROR_LIMIT = 500
+# Plain tables and statements built once, values passed as parameters: these run for every
+# target on every scrape, and a cached compiled statement is several times cheaper than ORM
+# objects or a statement with literal values.
+_TARGETS = TargetRow.__table__
+_REPLICA_SAMPLES = ReplicaSampleRow.__table__
+_GPU_SAMPLES = GpuSampleRow.__table__
+_SCRAPE_ERRORS = ScrapeErrorRow.__table__
+_TARGET_BY_ID = _TARGETS.c.id == bindparam("target_id")
 
 
 def ensure_targets(session: Session, targets: Iterable[tuple[str, str, str]]) -> dict[str, int]:
@@ -37,56 +45,80 @@ def ensure_targets(session: Session, targets: Iterable[tuple[str, str, str]]) ->
 
 
 def record_failure(session: Session, target_id: int, ts: float, error: str) -> None:
-    target = session.get_one(TargetRow, target_id)
     message = error[:_ERROR_LIMIT]
-    target.up, target.last_scrape_at, target.last_error = False, ts, message
-    target.consecutive_failures = (target.consecutive_failures or 0) + 1
-    session.add(ScrapeErrorRow(target_id=target_id, ts=ts, error=message))
-
-
-def _mark_up(session: Session, target_id: int, ts: float) -> TargetRow:
-    target = session.get_one(TargetRow, target_id)
-    target.up, target.last_scrape_at, target.last_success_at = True, ts, ts
-    target.last_error, target.consecutive_failures = None, 0
-    return target
+    session.execute(
+        update(_TARGETS)
+        .where(_TARGET_BY_ID)
+        .values(consecutive_failures=_TARGETS.c.consecutive_failures + 1),
+        [{"target_id": target_id, "up": False, "last_scrape_at": ts, "last_error": message}],
+    )
+    session.execute(insert(_SCRAPE_ERRORS), [{"target_id": target_id, "ts": ts, "error": message}])
 
 
 def record_replica(session: Session, target_id: int, ts: float, sample: ReplicaSample) -> None:
-    target = _mark_up(session, target_id, ts)
-    target.generation, target.engines = sample.generation, sample.engines
-    target.model_names = json.dumps(sample.model_names)
     cache = sample.cache
-    target.cache_dtype, target.block_size = cache.cache_dtype, cache.block_size
-    target.num_gpu_blocks, target.capacity_tokens = cache.num_gpu_blocks, cache.capacity_tokens
-    target.prefix_caching = cache.enable_prefix_caching
-    target.gpu_memory_utilization = cache.gpu_memory_utilization
-    row = ReplicaSampleRow(target_id=target_id, ts=ts, resolution=0, engines=sample.engines)
-    for name, value in (*sample.gauges.items(), *sample.counters.items()):
-        setattr(row, name, value)
-    row.accepted_per_position = encode_floats(sample.accepted_per_position)
+    _mark_up(
+        session,
+        target_id,
+        ts,
+        {
+            "generation": sample.generation,
+            "engines": sample.engines,
+            "model_names": json.dumps(sample.model_names),
+            "cache_dtype": cache.cache_dtype,
+            "block_size": cache.block_size,
+            "num_gpu_blocks": cache.num_gpu_blocks,
+            "capacity_tokens": cache.capacity_tokens,
+            "prefix_caching": cache.enable_prefix_caching,
+            "gpu_memory_utilization": cache.gpu_memory_utilization,
+        },
+    )
+    row: dict[str, object] = {
+        "target_id": target_id,
+        "ts": ts,
+        "resolution": 0,
+        "engines": sample.engines,
+        **sample.gauges,
+        **sample.counters,
+        "accepted_per_position": encode_floats(sample.accepted_per_position),
+    }
     for name, histogram in sample.histograms.items():
         layout = _layout_id(session, encode_bounds(histogram.bounds))
-        setattr(row, f"hist_{name}", encode_histogram(layout, histogram))
-    session.add(row)
+        row[f"hist_{name}"] = encode_histogram(layout, histogram)
+    session.execute(insert(_REPLICA_SAMPLES), [row])
 
 
 def record_gpus(session: Session, target_id: int, ts: float, gpus: list[GpuSample]) -> None:
-    _mark_up(session, target_id, ts)
+    _mark_up(session, target_id, ts, {})
+    rows = []
     for gpu in gpus:
-        identity = _gpu_row(session, target_id, gpu)
-        row = GpuSampleRow(
-            gpu_id=identity.id,
-            ts=ts,
-            resolution=0,
-            energy_mj=gpu.energy_mj,
-            xid_error=gpu.xid_error,
+        rows.append(
+            {
+                "gpu_id": _gpu_id(session, target_id, gpu),
+                "ts": ts,
+                "resolution": 0,
+                "energy_mj": gpu.energy_mj,
+                "xid_error": gpu.xid_error,
+                **{reading: getattr(gpu, reading) for reading in GPU_READINGS},
+            }
         )
-        for reading in GPU_READINGS:
-            setattr(row, reading, getattr(gpu, reading))
-        session.add(row)
+    if rows:
+        session.execute(insert(_GPU_SAMPLES), rows)
 
 
-def _gpu_row(session: Session, target_id: int, gpu: GpuSample) -> GpuRow:
+def _mark_up(session: Session, target_id: int, ts: float, details: dict[str, object]) -> None:
+    values = {
+        "up": True,
+        "last_scrape_at": ts,
+        "last_success_at": ts,
+        "last_error": None,
+        "consecutive_failures": 0,
+        **details,
+    }
+    session.execute(update(_TARGETS).where(_TARGET_BY_ID), [{"target_id": target_id, **values}])
+
+
+def _gpu_id(session: Session, target_id: int, gpu: GpuSample) -> int:
     row = session.scalar(
         select(GpuRow).where(
             GpuRow.target_id == target_id, GpuRow.host == gpu.host, GpuRow.gpu_index == gpu.index
@@ -97,7 +129,7 @@ def _gpu_row(session: Session, target_id: int, gpu: GpuSample) -> GpuRow:
         session.add(row)
     row.uuid, row.model, row.pod, row.namespace = gpu.uuid, gpu.model, gpu.pod, gpu.namespace
     session.flush()
-    return row
+    return row.id
 
 
 def _layout_id(session: Session, bounds: str) -> int:
