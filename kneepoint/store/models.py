@@ -7,8 +7,6 @@ increases over any window stay exact) and replace gauges by the bucket's mean an
 
 from __future__ import annotations
 
-from typing import ClassVar
-
 from sqlalchemy import Boolean, Float, ForeignKey, Index, Integer, String, Text, UniqueConstraint
 from sqlalchemy.orm import DeclarativeBase, Mapped, mapped_column
 
@@ -67,7 +65,7 @@ class HistogramLayoutRow(Base):
 
 class ReplicaSampleRow(Base):
     __tablename__ = "replica_samples"
-    __table_args__: ClassVar[dict[str, bool]] = {"sqlite_with_rowid": False}
+    __table_args__ = ({"sqlite_with_rowid": False},)
 
     target_id: Mapped[int] = mapped_column(ForeignKey("targets.id"), primary_key=True)
     ts: Mapped[float] = mapped_column(Float, primary_key=True)
@@ -124,7 +122,7 @@ GPU_READINGS = (
 
 class GpuSampleRow(Base):
     __tablename__ = "gpu_samples"
-    __table_args__: ClassVar[dict[str, bool]] = {"sqlite_with_rowid": False}
+    __table_args__ = ({"sqlite_with_rowid": False},)
 
     gpu_id: Mapped[int] = mapped_column(ForeignKey("gpus.id"), primary_key=True)
     ts: Mapped[float] = mapped_column(Float, primary_key=True)

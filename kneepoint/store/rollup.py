@@ -10,8 +10,10 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass
+from itertools import groupby
+from typing import Any, cast
 
-from sqlalchemy import Table, and_, bindparam, delete, select, update
+from sqlalchemy import CursorResult, RowMapping, Table, and_, bindparam, delete, select, update
 from sqlalchemy.orm import Session
 
 from kneepoint.config import Retention
@@ -40,7 +42,7 @@ class Shape:
 
 
 REPLICA_SHAPE = Shape(
-    ReplicaSampleRow.__table__,  # type: ignore[arg-type]
+    cast(Table, ReplicaSampleRow.__table__),
     "target_id",
     REPLICA_COUNTERS,
     (
@@ -59,7 +61,7 @@ REPLICA_SHAPE = Shape(
     },
 )
 GPU_SHAPE = Shape(
-    GpuSampleRow.__table__,  # type: ignore[arg-type]
+    cast(Table, GpuSampleRow.__table__),
     "gpu_id",
     ("energy_mj",),
     GPU_READINGS,
@@ -79,13 +81,14 @@ def rollup(session: Session, now: float, retention: Retention) -> RollupResult:
     for shape in (REPLICA_SHAPE, GPU_SHAPE):
         result.thinned += _thin(session, shape, RAW, MINUTE, now - retention.raw)
         result.thinned += _thin(session, shape, MINUTE, HOUR, now - retention.minute)
-        expired = session.execute(
-            delete(shape.table).where(shape.table.c.ts < now - retention.hour)
-        )
-        result.expired += expired.rowcount or 0
-    errors = session.execute(delete(ScrapeErrorRow).where(ScrapeErrorRow.ts < now - retention.raw))
-    result.expired += errors.rowcount or 0
+        result.expired += _delete(session, shape.table, now - retention.hour)
+    result.expired += _delete(session, cast(Table, ScrapeErrorRow.__table__), now - retention.raw)
     return result
+
+
+def _delete(session: Session, table: Table, older_than: float) -> int:
+    deleted = cast(CursorResult[Any], session.execute(delete(table).where(table.c.ts < older_than)))
+    return deleted.rowcount or 0
 
 
 def _thin(session: Session, shape: Shape, source: int, target: int, older_than: float) -> int:
@@ -101,73 +104,64 @@ def _thin(session: Session, shape: Shape, source: int, target: int, older_than: 
         .mappings()
         .all()
     )
-    updates: list[dict] = []
-    removals: list[dict] = []
-    group: list = []
-    for row in rows:
-        if group and row[shape.key] != group[0][shape.key]:
-            _thin_group(shape, group, target, updates, removals)
-            group = []
-        group.append(row)
-    if group:
-        _thin_group(shape, group, target, updates, removals)
+    updates: list[dict[str, Any]] = []
+    removals: list[dict[str, Any]] = []
+    for _, group in groupby(rows, key=lambda row: row[shape.key]):
+        kept, removed = _thin_series(shape, list(group), target)
+        updates += kept
+        removals += removed
+    by_key = and_(table.c[shape.key] == bindparam("k"), table.c.ts == bindparam("t"))
     if updates:
-        columns = {c: bindparam(c) for c in (*shape.means, *shape.peaks, "resolution")}
-        statement = (
-            update(table)
-            .where(and_(table.c[shape.key] == bindparam("k"), table.c.ts == bindparam("t")))
-            .values(columns)
-        )
-        session.execute(statement, updates)
+        columns: dict[str, Any] = {
+            c: bindparam(c) for c in (*shape.means, *shape.peaks, "resolution")
+        }
+        session.execute(update(table).where(by_key).values(columns), updates)
     if removals:
-        statement = delete(table).where(
-            and_(table.c[shape.key] == bindparam("k"), table.c.ts == bindparam("t"))
-        )
-        session.execute(statement, removals)
+        session.execute(delete(table).where(by_key), removals)
     return len(removals)
 
 
-def _thin_group(
-    shape: Shape, rows: list, resolution: int, updates: list[dict], removals: list[dict]
-) -> None:
-    keep_raw: set[int] = set()
-    for counter in shape.counters:
-        values = [row[counter] for row in rows]
-        for before in reset_points(values):
-            # Both sides of a reset stay: the drop between them is what marks the reset.
-            after = next(i for i in range(before + 1, len(values)) if values[i] is not None)
-            keep_raw.update((before, after))
+def _thin_series(
+    shape: Shape, rows: list[RowMapping], resolution: int
+) -> tuple[list[dict[str, Any]], list[dict[str, Any]]]:
+    """For one series' rows: the updates that turn kept rows into rollups, and the removals."""
+    around_resets = _around_resets(shape, rows)
     buckets: dict[int, list[int]] = {}
     for index, row in enumerate(rows):
         buckets.setdefault(int(row["ts"] // resolution), []).append(index)
+    updates: list[dict[str, Any]] = []
+    removals: list[dict[str, Any]] = []
     for members in buckets.values():
-        last = members[-1]
-        values = {"k": rows[last][shape.key], "t": rows[last]["ts"], "resolution": resolution}
-        for column in shape.means:
-            known = [rows[i][column] for i in members if rows[i][column] is not None]
-            values[column] = sum(known) / len(known) if known else None
-        for peak, gauge in shape.peaks.items():
-            candidates = [
-                rows[i][peak] if rows[i][peak] is not None else rows[i][gauge] for i in members
-            ]
-            known = [c for c in candidates if c is not None]
-            values[peak] = max(known) if known else None
-        updates.append(values)
+        updates.append(_rolled_up(shape, [rows[i] for i in members], resolution))
         for index in members[:-1]:
-            if index in keep_raw:
+            if index in around_resets:
                 # A sample next to a reset stays, so increases across the reset stay exact.
-                updates.append(_as_update(shape, rows[index], resolution))
+                updates.append(_rolled_up(shape, [rows[index]], resolution))
             else:
                 removals.append({"k": rows[index][shape.key], "t": rows[index]["ts"]})
+    return updates, removals
 
 
-def _as_update(shape: Shape, row, resolution: int) -> dict:  # type: ignore[no-untyped-def]
-    values = {"k": row[shape.key], "t": row["ts"], "resolution": resolution}
-    values.update({column: row[column] for column in shape.means})
-    values.update(
-        {
-            peak: row[peak] if row[peak] is not None else row[gauge]
-            for peak, gauge in shape.peaks.items()
-        }
-    )
+def _around_resets(shape: Shape, rows: list[RowMapping]) -> set[int]:
+    """Indexes of the samples on both sides of every counter reset."""
+    kept: set[int] = set()
+    for counter in shape.counters:
+        values = [row[counter] for row in rows]
+        for before in reset_points(values):
+            after = next(i for i in range(before + 1, len(values)) if values[i] is not None)
+            kept.update((before, after))
+    return kept
+
+
+def _rolled_up(shape: Shape, members: list[RowMapping], resolution: int) -> dict[str, Any]:
+    """The last member, with gauges replaced by the members' mean and peaks by their max."""
+    last = members[-1]
+    values: dict[str, Any] = {"k": last[shape.key], "t": last["ts"], "resolution": resolution}
+    for column in shape.means:
+        known = [row[column] for row in members if row[column] is not None]
+        values[column] = sum(known) / len(known) if known else None
+    for peak, gauge in shape.peaks.items():
+        candidates = [row[peak] if row[peak] is not None else row[gauge] for row in members]
+        known = [value for value in candidates if value is not None]
+        values[peak] = max(known) if known else None
     return values

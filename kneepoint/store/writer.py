@@ -4,8 +4,9 @@ from __future__ import annotations
 
 import json
 from collections.abc import Iterable
+from typing import cast
 
-from sqlalchemy import bindparam, insert, select, update
+from sqlalchemy import Table, bindparam, insert, select, update
 from sqlalchemy.orm import Session
 
 from kneepoint.samples import GpuSample, ReplicaSample
@@ -24,10 +25,10 @@ _ERROR_LIMIT = 500
 # Plain tables and statements built once, values passed as parameters: these run for every
 # target on every scrape, and a cached compiled statement is several times cheaper than ORM
 # objects or a statement with literal values.
-_TARGETS = TargetRow.__table__
-_REPLICA_SAMPLES = ReplicaSampleRow.__table__
-_GPU_SAMPLES = GpuSampleRow.__table__
-_SCRAPE_ERRORS = ScrapeErrorRow.__table__
+_TARGETS = cast(Table, TargetRow.__table__)
+_REPLICA_SAMPLES = cast(Table, ReplicaSampleRow.__table__)
+_GPU_SAMPLES = cast(Table, GpuSampleRow.__table__)
+_SCRAPE_ERRORS = cast(Table, ScrapeErrorRow.__table__)
 _TARGET_BY_ID = _TARGETS.c.id == bindparam("target_id")
 
 
