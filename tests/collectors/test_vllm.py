@@ -109,3 +109,23 @@ def test_it_counts_deprecated_names_once_and_aggregates_engines() -> None:
 def test_it_refuses_a_body_that_is_not_vllm() -> None:
     with pytest.raises(ScrapeFormatError, match="vLLM"):
         parse_vllm("process_cpu_seconds_total 3.2\n")
+
+
+def test_it_reads_a_real_server_that_is_preempting() -> None:
+    sample = parse_vllm(read(OWN_FIXTURES / "vllm-0.32.0-cpu-preemption-under-load.prom"))
+    assert sample.counters["preemptions"] == 24
+    assert sample.gauges["requests_running"] == 3
+    assert sample.gauges["requests_waiting"] == 12
+    assert sample.gauges["requests_waiting_capacity"] == 12  # all waiting for KV cache
+    assert sample.gauges["kv_cache_usage"] == pytest.approx(9 / 11)  # 1 - free/(blocks - 1)
+    assert sample.cache.num_gpu_blocks == 12
+    assert sample.cache.capacity_tokens == 1536
+
+
+def test_it_reads_a_real_server_with_ngram_speculative_decoding() -> None:
+    sample = parse_vllm(read(OWN_FIXTURES / "vllm-0.32.0-cpu-ngram-spec-decode.prom"))
+    assert sample.counters["spec_decode_drafts"] == 109
+    assert sample.counters["spec_decode_draft_tokens"] == 322
+    assert sample.counters["spec_decode_accepted_tokens"] == 0  # a drafter that never hits
+    assert sample.accepted_per_position == [0, 0, 0]
+    assert sample.counters["generation_tokens"] == 512
