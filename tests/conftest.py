@@ -6,6 +6,7 @@ import os
 import threading
 import time
 from collections.abc import Callable, Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass, field
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
@@ -57,6 +58,13 @@ class MetricsServer:
 
 @pytest.fixture
 def metrics_server() -> Iterator[MetricsServer]:
+    with serving_metrics() as server:
+        yield server
+
+
+@contextmanager
+def serving_metrics() -> Iterator[MetricsServer]:
+    """Run a MetricsServer on a free loopback port for the duration of the block."""
     state = MetricsServer()
 
     class Handler(BaseHTTPRequestHandler):

@@ -13,16 +13,19 @@ from kneepoint.store.writer import ensure_targets, record_failure, record_gpus, 
 from tests.conftest import DCGM_T4, VLLM_032, read
 
 
-def seed(folder: Path, now: float, minutes: int = 60) -> Path:
-    """Write kneepoint.yaml and its database under `folder`; return the config path."""
+def seed(folder: Path, now: float, minutes: int = 60, base_url: str = "http://127.0.0.1:9") -> Path:
+    """Write kneepoint.yaml and its database under `folder`; return the config path.
+
+    The targets live under `base_url` at /a, /b, /down and /gpus, so a test can serve them."""
     config_file = folder / "kneepoint.yaml"
     config_file.write_text(f"""
 database: sqlite:///{folder / "kneepoint.db"}
+scrape_interval: 5s
 targets:
-  - {{name: replica-a, kind: vllm, url: "http://127.0.0.1:9/a", gpus: ["cp-bm14r7/0"]}}
-  - {{name: replica-b, kind: vllm, url: "http://127.0.0.1:9/b"}}
-  - {{name: replica-down, kind: vllm, url: "http://127.0.0.1:9/c"}}
-  - {{name: gpu-node, kind: dcgm, url: "http://127.0.0.1:9/d"}}
+  - {{name: replica-a, kind: vllm, url: "{base_url}/a", gpus: ["cp-bm14r7/0"], timeout: 2s}}
+  - {{name: replica-b, kind: vllm, url: "{base_url}/b", timeout: 2s}}
+  - {{name: replica-down, kind: vllm, url: "{base_url}/down", timeout: 2s}}
+  - {{name: gpu-node, kind: dcgm, url: "{base_url}/gpus", timeout: 2s}}
 """)
     config = load_config(config_file)
     sessions = open_store(config.database)

@@ -6,12 +6,17 @@ import json
 import os
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 import pytest
+from sqlalchemy import func, select
 from typer.testing import CliRunner
 
 from kneepoint.cli import app
+from kneepoint.config import load_config
+from kneepoint.store.db import open_store
+from kneepoint.store.models import ReplicaSampleRow
 from tests.conftest import DCGM_T4, VLLM_032, MetricsServer, Route, free_port
 
 
@@ -93,3 +98,26 @@ def test_a_missing_config_file_is_exit_2(tmp_path: Path) -> None:
     result = run("collect", "--once", "--config", str(tmp_path / "nope.yaml"))
     assert result.returncode == 2
     assert "cannot read config" in result.stderr
+
+
+def test_collect_keeps_scraping_on_its_schedule(config_file: Path, tmp_path: Path) -> None:
+    fast = tmp_path / "fast.yaml"
+    fast.write_text(config_file.read_text() + "scrape_interval: 500ms\n")
+    process = subprocess.Popen(
+        [sys.executable, "-m", "kneepoint.cli", "collect", "--config", str(fast)],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+    )
+    try:
+        sessions = open_store(load_config(fast).database)
+        deadline = time.monotonic() + 60
+        count = 0
+        while time.monotonic() < deadline and count < 3:
+            time.sleep(0.5)
+            with sessions() as session:
+                count = session.scalar(select(func.count()).select_from(ReplicaSampleRow)) or 0
+        assert count >= 3, "the scheduled collector stored fewer than three scrapes"
+        assert process.poll() is None, "the collector stopped although a target is dead"
+    finally:
+        process.terminate()
+        process.wait(timeout=20)

@@ -44,14 +44,17 @@ def tiles() -> None:
 
 tiles()
 
-end = data.now()
-series = data.series(end - view.range_seconds, end)
-if view.replicas:
-    series = series[series.replica.isin(view.replicas)]
-st.subheader(f"Fleet, last {view.range_label}")
-if series.empty:
-    st.info("No samples in this time range yet.")
-else:
+
+@st.fragment(run_every=max(15.0, config.scrape_interval))
+def fleet_charts() -> None:
+    end = data.now()
+    series = data.series(end - view.range_seconds, end)
+    if view.replicas:
+        series = series[series.replica.isin(view.replicas)]
+    st.subheader(f"Fleet, last {view.range_label}")
+    if series.empty:
+        st.info("No samples in this time range yet.")
+        return
     left, right = st.columns(2)
     for index, column in enumerate(
         (
@@ -64,3 +67,6 @@ else:
         (left if index % 2 == 0 else right).plotly_chart(
             replica_lines(series, column), width="stretch"
         )
+
+
+fleet_charts()

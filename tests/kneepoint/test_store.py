@@ -186,3 +186,36 @@ def test_target_rows_keep_the_replica_s_cache_configuration(sessions) -> None:  
         2097152,
     )
     assert target.generation == "v1" and target.up is True
+
+
+def test_the_app_reads_while_the_collector_writes(tmp_path: Path) -> None:
+    """WAL and the busy timeout: a reader and a writer on one file never see 'locked'."""
+    import threading
+
+    url = f"sqlite:///{tmp_path / 'shared.db'}"
+    writer_sessions, reader_sessions = open_store(url), open_store(url)
+    target = write(writer_sessions, [(0.0, BASE)])
+    errors: list[BaseException] = []
+    done = threading.Event()
+
+    def collector() -> None:
+        try:
+            for step in range(1, 200):
+                with writer_sessions.begin() as session:
+                    record_replica(session, target, step * 15.0, sample(step * 10.0))
+        except BaseException as error:  # the test reports it below
+            errors.append(error)
+        finally:
+            done.set()
+
+    thread = threading.Thread(target=collector)
+    thread.start()
+    reads = 0
+    while not done.is_set():
+        with reader_sessions() as session:
+            queries.replica_frame(session, 0, 1e9)
+        reads += 1
+    thread.join()
+    assert not errors
+    assert reads > 0
+    assert len(frame(reader_sessions)) == 200

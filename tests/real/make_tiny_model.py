@@ -25,23 +25,52 @@ def main(output: Path) -> None:
     tokenizer = Tokenizer(models.BPE(unk_token="<unk>"))
     tokenizer.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
     tokenizer.decoder = decoders.ByteLevel()
-    words = ["agent", "tool", "call", "result", "system", "prompt", "cache", "token", "the",
-             "of", "and", "a", "to", "is", "step", "plan", "search", "file", "read", "write"]
+    words = [
+        "agent",
+        "tool",
+        "call",
+        "result",
+        "system",
+        "prompt",
+        "cache",
+        "token",
+        "the",
+        "of",
+        "and",
+        "a",
+        "to",
+        "is",
+        "step",
+        "plan",
+        "search",
+        "file",
+        "read",
+        "write",
+    ]
     corpus = [" ".join(words[(i * 7 + j) % len(words)] for j in range(40)) for i in range(400)]
     special = ["<unk>", "<s>", "</s>", "<|system|>", "<|user|>", "<|assistant|>"]
-    trainer = trainers.BpeTrainer(vocab_size=512, special_tokens=special,
-                                  initial_alphabet=pre_tokenizers.ByteLevel.alphabet())
+    trainer = trainers.BpeTrainer(
+        vocab_size=512, special_tokens=special, initial_alphabet=pre_tokenizers.ByteLevel.alphabet()
+    )
     tokenizer.train_from_iterator(corpus, trainer)
-    wrapped = PreTrainedTokenizerFast(tokenizer_object=tokenizer, unk_token="<unk>",
-                                      bos_token="<s>", eos_token="</s>")
+    wrapped = PreTrainedTokenizerFast(
+        tokenizer_object=tokenizer, unk_token="<unk>", bos_token="<s>", eos_token="</s>"
+    )
     wrapped.chat_template = CHAT_TEMPLATE
     wrapped.save_pretrained(output)
 
     config = LlamaConfig(
-        vocab_size=len(wrapped), hidden_size=128, intermediate_size=256, num_hidden_layers=2,
-        num_attention_heads=2, num_key_value_heads=1, head_dim=64,
-        max_position_embeddings=2048, bos_token_id=wrapped.bos_token_id,
-        eos_token_id=wrapped.eos_token_id, torch_dtype="bfloat16",
+        vocab_size=len(wrapped),
+        hidden_size=128,
+        intermediate_size=256,
+        num_hidden_layers=2,
+        num_attention_heads=2,
+        num_key_value_heads=1,
+        head_dim=64,
+        max_position_embeddings=2048,
+        bos_token_id=wrapped.bos_token_id,
+        eos_token_id=wrapped.eos_token_id,
+        torch_dtype="bfloat16",
     )
     torch.manual_seed(0)
     model = LlamaForCausalLM(config).to(torch.bfloat16)

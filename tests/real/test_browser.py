@@ -3,7 +3,6 @@ with page, range and replica in its query string reopens that view."""
 
 from __future__ import annotations
 
-import os
 import shutil
 import subprocess
 import sys
@@ -15,7 +14,7 @@ import httpx
 import pytest
 
 from app.registry import PAGES
-from tests.conftest import ROOT, free_port, require_real
+from tests.conftest import DCGM_T4, VLLM_032, Route, free_port, require_real, serving_metrics
 from tests.seed import seed
 
 CHROMIUM = "/usr/bin/chromium"
@@ -24,44 +23,56 @@ ERROR_BOXES = '[data-testid="stException"], [data-testid="stAlertContentError"]'
 
 @pytest.fixture(scope="module")
 def app_url(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
-    config = seed(tmp_path_factory.mktemp("browser"), time.time())
-    port = free_port()
-    env = {**os.environ, "KNEEPOINT_CONFIG": str(config)}
-    process = subprocess.Popen(
-        [
-            sys.executable,
-            "-m",
-            "streamlit",
-            "run",
-            str(ROOT / "app" / "main.py"),
-            "--server.port",
-            str(port),
-            "--server.headless",
-            "true",
-            "--browser.gatherUsageStats",
-            "false",
-        ],
-        env=env,
-        stdout=subprocess.PIPE,
-        stderr=subprocess.STDOUT,
-        text=True,
-    )
-    url = f"http://127.0.0.1:{port}"
-    try:
-        deadline = time.monotonic() + 60
-        while time.monotonic() < deadline:
-            try:
-                if httpx.get(f"{url}/_stcore/health", timeout=1).status_code == 200:
-                    break
-            except httpx.HTTPError:
-                time.sleep(0.3)
-        else:
-            process.kill()
-            pytest.fail(f"streamlit did not start: {process.communicate()[0][-2000:]}")
-        yield url
-    finally:
-        process.terminate()
-        process.wait(timeout=10)
+    """`kneepoint serve` (collectors, scheduler, app) on a seeded hour of history, scraping
+    live targets on loopback: two replicas and a GPU node that answer, one that is down."""
+    with serving_metrics() as targets:
+        targets.routes = {
+            "/a": Route(VLLM_032.read_bytes()),
+            "/b": Route(VLLM_032.read_bytes()),
+            "/gpus": Route(DCGM_T4.read_bytes()),
+            "/down": Route(b"upstream unavailable", status=503),
+        }
+        config = seed(tmp_path_factory.mktemp("browser"), time.time(), base_url=targets.url(""))
+        port = free_port()
+        process = subprocess.Popen(
+            [
+                sys.executable,
+                "-m",
+                "kneepoint.cli",
+                "serve",
+                "--config",
+                str(config),
+                "--port",
+                str(port),
+                "--no-browser",
+            ],
+            stdout=subprocess.PIPE,
+            stderr=subprocess.STDOUT,
+            text=True,
+        )
+        url = f"http://127.0.0.1:{port}"
+        try:
+            _wait_for(url, process)
+            yield url
+        finally:
+            process.terminate()
+            process.wait(timeout=20)
+        assert targets.hits.get("/a", 0) >= 1, "kneepoint serve never scraped its targets"
+
+
+def _wait_for(url: str, process: subprocess.Popen[str]) -> None:
+    deadline = time.monotonic() + 90
+    while time.monotonic() < deadline:
+        if process.poll() is not None:
+            pytest.fail(f"kneepoint serve exited: {process.communicate()[0][-2000:]}")
+        try:
+            if httpx.get(f"{url}/_stcore/health", timeout=1).status_code == 200:
+                return
+        except httpx.HTTPError:
+            pass
+        time.sleep(0.3)
+    process.kill()
+    pytest.fail(f"kneepoint serve did not start: {process.communicate()[0][-2000:]}")
 
 
 @pytest.fixture(scope="module")
@@ -136,7 +147,7 @@ def test_the_overview_shows_a_tile_per_replica_and_charts(browser, app_url: str)
         body = page.locator("body").inner_text()
         for name in ("replica-a", "replica-b", "replica-down"):
             assert name in body
-        assert "connection refused" in body
+        assert "HTTP 503" in body  # replica-down's reason, from the live scrape
         page.wait_for_selector(".js-plotly-plot", timeout=30_000)
         assert page.locator(".js-plotly-plot").count() == 4
     finally:

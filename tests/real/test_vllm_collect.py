@@ -56,9 +56,16 @@ async def agent_sessions(url: str, sessions: int, steps: int) -> tuple[int, int,
     async def session(client: httpx.AsyncClient, number: int) -> None:
         transcript = f"{SYSTEM}\nuser {number}: plan the file search"
         for step in range(steps):
-            response = await client.post(f"{url}/v1/completions", json={
-                "model": "tiny", "prompt": transcript, "max_tokens": 12, "ignore_eos": True,
-                "temperature": 0})
+            response = await client.post(
+                f"{url}/v1/completions",
+                json={
+                    "model": "tiny",
+                    "prompt": transcript,
+                    "max_tokens": 12,
+                    "ignore_eos": True,
+                    "temperature": 0,
+                },
+            )
             response.raise_for_status()
             usage = response.json()["usage"]
             totals[0] += 1
@@ -71,11 +78,11 @@ async def agent_sessions(url: str, sessions: int, steps: int) -> tuple[int, int,
     return totals[0], totals[1], totals[2]
 
 
-def test_kneepoint_reports_what_vllm_counted_over_the_window(
-    vllm_url: str, tmp_path: Path
-) -> None:
-    config = Config(database=f"sqlite:///{tmp_path / 'k.db'}",
-                    targets=[Target(name="real-vllm", kind="vllm", url=f"{vllm_url}/metrics")])
+def test_kneepoint_reports_what_vllm_counted_over_the_window(vllm_url: str, tmp_path: Path) -> None:
+    config = Config(
+        database=f"sqlite:///{tmp_path / 'k.db'}",
+        targets=[Target(name="real-vllm", kind="vllm", url=f"{vllm_url}/metrics")],
+    )
     sessions = open_store(config.database)
     before = vllm_counters(vllm_url)
     [first] = collect_once(config, sessions, clock=lambda: 1000.0)
@@ -83,8 +90,11 @@ def test_kneepoint_reports_what_vllm_counted_over_the_window(
 
     requests, prompt_tokens, completion_tokens = asyncio.run(agent_sessions(vllm_url, 4, 3))
     deadline = time.monotonic() + 30  # counters land when the engine finishes its step
-    while vllm_counters(vllm_url).get("vllm:request_success_total", 0) < (
-        before.get("vllm:request_success_total", 0) + requests) and time.monotonic() < deadline:
+    while (
+        vllm_counters(vllm_url).get("vllm:request_success_total", 0)
+        < (before.get("vllm:request_success_total", 0) + requests)
+        and time.monotonic() < deadline
+    ):
         time.sleep(0.2)
     after = vllm_counters(vllm_url)
     [second] = collect_once(config, sessions, clock=lambda: 1060.0)
@@ -96,7 +106,10 @@ def test_kneepoint_reports_what_vllm_counted_over_the_window(
     replica = status["replicas"][0]
     assert replica["up"] is True, replica["last_error"]
     assert (replica["engine_generation"], replica["engines"], replica["model_names"]) == (
-        "v1", 1, ["tiny"])
+        "v1",
+        1,
+        ["tiny"],
+    )
     assert replica["kv_cache_capacity_tokens"] == after["block_size"] * after["num_gpu_blocks"]
 
     def vllm_delta(name: str) -> float:
