@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+import subprocess
 import threading
 import time
 from collections.abc import Callable, Iterator
@@ -10,7 +11,9 @@ from contextlib import contextmanager
 from dataclasses import dataclass, field
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
+from typing import Any
 
+import httpx
 import pytest
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -106,3 +109,21 @@ def free_port() -> int:
     with socket.socket() as sock:
         sock.bind(("127.0.0.1", 0))
         return int(sock.getsockname()[1])
+
+
+def wait_until_healthy(
+    process: subprocess.Popen[Any], url: str, seconds: float, logs: Callable[[], str]
+) -> None:
+    """Wait for `url` to answer 200 while `process` runs; fail with its logs otherwise."""
+    deadline = time.monotonic() + seconds
+    while time.monotonic() < deadline:
+        if process.poll() is not None:
+            pytest.fail(f"{process.args} exited with {process.returncode}: {logs()[-3000:]}")
+        try:
+            if httpx.get(url, timeout=2).status_code == 200:
+                return
+        except httpx.HTTPError:
+            pass
+        time.sleep(0.3)
+    process.kill()
+    pytest.fail(f"{url} did not answer within {seconds:g}s: {logs()[-3000:]}")

@@ -18,7 +18,7 @@ from sqlalchemy.orm import Session
 
 from kneepoint.config import Retention
 from kneepoint.counters import reset_points
-from kneepoint.samples import REPLICA_COUNTERS
+from kneepoint.samples import REPLICA_COUNTERS, REPLICA_GAUGES
 from kneepoint.store.models import (
     GPU_READINGS,
     HOUR,
@@ -45,15 +45,7 @@ REPLICA_SHAPE = Shape(
     cast(Table, ReplicaSampleRow.__table__),
     "target_id",
     REPLICA_COUNTERS,
-    (
-        "kv_cache_usage",
-        "kv_cache_usage_mean",
-        "requests_running",
-        "requests_waiting",
-        "requests_waiting_capacity",
-        "requests_swapped",
-        "prefix_cache_hit_rate_gauge",
-    ),
+    REPLICA_GAUGES,
     {
         "kv_cache_usage_peak": "kv_cache_usage",
         "requests_running_peak": "requests_running",

@@ -10,11 +10,18 @@ import time
 from collections.abc import Iterator
 from pathlib import Path
 
-import httpx
 import pytest
 
 from app.registry import PAGES
-from tests.conftest import DCGM_T4, VLLM_032, Route, free_port, require_real, serving_metrics
+from tests.conftest import (
+    DCGM_T4,
+    VLLM_032,
+    Route,
+    free_port,
+    require_real,
+    serving_metrics,
+    wait_until_healthy,
+)
 from tests.seed import seed
 
 CHROMIUM = "/usr/bin/chromium"
@@ -34,6 +41,7 @@ def app_url(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
         }
         config = seed(tmp_path_factory.mktemp("browser"), time.time(), base_url=targets.url(""))
         port = free_port()
+        log = config.parent / "serve.log"
         process = subprocess.Popen(
             [
                 sys.executable,
@@ -52,27 +60,12 @@ def app_url(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
         )
         url = f"http://127.0.0.1:{port}"
         try:
-            _wait_for(url, process)
+            wait_until_healthy(process, f"{url}/_stcore/health", 90, log.read_text)
             yield url
         finally:
             process.terminate()
             process.wait(timeout=20)
         assert targets.hits.get("/a", 0) >= 1, "kneepoint serve never scraped its targets"
-
-
-def _wait_for(url: str, process: subprocess.Popen[str]) -> None:
-    deadline = time.monotonic() + 90
-    while time.monotonic() < deadline:
-        if process.poll() is not None:
-            pytest.fail(f"kneepoint serve exited: {process.communicate()[0][-2000:]}")
-        try:
-            if httpx.get(f"{url}/_stcore/health", timeout=1).status_code == 200:
-                return
-        except httpx.HTTPError:
-            pass
-        time.sleep(0.3)
-    process.kill()
-    pytest.fail(f"kneepoint serve did not start: {process.communicate()[0][-2000:]}")
 
 
 @pytest.fixture(scope="module")

