@@ -1,0 +1,336 @@
+"""One simulated vLLM engine: continuous batching over a paged KV cache, stepped in time.
+
+Each step schedules running requests first, then waiting ones while slots, token budget and
+KV blocks allow (chunked prefill); when a running request cannot get a block, the most
+recently admitted one is preempted and later recomputed from scratch. The step takes as long
+as its bytes moved and FLOPs need on the GPU: decode reads the weights and every sequence's
+KV cache (memory-bound), prefill does 2 × parameters FLOPs per token (compute-bound).
+"""
+
+from __future__ import annotations
+
+import math
+import random
+from collections import deque
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
+
+from kneepoint.twin.kvcache import KvCache, block_hashes
+from kneepoint.twin.profiles import GIB, Gpu, Model
+from kneepoint.twin.stats import Stats
+
+# Fractions of the datasheet a real serving stack reaches, calibrated on domain.md's
+# RTX 4000 Ada + Qwen3-4B workshop figures (tests/twin/test_calibration.py).
+BANDWIDTH_EFFICIENCY = 0.92
+COMPUTE_EFFICIENCY = 0.9
+STEP_OVERHEAD_SECONDS = 0.0015  # scheduling, sampling and kernel launches per step
+ACTIVATION_RESERVE_GIB = 1.0  # activations and CUDA graphs, outside the KV cache
+
+TokenSink = Callable[[int, bool, float], None]  # (new tokens, finished, engine time)
+
+
+@dataclass(frozen=True)
+class EngineConfig:
+    gpu: Gpu
+    model: Model
+    fp8_weights: bool = False
+    fp8_kv_cache: bool = False
+    gpu_memory_utilization: float = 0.9
+    max_num_seqs: int = 256
+    max_num_batched_tokens: int = 2048
+    max_model_len: int = 32768
+    block_size: int = 16
+    enable_prefix_caching: bool = True
+    num_speculative_tokens: int = 0
+    spec_acceptance_rate: float = 0.0  # per drafted token, given the ones before it
+    spec_draft_cost: float = 0.1  # a draft step's cost relative to a target decode step
+
+    @property
+    def weight_bytes(self) -> float:
+        # FP8 checkpoints keep embeddings, norms and the LM head in 16 bits (~1.25 B/param).
+        return self.model.parameters * (1.25 if self.fp8_weights else 2)
+
+    @property
+    def kv_bytes_per_token(self) -> float:
+        return self.model.kv_bytes_per_token(1 if self.fp8_kv_cache else 2)
+
+    @property
+    def num_gpu_blocks(self) -> int:
+        """What vLLM's memory profiling leaves for the KV cache, in blocks."""
+        budget = self.gpu.memory_gib * GIB * self.gpu_memory_utilization
+        free = budget - self.weight_bytes - ACTIVATION_RESERVE_GIB * GIB
+        blocks = int(free // (self.block_size * self.kv_bytes_per_token))
+        if blocks < 2:
+            raise ValueError(
+                f"{self.model.name} does not fit on {self.gpu.name} at "
+                f"gpu_memory_utilization {self.gpu_memory_utilization}"
+            )
+        return blocks
+
+    @property
+    def peak_flops(self) -> float:
+        return (self.gpu.fp8_tflops if self.fp8_weights else self.gpu.bf16_tflops) * 1e12
+
+
+@dataclass(eq=False)
+class Request:
+    tokens: Sequence[int]
+    max_tokens: int
+    arrival: float
+    sink: TokenSink | None = None
+    hashes: list[int] = field(default_factory=list)
+    computed: int = 0
+    generated: int = 0
+    held_hashes: int = 0
+    private_blocks: int = 0
+    first_scheduled: float | None = None
+    first_token: float | None = None
+    preemptions: int = 0
+
+    @property
+    def prompt_len(self) -> int:
+        return len(self.tokens)
+
+    @property
+    def prefill_target(self) -> int:
+        """Tokens whose KV must exist before the next token can be sampled."""
+        return self.prompt_len + max(self.generated - 1, 0)
+
+
+class Engine:
+    def __init__(self, config: EngineConfig, now: float = 0.0, seed: int = 0) -> None:
+        self.config = config
+        self.now = now
+        self.kv = KvCache(config.num_gpu_blocks, config.block_size, config.enable_prefix_caching)
+        self.stats = Stats(config.max_model_len, config.num_speculative_tokens)
+        self.waiting: deque[Request] = deque()
+        self.running: list[Request] = []
+        self.waiting_for_capacity = 0
+        self._rng = random.Random(seed)
+
+    @property
+    def capacity_tokens(self) -> int:
+        return self.kv.num_blocks * self.config.block_size
+
+    def add(self, tokens: Sequence[int], max_tokens: int, sink: TokenSink | None = None) -> Request:
+        """Queue a request; its prompt is cut to fit max_model_len as vLLM would refuse it."""
+        # A sequence longer than the whole cache could never run: vLLM refuses such a length.
+        max_len = min(self.config.max_model_len, self.capacity_tokens - self.config.block_size)
+        limit = max_len - max_tokens
+        if limit < 1:
+            raise ValueError(f"max_tokens {max_tokens} leaves no room in max_model_len")
+        prompt = list(tokens[-limit:]) or [0]
+        hashes = (
+            block_hashes(prompt, self.config.block_size)
+            if self.config.enable_prefix_caching
+            else []
+        )
+        request = Request(prompt, max_tokens, self.now, sink, hashes)
+        self.stats.observe("request_params_max_tokens", max_tokens)
+        self.stats.observe("request_params_n", 1)
+        self.waiting.append(request)
+        return request
+
+    @property
+    def idle(self) -> bool:
+        return not self.running and not self.waiting
+
+    def step(self) -> float:
+        """Run one engine step; return its duration in seconds (0 when there is no work)."""
+        if self.idle:
+            return 0.0
+        budget = self.config.max_num_batched_tokens
+        work: list[tuple[Request, int]] = []
+        preempted_now = False
+        for request in list(self.running):
+            if request not in self.running:
+                continue  # preempted earlier in this step
+            tokens = min(self._wanted(request), budget)
+            if tokens <= 0:
+                continue
+            while not self._grow(request, tokens):
+                victim = self.running[-1]
+                self._preempt(victim)
+                preempted_now = True
+                if victim is request:
+                    break
+            else:
+                work.append((request, tokens))
+                budget -= tokens
+        self.waiting_for_capacity = 0
+        if not preempted_now:
+            budget = self._admit(budget, work)
+        else:
+            self.waiting_for_capacity = len(self.waiting)
+        if not work:
+            return self._stall()
+        duration = self._duration(work)
+        self.now += duration
+        self._finish_step(work, duration)
+        return duration
+
+    def _wanted(self, request: Request) -> int:
+        remaining = request.prefill_target - request.computed
+        if remaining > 0:
+            return remaining
+        return 1 + self.config.num_speculative_tokens
+
+    def _grow(self, request: Request, tokens: int) -> bool:
+        """Give `request` the blocks for `tokens` more tokens; False if the cache is full."""
+        after = request.computed + tokens
+        blocks = math.ceil(after / self.config.block_size)
+        named = min(len(request.hashes), after // self.config.block_size)
+        new_hashes = request.hashes[request.held_hashes : named]
+        private = max(0, blocks - named) - request.private_blocks
+        private = max(private, 0)
+        if self.kv.cost(new_hashes, private) > self.kv.free:
+            return False
+        self.kv.acquire(new_hashes, private)
+        request.held_hashes = max(request.held_hashes, named)
+        request.private_blocks += private
+        return True
+
+    def _preempt(self, request: Request) -> None:
+        self._release(request)
+        self.running.remove(request)
+        request.computed = 0
+        request.preemptions += 1
+        self.stats.preemptions += 1
+        self.waiting.appendleft(request)
+
+    def _release(self, request: Request) -> None:
+        self.kv.release(request.hashes[: request.held_hashes], request.private_blocks)
+        request.held_hashes = request.private_blocks = 0
+
+    def _admit(self, budget: int, work: list[tuple[Request, int]]) -> int:
+        while self.waiting and budget > 0 and len(self.running) < self.config.max_num_seqs:
+            request = self.waiting[0]
+            first_time = request.first_scheduled is None
+            cached = self._cached_blocks(request)
+            hashes = request.hashes[:cached]
+            if self.kv.cost(hashes, 0) > self.kv.free:
+                self.waiting_for_capacity = len(self.waiting)
+                break
+            self.kv.acquire(hashes, 0)
+            request.held_hashes = cached
+            request.computed = cached * self.config.block_size
+            tokens = min(request.prefill_target - request.computed, budget)
+            if not self._grow(request, tokens):
+                self._release(request)
+                self.waiting_for_capacity = len(self.waiting)
+                break
+            self.waiting.popleft()
+            self.running.append(request)
+            work.append((request, tokens))
+            budget -= tokens
+            if first_time:
+                self._count_first_schedule(request)
+        return budget
+
+    def _cached_blocks(self, request: Request) -> int:
+        # At least one prompt token is always computed, to sample from.
+        limit = (request.prefill_target - 1) // self.config.block_size
+        return min(self.kv.cached_prefix(request.hashes), limit)
+
+    def _count_first_schedule(self, request: Request) -> None:
+        stats = self.stats
+        request.first_scheduled = self.now
+        hit = request.computed
+        stats.prefix_cache_queries += request.prompt_len
+        stats.prefix_cache_hits += hit
+        stats.prompt_cache_hit += hit
+        stats.prompt_local_compute += request.prompt_len - hit
+        stats.prompt_tokens += request.prompt_len
+        stats.observe("request_queue_time_seconds", self.now - request.arrival)
+        stats.observe("request_prompt_tokens", request.prompt_len)
+        stats.observe("request_prefill_kv_computed_tokens", request.prompt_len - hit)
+
+    def _duration(self, work: list[tuple[Request, int]]) -> float:
+        config = self.config
+        tokens = sum(count for _, count in work)
+        context = sum(request.computed + count for request, count in work)
+        read = config.weight_bytes + context * config.kv_bytes_per_token
+        memory = read / (config.gpu.bandwidth_gbs * 1e9 * BANDWIDTH_EFFICIENCY)
+        prefill_tokens = sum(
+            count for request, count in work if request.computed < request.prefill_target
+        )
+        flops = 2 * config.model.parameters * tokens
+        compute = flops / (config.peak_flops * COMPUTE_EFFICIENCY)
+        decoding = any(request.computed >= request.prefill_target for request, _ in work)
+        draft = 0.0
+        if decoding and config.num_speculative_tokens:
+            weights = config.weight_bytes / (config.gpu.bandwidth_gbs * 1e9 * BANDWIDTH_EFFICIENCY)
+            draft = config.spec_draft_cost * config.num_speculative_tokens * weights
+        stats = self.stats
+        stats.memory_seconds += memory
+        stats.compute_seconds += compute
+        stats.prefill_compute_seconds += compute * prefill_tokens / max(tokens, 1)
+        duration = STEP_OVERHEAD_SECONDS + memory + compute + draft
+        stats.busy_seconds += duration
+        stats.observe("iteration_tokens_total", tokens)
+        return duration
+
+    def _finish_step(self, work: list[tuple[Request, int]], duration: float) -> None:
+        for request, tokens in work:
+            if request.computed < request.prefill_target:
+                request.computed += tokens
+                if request.computed < request.prefill_target:
+                    continue  # a chunk of a longer prefill: nothing sampled yet
+                emitted = 1
+            else:
+                emitted = 1 + self._accepted_drafts(request)
+                request.computed += emitted
+                self.stats.observe("inter_token_latency_seconds", duration)
+            emitted = min(emitted, request.max_tokens - request.generated)
+            request.generated += emitted
+            self.stats.generation_tokens += emitted
+            if request.first_token is None:
+                request.first_token = self.now
+                self.stats.observe("time_to_first_token_seconds", self.now - request.arrival)
+            done = request.generated >= request.max_tokens
+            if done:
+                self._complete(request)
+            if request.sink is not None:
+                request.sink(emitted, done, self.now)
+
+    def _accepted_drafts(self, request: Request) -> int:
+        gamma = self.config.num_speculative_tokens
+        if not gamma:
+            return 0
+        # The verifier accepts each drafted token with probability alpha, until the first
+        # rejection; a seeded generator keeps runs repeatable.
+        accepted = 0
+        while accepted < gamma and self._rng.random() < self.config.spec_acceptance_rate:
+            accepted += 1
+        stats = self.stats
+        stats.spec_drafts += 1
+        stats.spec_draft_tokens += gamma
+        stats.spec_accepted += accepted
+        for position in range(accepted):
+            stats.spec_accepted_per_position[position] += 1
+        return accepted
+
+    def _complete(self, request: Request) -> None:
+        self._release(request)
+        self.running.remove(request)
+        stats = self.stats
+        stats.finished["length"] += 1
+        first_scheduled = request.first_scheduled or request.arrival
+        first_token = request.first_token or self.now
+        stats.observe("e2e_request_latency_seconds", self.now - request.arrival)
+        stats.observe("request_inference_time_seconds", self.now - first_scheduled)
+        stats.observe("request_prefill_time_seconds", first_token - first_scheduled)
+        stats.observe("request_decode_time_seconds", self.now - first_token)
+        stats.observe("request_generation_tokens", request.generated)
+        stats.observe("request_max_num_generation_tokens", request.max_tokens)
+        stats.observe("request_num_preemptions", request.preemptions)
+        if request.generated > 1:
+            stats.observe(
+                "request_time_per_output_token_seconds",
+                (self.now - first_token) / (request.generated - 1),
+            )
+
+    def _stall(self) -> float:
+        # Nothing could be scheduled (all waiting for KV): let time pass so callers progress.
+        self.now += STEP_OVERHEAD_SECONDS
+        return STEP_OVERHEAD_SECONDS

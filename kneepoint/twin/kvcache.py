@@ -1,0 +1,97 @@
+"""A paged KV cache with prefix caching by block hashes, as vLLM's block pool keeps it.
+
+Full blocks of a prompt are named by a hash chained over their tokens; a block whose hash is
+cached is shared (in use) or reclaimed (cached but unused) instead of recomputed. Cached
+blocks nobody uses count as free, and are evicted least-recently-used when space is needed.
+"""
+
+from __future__ import annotations
+
+from collections import OrderedDict
+from collections.abc import Sequence
+
+
+def block_hashes(tokens: Sequence[int], block_size: int) -> list[int]:
+    """Chained hashes of the full blocks of `tokens`: equal prefixes give equal hashes."""
+    hashes: list[int] = []
+    previous = 0
+    for start in range(0, len(tokens) - block_size + 1, block_size):
+        previous = hash((previous, tuple(tokens[start : start + block_size])))
+        hashes.append(previous)
+    return hashes
+
+
+class KvCache:
+    def __init__(self, num_blocks: int, block_size: int, prefix_caching: bool = True) -> None:
+        # Without prefix caching the engine names no blocks: every block is private.
+        if num_blocks < 2:
+            raise ValueError("a KV cache needs at least 2 blocks")
+        self.num_blocks = num_blocks
+        self.block_size = block_size
+        self.prefix_caching = prefix_caching
+        self.usable = num_blocks - 1  # vLLM keeps one null block aside
+        self._refs: dict[int, int] = {}
+        self._evictable: OrderedDict[int, None] = OrderedDict()
+        self._in_use = 0  # blocks referenced by at least one request
+
+    @property
+    def free(self) -> int:
+        """Blocks a request could get now (cached blocks nobody uses included)."""
+        return self.usable - self._in_use
+
+    @property
+    def usage(self) -> float:
+        return 1.0 - self.free / self.usable
+
+    def cached_prefix(self, hashes: Sequence[int]) -> int:
+        """How many leading blocks of `hashes` are cached (in use or evictable)."""
+        if not self.prefix_caching:
+            return 0
+        count = 0
+        for block in hashes:
+            if block not in self._refs:
+                break
+            count += 1
+        return count
+
+    def cost(self, hashes: Sequence[int], private: int) -> int:
+        """Free blocks needed to hold `hashes` (shared where in use) plus `private` new ones."""
+        reused = sum(1 for block in hashes if self._refs.get(block, 0) > 0)
+        return len(hashes) - reused + private
+
+    def acquire(self, hashes: Sequence[int], private: int) -> None:
+        """Take references on `hashes` and `private` unnamed blocks; call cost() first."""
+        if self.cost(hashes, private) > self.free:
+            raise MemoryError("not enough free KV blocks")
+        for block in hashes:
+            refs = self._refs.get(block, 0)
+            if refs == 0:
+                if block in self._evictable:
+                    del self._evictable[block]
+                else:
+                    self._make_room()
+                self._in_use += 1
+            self._refs[block] = refs + 1
+        for _ in range(private):
+            self._make_room()
+            self._in_use += 1
+
+    def release(self, hashes: Sequence[int], private: int) -> None:
+        """Drop references; named blocks stay cached (evictable), unnamed ones are freed."""
+        for block in hashes:
+            refs = self._refs[block] - 1
+            if refs:
+                self._refs[block] = refs
+                continue
+            self._in_use -= 1
+            self._refs[block] = 0
+            self._evictable[block] = None
+        self._in_use -= private
+
+    def _make_room(self) -> None:
+        # A fresh block comes from empty space first, else from the least recently used
+        # cached block that no request holds.
+        empty = self.usable - self._in_use - len(self._evictable)
+        if empty <= 0 and self._evictable:
+            oldest, _ = self._evictable.popitem(last=False)
+            del self._refs[oldest]
