@@ -186,14 +186,14 @@ def _families(snap: Snapshot, version: str) -> Iterator[Metric]:
     if version == "0.32":
         yield from _prompt_sources(snap, labels, values, created)
         yield from _zero_families(labels, values, created)
-    family = CounterMetricFamily(
+    finished = CounterMetricFamily(
         "vllm:request_success",
         "Count of successfully processed requests.",
         labels=[*labels, "finished_reason"],
     )
     for reason in FINISH_REASONS if v1 else ("stop", "length"):
-        family.add_metric([*values, reason], stats.finished[reason], created=created)
-    yield family
+        finished.add_metric([*values, reason], stats.finished[reason], created=created)
+    yield finished
     yield from _spec_decode(snap, labels, values, created, version)
     for name in HISTOGRAMS_BY_VERSION[version]:
         yield _histogram(
