@@ -83,6 +83,7 @@ class Request:
     generated: int = 0
     held_hashes: int = 0
     private_blocks: int = 0
+    finish_reason: str = "length"
     first_scheduled: float | None = None
     first_token: float | None = None
     preemptions: int = 0
@@ -112,8 +113,16 @@ class Engine:
     def capacity_tokens(self) -> int:
         return self.kv.num_blocks * self.config.block_size
 
-    def add(self, tokens: Sequence[int], max_tokens: int, sink: TokenSink | None = None) -> Request:
-        """Queue a request; its prompt is cut to fit max_model_len as vLLM would refuse it."""
+    def add(
+        self,
+        tokens: Sequence[int],
+        max_tokens: int,
+        sink: TokenSink | None = None,
+        finish_reason: str = "length",
+        max_tokens_param: int | None = None,
+    ) -> Request:
+        """Queue a request that generates `max_tokens` and then finishes for `finish_reason`;
+        its prompt keeps its last tokens where it would not fit max_model_len."""
         # A sequence longer than the whole cache could never run: vLLM refuses such a length.
         max_len = min(self.config.max_model_len, self.capacity_tokens - self.config.block_size)
         limit = max_len - max_tokens
@@ -125,8 +134,8 @@ class Engine:
             if self.config.enable_prefix_caching
             else []
         )
-        request = Request(prompt, max_tokens, self.now, sink, hashes)
-        self.stats.observe("request_params_max_tokens", max_tokens)
+        request = Request(prompt, max_tokens, self.now, sink, hashes, finish_reason=finish_reason)
+        self.stats.observe("request_params_max_tokens", max_tokens_param or max_tokens)
         self.stats.observe("request_params_n", 1)
         self.waiting.append(request)
         return request
@@ -314,7 +323,7 @@ class Engine:
         self._release(request)
         self.running.remove(request)
         stats = self.stats
-        stats.finished["length"] += 1
+        stats.finished[request.finish_reason] += 1
         first_scheduled = request.first_scheduled or request.arrival
         first_token = request.first_token or self.now
         stats.observe("e2e_request_latency_seconds", self.now - request.arrival)

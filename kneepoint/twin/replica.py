@@ -1,0 +1,104 @@
+"""A twin replica in real time: a thread steps the engine and sleeps each step's duration,
+so requests sent over HTTP see the latencies the physics gives."""
+
+from __future__ import annotations
+
+import queue
+import threading
+import time
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+from kneepoint.twin.engine import Engine, EngineConfig
+from kneepoint.twin.exposition import Snapshot, render
+
+
+@dataclass(frozen=True)
+class Tokens:
+    """Tokens a request got in one engine step (and whether it is finished)."""
+
+    count: int
+    done: bool
+    reason: str
+
+
+class Replica:
+    def __init__(
+        self,
+        name: str,
+        served_name: str,
+        config: EngineConfig,
+        vllm_version: str = "0.32",
+        speed: float = 1.0,
+        seed: int = 0,
+    ) -> None:
+        self.name = name
+        self.served_name = served_name
+        self.vllm_version = vllm_version
+        self.speed = speed  # engine seconds per wall second (1: real time)
+        self.engine = Engine(config, seed=seed)
+        self.started_at = time.time()
+        self._origin = time.monotonic()
+        self._lock = threading.Condition()
+        self._stopping = False
+        self._thread = threading.Thread(target=self._run, name=f"twin-{name}", daemon=True)
+        self._pending: list[tuple[queue.Queue[Tokens], Tokens]] = []  # this step's tokens
+
+    def start(self) -> Replica:
+        self._thread.start()
+        return self
+
+    def stop(self) -> None:
+        with self._lock:
+            self._stopping = True
+            self._lock.notify_all()
+        self._thread.join(timeout=5)
+
+    def submit(
+        self, tokens: Sequence[int], max_tokens: int, stop_after: int | None = None
+    ) -> queue.Queue[Tokens]:
+        """Queue a request; its tokens arrive on the returned queue as the engine makes them.
+
+        `stop_after` ends it early with finish reason "stop" (the model's end of sequence)."""
+        events: queue.Queue[Tokens] = queue.Queue()
+        limit = min(max_tokens, stop_after) if stop_after else max_tokens
+        reason = "stop" if stop_after and stop_after < max_tokens else "length"
+
+        def sink(count: int, done: bool, _at: float) -> None:
+            self._pending.append((events, Tokens(count, done, reason)))
+
+        with self._lock:
+            self._sync_clock()
+            self.engine.add(tokens, limit, sink, finish_reason=reason, max_tokens_param=max_tokens)
+            self._lock.notify_all()
+        return events
+
+    def metrics(self) -> bytes:
+        with self._lock:
+            snapshot = Snapshot(
+                self.engine,
+                self.served_name,
+                self.started_at,
+                self.engine.config.gpu_memory_utilization,
+            )
+            return render(snapshot, self.vllm_version)
+
+    def _sync_clock(self) -> None:
+        # While idle the engine's clock stands still; arrivals happen at wall-clock time.
+        wall = (time.monotonic() - self._origin) * self.speed
+        self.engine.now = max(self.engine.now, wall)
+
+    def _run(self) -> None:
+        while True:
+            with self._lock:
+                while self.engine.idle and not self._stopping:
+                    self._lock.wait()
+                if self._stopping:
+                    return
+                self._sync_clock()
+                duration = self.engine.step()
+                delivered, self._pending = self._pending, []
+            # The step's tokens exist when the step ends.
+            time.sleep(duration / self.speed)
+            for events, tokens in delivered:
+                events.put(tokens)

@@ -1,0 +1,103 @@
+"""Real HTTP servers for twin replicas (OpenAI API, /metrics, /health) and GPU nodes."""
+
+from __future__ import annotations
+
+import json
+import threading
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from typing import Any
+
+from kneepoint.twin import openai_api
+from kneepoint.twin.dcgm import GpuNode
+from kneepoint.twin.replica import Replica
+
+METRICS_TYPE = "text/plain; version=0.0.4; charset=utf-8"
+
+
+class _Handler(BaseHTTPRequestHandler):
+    server: TwinServer
+
+    def log_message(self, *args: object) -> None:  # quiet: the twin serves many requests
+        pass
+
+    def do_GET(self) -> None:
+        target = self.server.target
+        path = self.path.split("?")[0]
+        if path == "/metrics":
+            body = target.metrics() if isinstance(target, Replica) else target.render()
+            self._send(200, body, METRICS_TYPE)
+        elif path == "/health" and isinstance(target, Replica):
+            self._send(200, b"", "text/plain")
+        elif path == "/v1/models" and isinstance(target, Replica):
+            self._json(200, openai_api.models(target))
+        else:
+            self._json(404, openai_api.error_body(f"{path} not found", 404))
+
+    def do_POST(self) -> None:
+        target = self.server.target
+        path = self.path.split("?")[0]
+        if not isinstance(target, Replica) or path not in (
+            "/v1/completions",
+            "/v1/chat/completions",
+        ):
+            self._json(404, openai_api.error_body(f"{path} not found", 404))
+            return
+        body = self.rfile.read(int(self.headers.get("Content-Length") or 0))
+        try:
+            call = openai_api.parse_call(
+                body,
+                path.endswith("chat/completions"),
+                target.served_name,
+                target.engine.config.max_model_len,
+            )
+        except openai_api.BadRequest as error:
+            self._json(400, openai_api.error_body(str(error)))
+            return
+        if not call.stream:
+            self._json(200, openai_api.respond(target, call))
+            return
+        self.send_response(200)
+        self.send_header("Content-Type", "text/event-stream")
+        self.send_header("Cache-Control", "no-cache")
+        self.end_headers()
+        try:
+            for event in openai_api.stream(target, call):
+                self.wfile.write(event)
+                self.wfile.flush()
+        except (BrokenPipeError, ConnectionResetError):
+            pass  # the client went away; the engine finishes the request regardless
+
+    def _json(self, status: int, payload: dict[str, Any]) -> None:
+        self._send(status, json.dumps(payload).encode(), "application/json")
+
+    def _send(self, status: int, body: bytes, content_type: str) -> None:
+        try:
+            self.send_response(status)
+            self.send_header("Content-Type", content_type)
+            self.send_header("Content-Length", str(len(body)))
+            self.end_headers()
+            self.wfile.write(body)
+        except (BrokenPipeError, ConnectionResetError):
+            pass
+
+
+class TwinServer(ThreadingHTTPServer):
+    daemon_threads = True
+    request_queue_size = 256
+
+    def __init__(self, target: Replica | GpuNode, host: str, port: int) -> None:
+        self.target = target
+        super().__init__((host, port), _Handler)
+
+    @property
+    def url(self) -> str:
+        host, port = str(self.server_address[0]), self.server_address[1]
+        return f"http://{host}:{port}"
+
+    def start(self) -> TwinServer:
+        threading.Thread(target=self.serve_forever, name=f"http-{self.url}", daemon=True).start()
+        return self
+
+    def stop(self) -> None:
+        self.shutdown()
+        self.server_close()
