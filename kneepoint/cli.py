@@ -165,6 +165,67 @@ def serve(
         scheduler.shutdown(wait=False)
 
 
+@app.command()
+def simulate(
+    gpu_key: Annotated[
+        str, typer.Option("--gpu", help="rtx4000ada, l4, a100-80gb, h100-80gb, h200")
+    ] = "rtx4000ada",
+    model_key: Annotated[
+        str, typer.Option("--model", help="qwen3-4b, llama-3.1-8b, qwen3-32b")
+    ] = "qwen3-4b",
+    port: Annotated[
+        int, typer.Option(help="Port of the replica (OpenAI API and /metrics).")
+    ] = 8100,
+    dcgm_port: Annotated[int, typer.Option(help="Port of its dcgm-exporter twin.")] = 9400,
+    host: Annotated[str, typer.Option(help="Address to listen on.")] = "127.0.0.1",
+    vllm_version: Annotated[
+        str, typer.Option(help="Metric names of vLLM 0.32, 0.10, 0.8 or 0.5.")
+    ] = "0.32",
+    max_num_seqs: Annotated[int, typer.Option(help="vLLM's --max-num-seqs.")] = 256,
+    fp8_weights: Annotated[bool, typer.Option("--fp8-weights")] = False,
+    fp8_kv_cache: Annotated[bool, typer.Option("--fp8-kv-cache")] = False,
+    spec_tokens: Annotated[int, typer.Option(help="Speculative tokens per step (0: off).")] = 0,
+    spec_acceptance: Annotated[float, typer.Option(help="Drafter acceptance rate.")] = 0.7,
+    fleet: Annotated[str | None, typer.Option(help="A fleet YAML instead of one replica.")] = None,
+) -> None:
+    """Serve simulated vLLM replicas and dcgm-exporters (the fleet twin) over HTTP."""
+    import signal
+    import threading
+
+    from kneepoint.twin.fleet import Fleet, load_fleet, single_replica
+
+    try:
+        if fleet:
+            spec = load_fleet(fleet)
+        else:
+            extra: dict[str, object] = {
+                "vllm_version": vllm_version,
+                "max_num_seqs": max_num_seqs,
+                "fp8_weights": fp8_weights,
+                "fp8_kv_cache": fp8_kv_cache,
+            }
+            if spec_tokens:
+                extra["speculative"] = {"tokens": spec_tokens, "acceptance": spec_acceptance}
+            spec = single_replica(gpu_key, model_key, port, dcgm_port, host, **extra)
+        running = Fleet(spec).start()
+    except ConfigError as error:
+        fail(str(error), 2)
+    except (OSError, ValueError) as error:
+        fail(str(error), 1)
+    for name in running.replicas:
+        typer.echo(f"replica {name}: {running.url(name)}  (OpenAI API, /metrics, /health)")
+    for name in running.nodes:
+        typer.echo(f"GPU node {name}: {running.url(name)}/metrics  (dcgm-exporter)")
+    stop = threading.Event()
+    signal.signal(signal.SIGTERM, lambda *_: stop.set())
+    try:
+        stop.wait()
+    except KeyboardInterrupt:
+        pass
+    finally:
+        running.stop()
+
+
 def run_app(config_file: Path, port: int, open_browser: bool = False) -> int:
     """Start the Streamlit app on `port` reading `config_file`; return its exit status."""
     env = {**os.environ, "KNEEPOINT_CONFIG": str(config_file.resolve())}

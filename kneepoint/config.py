@@ -230,7 +230,7 @@ def parse_config(
     try:
         return Config.model_validate(expanded)
     except ValidationError as error:
-        raise ConfigError(f"{source}: {_describe(error)}") from None
+        raise ConfigError(f"{source}: {describe(error)}") from None
 
 
 def _expand(value: Any, environ: Any, source: str, key: str) -> Any:
@@ -256,7 +256,8 @@ def _join(prefix: str, key: str) -> str:
     return f"{prefix}.{key}" if prefix else key
 
 
-def _describe(error: ValidationError) -> str:
+def describe(error: ValidationError) -> str:
+    """The first problem of a validation error as `key.path: what is wrong`."""
     first = error.errors()[0]
     location = ""
     for part in first["loc"]:
