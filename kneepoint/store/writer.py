@@ -57,15 +57,25 @@ def record_failure(session: Session, target_id: int, ts: float, error: str) -> N
 
 
 def record_replica(session: Session, target_id: int, ts: float, sample: ReplicaSample) -> None:
-    cache = sample.cache
+    record_replica_history(session, target_id, [(ts, sample)])
+
+
+def record_replica_history(
+    session: Session, target_id: int, samples: list[tuple[float, ReplicaSample]]
+) -> None:
+    """Store scrapes of one replica in one statement; its health follows the last one."""
+    if not samples:
+        return
+    ts, last = samples[-1]
+    cache = last.cache
     _mark_up(
         session,
         target_id,
         ts,
         {
-            "generation": sample.generation,
-            "engines": sample.engines,
-            "model_names": json.dumps(sample.model_names),
+            "generation": last.generation,
+            "engines": last.engines,
+            "model_names": json.dumps(last.model_names),
             "cache_dtype": cache.cache_dtype,
             "block_size": cache.block_size,
             "num_gpu_blocks": cache.num_gpu_blocks,
@@ -74,6 +84,13 @@ def record_replica(session: Session, target_id: int, ts: float, sample: ReplicaS
             "gpu_memory_utilization": cache.gpu_memory_utilization,
         },
     )
+    rows = [_replica_row(session, target_id, t, sample) for t, sample in samples]
+    session.execute(insert(_REPLICA_SAMPLES), rows)
+
+
+def _replica_row(
+    session: Session, target_id: int, ts: float, sample: ReplicaSample
+) -> dict[str, object]:
     row: dict[str, object] = {
         "target_id": target_id,
         "ts": ts,
@@ -86,16 +103,32 @@ def record_replica(session: Session, target_id: int, ts: float, sample: ReplicaS
     for name, histogram in sample.histograms.items():
         layout = _layout_id(session, encode_bounds(histogram.bounds))
         row[f"hist_{name}"] = encode_histogram(layout, histogram)
-    session.execute(insert(_REPLICA_SAMPLES), [row])
+    return row
 
 
 def record_gpus(session: Session, target_id: int, ts: float, gpus: list[GpuSample]) -> None:
-    _mark_up(session, target_id, ts, {})
+    record_gpu_history(session, target_id, [(ts, gpu) for gpu in gpus], scraped_at=ts)
+
+
+def record_gpu_history(
+    session: Session,
+    target_id: int,
+    readings: list[tuple[float, GpuSample]],
+    scraped_at: float | None = None,
+) -> None:
+    """Store GPU readings of one exporter in one statement; it was last scraped at
+    `scraped_at` (default: the last reading)."""
+    last = scraped_at if scraped_at is not None else max(ts for ts, _ in readings)
+    _mark_up(session, target_id, last, {})
+    ids: dict[tuple[str, int], int] = {}
     rows = []
-    for gpu in gpus:
+    for ts, gpu in readings:
+        key = (gpu.host, gpu.index)
+        if key not in ids:
+            ids[key] = _gpu_id(session, target_id, gpu)
         rows.append(
             {
-                "gpu_id": _gpu_id(session, target_id, gpu),
+                "gpu_id": ids[key],
                 "ts": ts,
                 "resolution": 0,
                 "energy_mj": gpu.energy_mj,

@@ -1,0 +1,293 @@
+"""A week of history for the demo, through the same engine model, in seconds.
+
+Simulating a week step by step would take hours, so each replica's engine is run in virtual
+time at a few levels of agent load until it is steady; what it does per second at each level
+(token and request rates, histogram fills, occupancy, queues, GPU activity) is then laid
+along a daily load shape, scrape by scrape, and written to the store as the collector would.
+"""
+
+from __future__ import annotations
+
+import copy
+import heapq
+import math
+import random
+from collections.abc import Callable
+from dataclasses import dataclass, field
+
+from kneepoint.samples import CacheConfig, GpuSample, Histogram, ReplicaSample
+from kneepoint.twin.agents import daily_load, session
+from kneepoint.twin.dcgm import GpuState
+from kneepoint.twin.engine import Engine, EngineConfig
+from kneepoint.twin.openai_api import chat_prompt, tokenize
+from kneepoint.twin.stats import Stats
+
+LEVELS = (1, 3, 8, 20, 48)  # concurrent agent sessions measured per replica
+HISTOGRAMS = {
+    "ttft": "time_to_first_token_seconds",
+    "itl": "inter_token_latency_seconds",
+    "e2e": "e2e_request_latency_seconds",
+    "queue": "request_queue_time_seconds",
+}
+
+
+@dataclass
+class Level:
+    """What one replica does per second when `sessions` agents work on it."""
+
+    sessions: float
+    rates: dict[str, float] = field(default_factory=dict)  # canonical counter -> per second
+    gauges: dict[str, float] = field(default_factory=dict)  # time-weighted means
+    buckets: dict[str, list[float]] = field(default_factory=dict)  # histogram -> per second
+    sums: dict[str, float] = field(default_factory=dict)
+    per_position: list[float] = field(default_factory=list)
+    gpu: dict[str, float] = field(default_factory=dict)  # busy, compute, memory fractions
+
+
+def counters(stats: Stats) -> dict[str, float]:
+    """The canonical counters (kneepoint.samples) of an engine's cumulative stats."""
+    histos = stats.histograms
+    values = {
+        "preemptions": stats.preemptions,
+        "prompt_tokens": stats.prompt_tokens,
+        "generation_tokens": stats.generation_tokens,
+        "prefix_cache_queries": stats.prefix_cache_queries,
+        "prefix_cache_hits": stats.prefix_cache_hits,
+        "prompt_tokens_local_compute": stats.prompt_local_compute,
+        "prompt_tokens_local_cache_hit": stats.prompt_cache_hit,
+        "prompt_tokens_external": 0,
+        "request_prompt_tokens_sum": histos["request_prompt_tokens"].total,
+        "request_prompt_tokens_count": sum(histos["request_prompt_tokens"].counts),
+        "request_generation_tokens_sum": histos["request_generation_tokens"].total,
+        "request_generation_tokens_count": sum(histos["request_generation_tokens"].counts),
+    }
+    values |= {f"requests_finished_{reason}": n for reason, n in stats.finished.items()}
+    if stats.num_speculative_tokens:
+        values |= {
+            "spec_decode_drafts": stats.spec_drafts,
+            "spec_decode_draft_tokens": stats.spec_draft_tokens,
+            "spec_decode_accepted_tokens": stats.spec_accepted,
+        }
+    return {name: float(value) for name, value in values.items()}
+
+
+def measure(
+    config: EngineConfig, sessions: int, seconds: float = 90.0, warmup: float = 30.0, seed: int = 0
+) -> Level:
+    """Run `sessions` closed-loop agents on a fresh engine in virtual time; return per second."""
+    engine = Engine(config, seed=seed)
+    rng = random.Random(seed)
+    due: list[tuple[float, int]] = []  # (time the next step is sent, session number)
+    scripts = {}
+    gauges = {
+        "kv_cache_usage": 0.0,
+        "requests_running": 0.0,
+        "requests_waiting": 0.0,
+        "requests_waiting_capacity": 0.0,
+    }
+
+    def start(number: int, at: float) -> None:
+        scripts[number] = session(random.Random(rng.random()), 1, number)
+        heapq.heappush(due, (at, number))
+
+    def send(number: int) -> None:
+        step = next(scripts[number], None)
+        if step is None:
+            start(number + 10_000, engine.now)  # this agent's task is done: the next begins
+            return
+
+        def sink(_count: int, done: bool, at: float) -> None:
+            if done:
+                heapq.heappush(due, (at + step.pause_after, number))
+
+        engine.add(tokenize(chat_prompt(step.messages)), step.max_tokens, sink)
+
+    for number in range(sessions):
+        start(number, rng.uniform(0, 5))
+    before: Stats | None = None
+    while engine.now < warmup + seconds:
+        while due and due[0][0] <= engine.now:
+            send(heapq.heappop(due)[1])
+        if engine.idle:
+            engine.now = due[0][0] if due else engine.now + 1.0
+            continue
+        if before is None and engine.now >= warmup:
+            before = copy.deepcopy(engine.stats)
+        duration = engine.step()
+        if before is not None:
+            gauges["kv_cache_usage"] += engine.kv.usage * duration
+            gauges["requests_running"] += len(engine.running) * duration
+            gauges["requests_waiting"] += len(engine.waiting) * duration
+            gauges["requests_waiting_capacity"] += engine.waiting_for_capacity * duration
+    assert before is not None
+    return _per_second(sessions, before, engine.stats, gauges, seconds)
+
+
+def _per_second(
+    sessions: float, before: Stats, after: Stats, gauges: dict[str, float], seconds: float
+) -> Level:
+    start, end = counters(before), counters(after)
+    level = Level(sessions)
+    level.rates = {name: (end[name] - start[name]) / seconds for name in end}
+    level.gauges = {name: total / seconds for name, total in gauges.items()}
+    for field_name, histogram in HISTOGRAMS.items():
+        old, new = before.histograms[histogram], after.histograms[histogram]
+        level.buckets[field_name] = [
+            (b - a) / seconds for a, b in zip(old.counts, new.counts, strict=True)
+        ]
+        level.sums[field_name] = (new.total - old.total) / seconds
+    level.per_position = [
+        (b - a) / seconds
+        for a, b in zip(
+            before.spec_accepted_per_position, after.spec_accepted_per_position, strict=True
+        )
+    ]
+    level.gpu = {
+        "busy": (after.busy_seconds - before.busy_seconds) / seconds,
+        "compute": (after.compute_seconds - before.compute_seconds) / seconds,
+        "memory": (after.memory_seconds - before.memory_seconds) / seconds,
+    }
+    return level
+
+
+def profile(config: EngineConfig, seed: int = 0) -> list[Level]:
+    """The replica's levels from idle to overload, sorted by load."""
+    idle = Level(0.0)
+    measured = [measure(config, sessions, seed=seed) for sessions in LEVELS]
+    idle.rates = dict.fromkeys(measured[0].rates, 0.0)
+    idle.gauges = dict.fromkeys(measured[0].gauges, 0.0)
+    idle.buckets = {name: [0.0] * len(b) for name, b in measured[0].buckets.items()}
+    idle.sums = dict.fromkeys(measured[0].sums, 0.0)
+    idle.per_position = [0.0] * len(measured[0].per_position)
+    idle.gpu = dict.fromkeys(measured[0].gpu, 0.0)
+    return [idle, *measured]
+
+
+def at_load(levels: list[Level], sessions: float) -> Level:
+    """Linear interpolation between measured levels (held at the last beyond it)."""
+    sessions = max(0.0, min(sessions, levels[-1].sessions))
+    upper = next(i for i, level in enumerate(levels) if level.sessions >= sessions)
+    if upper == 0:
+        return levels[0]
+    low, high = levels[upper - 1], levels[upper]
+    w = (sessions - low.sessions) / (high.sessions - low.sessions)
+
+    def mix(a: float, b: float) -> float:
+        return a + (b - a) * w
+
+    return Level(
+        sessions,
+        {k: mix(low.rates[k], high.rates[k]) for k in high.rates},
+        {k: mix(low.gauges[k], high.gauges[k]) for k in high.gauges},
+        {
+            k: [mix(a, b) for a, b in zip(low.buckets[k], high.buckets[k], strict=True)]
+            for k in high.buckets
+        },
+        {k: mix(low.sums[k], high.sums[k]) for k in high.sums},
+        [mix(a, b) for a, b in zip(low.per_position, high.per_position, strict=True)],
+        {k: mix(low.gpu[k], high.gpu[k]) for k in high.gpu},
+    )
+
+
+@dataclass
+class History:
+    """Cumulative counters of one replica and its GPU, advanced scrape by scrape."""
+
+    config: EngineConfig
+    served_name: str
+    levels: list[Level]
+    gpu: GpuState
+    totals: dict[str, float] = field(default_factory=dict)
+    buckets: dict[str, list[float]] = field(default_factory=dict)
+    sums: dict[str, float] = field(default_factory=dict)
+    per_position: list[float] = field(default_factory=list)
+
+    def advance(
+        self, sessions: float, seconds: float, cold_cache: bool = False
+    ) -> tuple[ReplicaSample, GpuSample]:
+        level = at_load(self.levels, sessions)
+        rates = dict(level.rates)
+        if cold_cache:  # a prompt deploy: every prefix misses, all of it is computed
+            rates["prompt_tokens_local_compute"] += rates["prompt_tokens_local_cache_hit"]
+            rates["prompt_tokens_local_cache_hit"] = rates["prefix_cache_hits"] = 0.0
+        for name, rate in rates.items():
+            self.totals[name] = self.totals.get(name, 0.0) + rate * seconds
+        for name, per_bucket in level.buckets.items():
+            kept = self.buckets.setdefault(name, [0.0] * len(per_bucket))
+            for index, rate in enumerate(per_bucket):
+                kept[index] += rate * seconds
+            self.sums[name] = self.sums.get(name, 0.0) + level.sums[name] * seconds
+        if not self.per_position:
+            self.per_position = [0.0] * len(level.per_position)
+        for index, rate in enumerate(level.per_position):
+            self.per_position[index] += rate * seconds
+        replica = self._replica(level)
+        busy, compute, memory = (level.gpu[k] for k in ("busy", "compute", "memory"))
+        self.gpu.busy, self.gpu.tensor = min(1.0, busy), min(1.0, 0.85 * compute)
+        self.gpu.dram = min(1.0, 0.9 * memory)
+        self.gpu.sample(seconds)
+        return replica, self._gpu()
+
+    def _replica(self, level: Level) -> ReplicaSample:
+        config = self.config
+        counts: dict[str, float | None] = {
+            name: float(math.floor(value)) for name, value in self.totals.items()
+        }
+        histograms = {}
+        for name, per_bucket in self.buckets.items():
+            bounds = (*self._bounds(name), math.inf)
+            running, cumulative = 0.0, []
+            for value in per_bucket:
+                running += value
+                cumulative.append(float(math.floor(running)))
+            histograms[name] = Histogram(bounds, tuple(cumulative), self.sums[name])
+        gauges: dict[str, float | None] = {
+            k: round(v, 4) if k == "kv_cache_usage" else float(round(v))
+            for k, v in level.gauges.items()
+        }
+        gauges["kv_cache_usage_mean"] = gauges["kv_cache_usage"]
+        return ReplicaSample(
+            generation="v1",
+            engines=1,
+            model_names=[self.served_name],
+            gauges=gauges,
+            counters=counts,
+            histograms=histograms,
+            accepted_per_position=[float(math.floor(v)) for v in self.per_position] or None,
+            cache=CacheConfig(
+                config.block_size,
+                config.num_gpu_blocks,
+                "fp8" if config.fp8_kv_cache else "auto",
+                config.enable_prefix_caching,
+                config.gpu_memory_utilization,
+                config.num_gpu_blocks * config.block_size,
+            ),
+        )
+
+    def _bounds(self, name: str) -> tuple[float, ...]:
+        return Stats(self.config.max_model_len).histograms[HISTOGRAMS[name]].bounds
+
+    def _gpu(self) -> GpuSample:
+        gpu = self.gpu
+        fb = gpu.profile.memory_gib * 1024
+        return GpuSample(
+            host="",
+            index=gpu.index,
+            uuid=gpu.uuid,
+            model=gpu.profile.name,
+            pod=gpu.pod,
+            utilization=min(1.0, gpu.busy * 1.15),
+            gr_engine_active=gpu.busy * 0.97,
+            tensor_active=gpu.tensor,
+            dram_active=gpu.dram,
+            power_watts=gpu.power,
+            energy_mj=gpu.energy_mj,
+            temperature_c=round(gpu.temperature),
+            fb_used_mib=round(fb * gpu.memory_fraction),
+            fb_free_mib=round(fb * (1 - gpu.memory_fraction)),
+        )
+
+
+def load_at(peak_sessions: float, jitter: random.Random) -> Callable[[float], float]:
+    """Sessions at time t over real days: the daily shape with a little noise."""
+    return lambda t: peak_sessions * daily_load(t, 86400.0) * jitter.uniform(0.9, 1.1)
