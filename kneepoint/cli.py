@@ -5,6 +5,7 @@ from __future__ import annotations
 import contextlib
 import json
 import os
+import signal
 import subprocess
 import sys
 from pathlib import Path
@@ -166,6 +167,20 @@ def serve(
 
 
 @app.command()
+def demo(
+    folder: Annotated[
+        str | None, typer.Option("--dir", help="Keep config and database here.")
+    ] = None,
+    port: Annotated[int, typer.Option(help="Port of the web app.")] = 8501,
+    no_browser: Annotated[bool, typer.Option("--no-browser")] = False,
+) -> None:
+    """The embedded default: a simulated fleet with a week of history, traffic and the app."""
+    from kneepoint.demo import run_demo
+
+    raise typer.Exit(run_demo(Path(folder) if folder else None, port, not no_browser, typer.echo))
+
+
+@app.command()
 def simulate(
     gpu_key: Annotated[
         str, typer.Option("--gpu", help="rtx4000ada, l4, a100-80gb, h100-80gb, h200")
@@ -189,7 +204,6 @@ def simulate(
     fleet: Annotated[str | None, typer.Option(help="A fleet YAML instead of one replica.")] = None,
 ) -> None:
     """Serve simulated vLLM replicas and dcgm-exporters (the fleet twin) over HTTP."""
-    import signal
     import threading
 
     from kneepoint.twin.fleet import Fleet, load_fleet, single_replica
@@ -226,8 +240,10 @@ def simulate(
         running.stop()
 
 
-def run_app(config_file: Path, port: int, open_browser: bool = False) -> int:
-    """Start the Streamlit app on `port` reading `config_file`; return its exit status."""
+def app_process(
+    config_file: Path, port: int, open_browser: bool = False
+) -> subprocess.Popen[bytes]:
+    """Start the Streamlit app on `port`, reading `config_file` (via $KNEEPOINT_CONFIG)."""
     env = {**os.environ, "KNEEPOINT_CONFIG": str(config_file.resolve())}
     command = [
         sys.executable,
@@ -242,9 +258,25 @@ def run_app(config_file: Path, port: int, open_browser: bool = False) -> int:
         "--browser.gatherUsageStats",
         "false",
     ]
+    return subprocess.Popen(command, env=env)
+
+
+def run_app(config_file: Path, port: int, open_browser: bool = False) -> int:
+    """Run the app in the foreground until it exits, Ctrl-C or SIGTERM; return its status."""
+    process = app_process(config_file, port, open_browser)
+
+    def interrupt(*_: object) -> None:
+        raise KeyboardInterrupt
+
+    signal.signal(signal.SIGTERM, interrupt)
     try:
-        return subprocess.call(command, env=env)
+        return process.wait()
     except KeyboardInterrupt:
+        process.terminate()
+        try:
+            process.wait(timeout=15)
+        except subprocess.TimeoutExpired:
+            process.kill()
         return 0
 
 

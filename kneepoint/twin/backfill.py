@@ -15,10 +15,16 @@ import random
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
+from sqlalchemy.orm import Session, sessionmaker
+
+from kneepoint.config import Retention
 from kneepoint.samples import CacheConfig, GpuSample, Histogram, ReplicaSample
+from kneepoint.store.rollup import rollup
+from kneepoint.store.writer import ensure_targets, record_gpu_history, record_replica_history
 from kneepoint.twin.agents import daily_load, session
 from kneepoint.twin.dcgm import GpuState
 from kneepoint.twin.engine import Engine, EngineConfig
+from kneepoint.twin.fleet import Fleet
 from kneepoint.twin.openai_api import chat_prompt, tokenize
 from kneepoint.twin.stats import Stats
 
@@ -291,3 +297,65 @@ class History:
 def load_at(peak_sessions: float, jitter: random.Random) -> Callable[[float], float]:
     """Sessions at time t over real days: the daily shape with a little noise."""
     return lambda t: peak_sessions * daily_load(t, 86400.0) * jitter.uniform(0.9, 1.1)
+
+
+def backfill_week(
+    sessions: sessionmaker[Session],
+    fleet: Fleet,
+    peaks: dict[str, float],
+    now: float,
+    days: float = 7.0,
+    progress: Callable[[str], None] = lambda _: None,
+) -> int:
+    """Write `days` of scrapes for every replica of `fleet` and its GPU, ending at `now`;
+    return the number of rows. Rows older than two days are one a minute, newer every 15 s,
+    as the collector's rollups would leave them; a prompt deploy each day at 10:00 UTC
+    empties every prefix cache for 20 minutes."""
+    start = now - days * 86400
+    times = [*_range(start, now - 2 * 86400, 60.0), *_range(now - 2 * 86400, now, 15.0)]
+    written = 0
+    with sessions.begin() as session:
+        ids = ensure_targets(session, [(t.name, t.kind, t.url) for t in fleet.targets()])
+    for seed, spec in enumerate(fleet.spec.replicas):
+        progress(f"profiling {spec.name} under agent load")
+        replica = fleet.replicas[spec.name]
+        live = fleet.nodes[spec.node].gpus[spec.gpu_index]
+        gpu = GpuState(
+            live.index,
+            live.profile,
+            memory_fraction=live.memory_fraction,
+            pod=live.pod,
+            uuid=live.uuid,
+        )
+        history = History(
+            replica.engine.config,
+            replica.served_name,
+            profile(replica.engine.config, seed=seed),
+            gpu,
+        )
+        load = load_at(peaks.get(spec.name, 8.0), random.Random(seed))
+        replica_rows: list[tuple[float, ReplicaSample]] = []
+        gpu_rows: list[tuple[float, GpuSample]] = []
+        previous = times[0]
+        for ts in times:
+            deploy = (ts % 86400) - 10 * 3600
+            sample, reading = history.advance(
+                load(ts), ts - previous or 15.0, cold_cache=0 <= deploy < 1200
+            )
+            reading.host = spec.node
+            replica_rows.append((ts, sample))
+            gpu_rows.append((ts, reading))
+            previous = ts
+        progress(f"writing {len(replica_rows)} scrapes of {spec.name}")
+        with sessions.begin() as session:
+            record_replica_history(session, ids[spec.name], replica_rows)
+            record_gpu_history(session, ids[spec.node], gpu_rows)
+        written += len(replica_rows) + len(gpu_rows)
+    with sessions.begin() as session:
+        rollup(session, now, Retention())
+    return written
+
+
+def _range(start: float, stop: float, step: float) -> list[float]:
+    count = max(0, int((stop - start) // step))
+    return [start + index * step for index in range(count)]

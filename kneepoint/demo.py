@@ -1,0 +1,157 @@
+"""`kneepoint demo`: the embedded default. A twin fleet, agent traffic, a backfilled week,
+the collectors and the app, in one command that Ctrl-C stops cleanly."""
+
+from __future__ import annotations
+
+import signal
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+from collections.abc import Callable
+from pathlib import Path
+
+import yaml
+
+from kneepoint.config import load_config
+from kneepoint.store.db import open_store
+from kneepoint.twin.backfill import backfill_week
+from kneepoint.twin.fleet import Fleet, FleetSpec
+from kneepoint.twin.traffic import Group, Traffic
+
+# Three replicas on two GPU nodes: two Llama-3.1-8B behind session-sticky routing (one with
+# a speculative drafter) and a Qwen3-4B on an L4 that runs near KV saturation at its peak.
+FLEET = {
+    "nodes": [
+        {"name": "gpu-node-1", "gpus": ["h100-80gb", "h100-80gb"]},
+        {"name": "gpu-node-2", "gpus": ["l4"]},
+    ],
+    "replicas": [
+        {"name": "llama-8b-a", "model": "llama-3.1-8b", "node": "gpu-node-1", "gpu_index": 0},
+        {
+            "name": "llama-8b-b",
+            "model": "llama-3.1-8b",
+            "node": "gpu-node-1",
+            "gpu_index": 1,
+            "speculative": {"tokens": 3, "acceptance": 0.7, "draft_cost": 0.08},
+        },
+        {
+            "name": "qwen3-4b-l4",
+            "model": "qwen3-4b",
+            "node": "gpu-node-2",
+            "gpu_memory_utilization": 0.6,
+        },
+    ],
+}
+# Agent sessions at the daily peak: history (per replica) and live traffic (per model).
+HISTORY_PEAKS = {"llama-8b-a": 14.0, "llama-8b-b": 14.0, "qwen3-4b-l4": 19.0}
+LIVE_PEAKS = {"meta-llama/Llama-3.1-8B-Instruct": 10.0, "Qwen/Qwen3-4B": 8.0}
+LIVE_DAY_SECONDS = 1800.0  # one day of the daily load shape every 30 minutes
+
+
+def write_config(folder: Path, fleet: Fleet) -> Path:
+    config = {
+        "database": f"sqlite:///{folder / 'kneepoint.db'}",
+        "scrape_interval": "5s",
+        "evaluation_interval": "15s",
+        "dashboard_url": "http://localhost:8501",
+        "targets": [target.model_dump(exclude_defaults=True) for target in fleet.targets()],
+        "pricing": {"gpu_hour": {"default": 2.0, "NVIDIA H100 80GB HBM3": 2.49, "NVIDIA L4": 0.8}},
+        "slos": [
+            {
+                "name": "interactive-ttft",
+                "metric": "ttft",
+                "threshold": "2s",
+                "objective": 0.99,
+                "window": "30d",
+            },
+            {
+                "name": "interactive-itl",
+                "metric": "itl",
+                "threshold": "100ms",
+                "objective": 0.99,
+                "window": "30d",
+            },
+        ],
+    }
+    path = folder / "kneepoint.yaml"
+    path.write_text(
+        "# Written by `kneepoint demo`: the twin fleet it runs.\n"
+        + yaml.safe_dump(config, sort_keys=False)
+    )
+    (folder / "fleet.yaml").write_text(yaml.safe_dump(FLEET, sort_keys=False))
+    return path
+
+
+def run_demo(
+    folder: Path | None, port: int, open_browser: bool, say: Callable[[str], None] = print
+) -> int:
+    """Run until Ctrl-C or SIGTERM; return the exit status."""
+    from apscheduler.schedulers.background import BackgroundScheduler
+
+    from collectors.schedule import install, standard_jobs
+    from kneepoint.cli import app_process
+
+    folder = Path(folder) if folder else Path(tempfile.mkdtemp(prefix="kneepoint-demo-"))
+    folder.mkdir(parents=True, exist_ok=True)
+    fleet = Fleet(FleetSpec.model_validate(FLEET)).start()
+    traffic: Traffic | None = None
+    scheduler = BackgroundScheduler()
+    app: subprocess.Popen[bytes] | None = None
+    stop = threading.Event()
+    signal.signal(signal.SIGTERM, lambda *_: stop.set())
+    try:
+        config_file = write_config(folder, fleet)
+        config = load_config(config_file)
+        say(f"config:   {config_file}\ndatabase: {config.database.removeprefix('sqlite:///')}")
+        sessions = open_store(config.database)
+        began = time.monotonic()
+        rows = backfill_week(
+            sessions,
+            fleet,
+            HISTORY_PEAKS,
+            time.time() - 60,
+            progress=lambda step: say(f"backfill: {step}"),
+        )
+        say(f"backfill: a week, {rows} rows, in {time.monotonic() - began:.0f}s")
+        groups = [
+            Group(
+                model,
+                [
+                    fleet.url(r.name)
+                    for r in fleet.spec.replicas
+                    if fleet.replicas[r.name].served_name == model
+                ],
+                peak,
+            )
+            for model, peak in LIVE_PEAKS.items()
+        ]
+        traffic = Traffic(groups, day_seconds=LIVE_DAY_SECONDS, pause_scale=0.5).start()
+        install(scheduler, standard_jobs(config, sessions, time.time), sessions)
+        scheduler.start()
+        app = app_process(config_file, port, open_browser)
+        say(f"app:      http://localhost:{port}  (Ctrl-C stops everything)")
+        say(f"try:      kneepoint status --config {config_file}")
+        while not stop.wait(1.0):
+            if app.poll() is not None:
+                return app.returncode or 0
+    except KeyboardInterrupt:
+        pass
+    finally:
+        if app is not None and app.poll() is None:
+            app.terminate()
+            try:
+                app.wait(timeout=15)
+            except subprocess.TimeoutExpired:
+                app.kill()
+        if scheduler.running:
+            scheduler.shutdown(wait=False)
+        if traffic is not None:
+            traffic.stop()
+        fleet.stop()
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(run_demo(None, 8501, False))
