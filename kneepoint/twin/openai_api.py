@@ -90,7 +90,7 @@ def parse_call(body: bytes, chat: bool, served_name: str, max_model_len: int) ->
             prompt = tokenize(raw)
         else:
             raise BadRequest("'prompt' must be a non-empty string or list of token ids")
-    max_tokens = request.get("max_completion_tokens") or request.get("max_tokens") or 16
+    max_tokens = request.get("max_completion_tokens", request.get("max_tokens", 16))
     if not isinstance(max_tokens, int) or max_tokens < 1:
         raise BadRequest("'max_tokens' must be a positive integer")
     if len(prompt) + max_tokens > max_model_len:
