@@ -14,6 +14,7 @@ import itertools
 import random
 import threading
 import time
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Literal
 
@@ -48,9 +49,11 @@ class Traffic:
         day_seconds: float = 1800.0,
         pause_scale: float = 1.0,
         seed: int = 0,
+        shape: Callable[[float], float] | None = None,
     ) -> None:
         self.groups = groups
-        self.day_seconds = day_seconds
+        # Share of each group's peak sessions that runs at a given time.
+        self.shape = shape or (lambda t: daily_load(t, day_seconds))
         self.pause_scale = pause_scale
         self.version = 1
         self.stats = TrafficStats()
@@ -81,7 +84,7 @@ class Traffic:
         async with httpx.AsyncClient(timeout=300, limits=limits) as client:
             active: dict[str, set[asyncio.Task[None]]] = {g.model: set() for g in self.groups}
             while not self._stop.is_set():
-                share = daily_load(time.time(), self.day_seconds)
+                share = self.shape(time.time())
                 for group in self.groups:
                     tasks = active[group.model]
                     tasks -= {task for task in tasks if task.done()}

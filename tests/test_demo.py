@@ -1,0 +1,109 @@
+"""`kneepoint demo`, as the README runs it: healthy app and data from every replica and GPU
+within two minutes, and Ctrl-C stops every process."""
+
+from __future__ import annotations
+
+import json
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import httpx
+import pytest
+import yaml
+
+from tests.conftest import free_port, wait_until_healthy
+
+pytestmark = pytest.mark.timeout(400)
+
+
+def status(config: Path) -> dict:
+    shown = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "kneepoint.cli",
+            "status",
+            "--json",
+            "--window",
+            "1m",
+            "--config",
+            str(config),
+        ],
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+    assert shown.returncode == 0, shown.stderr
+    return json.loads(shown.stdout)
+
+
+def test_the_demo_shows_every_replica_and_gpu_within_two_minutes(tmp_path: Path) -> None:
+    port = free_port()
+    log = tmp_path / "demo.log"
+    began = time.monotonic()
+    demo = subprocess.Popen(
+        [
+            sys.executable,
+            "-m",
+            "kneepoint.cli",
+            "demo",
+            "--dir",
+            str(tmp_path / "demo"),
+            "--port",
+            str(port),
+            "--no-browser",
+        ],
+        stdout=log.open("w"),
+        stderr=subprocess.STDOUT,
+    )
+    config = tmp_path / "demo" / "kneepoint.yaml"
+    try:
+        wait_until_healthy(demo, f"http://127.0.0.1:{port}/_stcore/health", 120, log.read_text)
+        replicas: list[dict] = []
+        gpus: list[dict] = []
+        while time.monotonic() - began < 120:
+            report = status(config)
+            replicas, gpus = report["replicas"], report["gpus"]
+            if len(gpus) == 3 and all(
+                r["up"] and r["generation_tokens_per_second"] for r in replicas
+            ):
+                break
+            time.sleep(2)
+        assert time.monotonic() - began < 120, f"no data from every target: {replicas}"
+        assert {r["name"] for r in replicas} == {"llama-8b-a", "llama-8b-b", "qwen3-4b-l4"}
+        assert all(g["replica"] and g["power_watts"] for g in gpus)
+        output = log.read_text()
+        assert f"config:   {config}" in output and str(tmp_path / "demo" / "kneepoint.db") in output
+        # The backfilled week is there: the store reaches seven days back.
+        week = subprocess.run(
+            [
+                sys.executable,
+                "-m",
+                "kneepoint.cli",
+                "status",
+                "--json",
+                "--window",
+                "7d",
+                "--config",
+                str(config),
+            ],
+            capture_output=True,
+            text=True,
+            timeout=60,
+        )
+        assert all(r["preemptions"] is not None for r in json.loads(week.stdout)["replicas"])
+        urls = [t["url"] for t in yaml.safe_load(config.read_text())["targets"]]
+    finally:
+        demo.send_signal(signal.SIGINT)
+        try:
+            code = demo.wait(timeout=60)
+        except subprocess.TimeoutExpired:
+            demo.kill()
+            raise
+    assert code == 0, log.read_text()[-2000:]
+    for url in [*urls, f"http://127.0.0.1:{port}/_stcore/health"]:
+        with pytest.raises(httpx.ConnectError):
+            httpx.get(url, timeout=2)
