@@ -127,7 +127,9 @@ def run_demo(
             )
             for model, peak in LIVE_PEAKS.items()
         ]
-        traffic = Traffic(groups, day_seconds=LIVE_DAY_SECONDS, pause_scale=0.5).start()
+        traffic = Traffic(
+            groups, day_seconds=LIVE_DAY_SECONDS, pause_scale=0.5, deploy_every=LIVE_DAY_SECONDS
+        ).start()
         install(scheduler, standard_jobs(config, sessions, time.time), sessions)
         scheduler.start()
         app = app_process(config_file, port, open_browser)

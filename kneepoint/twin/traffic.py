@@ -50,8 +50,10 @@ class Traffic:
         pause_scale: float = 1.0,
         seed: int = 0,
         shape: Callable[[float], float] | None = None,
+        deploy_every: float | None = None,
     ) -> None:
         self.groups = groups
+        self.deploy_every = deploy_every  # seconds between prompt deploys (None: never)
         # Share of each group's peak sessions that runs at a given time.
         self.shape = shape or (lambda t: daily_load(t, day_seconds))
         self.pause_scale = pause_scale
@@ -83,7 +85,11 @@ class Traffic:
         limits = httpx.Limits(max_connections=200, max_keepalive_connections=50)
         async with httpx.AsyncClient(timeout=300, limits=limits) as client:
             active: dict[str, set[asyncio.Task[None]]] = {g.model: set() for g in self.groups}
+            last_deploy = time.monotonic()
             while not self._stop.is_set():
+                if self.deploy_every and time.monotonic() - last_deploy >= self.deploy_every:
+                    self.deploy()
+                    last_deploy = time.monotonic()
                 share = self.shape(time.time())
                 for group in self.groups:
                     tasks = active[group.model]

@@ -17,6 +17,7 @@ from kneepoint.config import Config, Target
 from kneepoint.status import build_status
 from kneepoint.store import queries
 from kneepoint.store.db import open_store
+from kneepoint.twin.fleet import Fleet, single_replica
 from tests.real.vllm_server import running_vllm
 
 pytestmark = [pytest.mark.real, pytest.mark.timeout(900)]
@@ -48,7 +49,9 @@ def vllm_counters(url: str) -> dict[str, float]:
     return values
 
 
-async def agent_sessions(url: str, sessions: int, steps: int) -> tuple[int, int, int]:
+async def agent_sessions(
+    url: str, sessions: int, steps: int, model: str = "tiny"
+) -> tuple[int, int, int]:
     """Agent-like traffic: each session re-sends its growing transcript after a shared system
     prompt. Returns (requests, prompt tokens, completion tokens) from the responses' usage."""
     totals = [0, 0, 0]
@@ -59,14 +62,14 @@ async def agent_sessions(url: str, sessions: int, steps: int) -> tuple[int, int,
             response = await client.post(
                 f"{url}/v1/completions",
                 json={
-                    "model": "tiny",
+                    "model": model,
                     "prompt": transcript,
                     "max_tokens": 12,
                     "ignore_eos": True,
                     "temperature": 0,
                 },
             )
-            response.raise_for_status()
+            assert response.status_code == 200, f"{url}: {response.text[:500]}"
             usage = response.json()["usage"]
             totals[0] += 1
             totals[1] += usage["prompt_tokens"]
@@ -137,3 +140,33 @@ def test_kneepoint_reports_what_vllm_counted_over_the_window(vllm_url: str, tmp_
     assert ttft[-1] is not None and ttft[0] is not None
     assert ttft[-1].count - ttft[0].count == after["ttft_count"] - before["ttft_count"] == requests
     assert replica["requests_running"] == 0 and replica["requests_waiting"] == 0
+
+
+def metric_families(url: str) -> dict[str, tuple[str, frozenset[str]]]:
+    found = {}
+    text = httpx.get(f"{url}/metrics", timeout=10).text
+    for family in text_string_to_metric_families(text):
+        if family.name.startswith("vllm:"):
+            labels = frozenset().union(*(set(s.labels) - {"le"} for s in family.samples))
+            found[family.name] = (family.type, labels)
+    return found
+
+
+def test_the_twin_speaks_vllm_0_32_like_the_real_server(vllm_url: str) -> None:
+    """The same workload through a real vLLM and through the fleet twin: the same metric
+    families, types and label names come out."""
+    twin = Fleet(single_replica("l4", "qwen3-4b", 0, 0)).start()
+    try:
+        asyncio.run(agent_sessions(vllm_url, 2, 2))
+        asyncio.run(agent_sessions(twin.url("qwen3-4b"), 2, 2, model="Qwen/Qwen3-4B"))
+        real, simulated = metric_families(vllm_url), metric_families(twin.url("qwen3-4b"))
+    finally:
+        twin.stop()
+    assert set(simulated) == set(real), (
+        f"only in vLLM: {set(real) - set(simulated)}; "
+        f"only in the twin: {set(simulated) - set(real)}"
+    )
+    differing = {
+        name: (real[name], simulated[name]) for name in real if real[name] != simulated[name]
+    }
+    assert not differing, differing

@@ -87,3 +87,27 @@ def test_the_daily_shape_is_low_at_night_and_high_in_the_afternoon() -> None:
     day = 86400.0
     night, afternoon = daily_load(3 * 3600, day), daily_load(15 * 3600, day)
     assert night < 0.3 < 0.9 < afternoon <= 1.0
+
+
+def test_deploys_come_on_schedule() -> None:
+    fleet = Fleet(
+        FleetSpec.model_validate(
+            {
+                "nodes": [{"name": "n", "gpus": ["h100-80gb"]}],
+                "replicas": [{"name": "r", "model": "qwen3-4b", "node": "n"}],
+            }
+        )
+    ).start()
+    traffic = Traffic(
+        [Group("Qwen/Qwen3-4B", [fleet.url("r")], 1)],
+        shape=lambda _: 1.0,
+        pause_scale=0.02,
+        deploy_every=0.4,
+    ).start()
+    try:
+        time.sleep(2.5)
+    finally:
+        traffic.stop()
+        fleet.stop()
+    assert traffic.version >= 3
+    assert traffic.stats.requests > 0 and traffic.stats.errors == 0
