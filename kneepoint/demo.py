@@ -100,20 +100,21 @@ def run_demo(
     scheduler = BackgroundScheduler()
     app: subprocess.Popen[bytes] | None = None
     stop = threading.Event()
-    signal.signal(signal.SIGTERM, lambda *_: stop.set())
+    for signum in (signal.SIGINT, signal.SIGTERM):  # Ctrl-C, or a service manager's stop
+        signal.signal(signum, lambda *_: stop.set())
     try:
         config_file = write_config(folder, fleet)
         config = load_config(config_file)
         say(f"config:   {config_file}\ndatabase: {config.database.removeprefix('sqlite:///')}")
         sessions = open_store(config.database)
         began = time.monotonic()
-        rows = backfill_week(
-            sessions,
-            fleet,
-            HISTORY_PEAKS,
-            time.time() - 60,
-            progress=lambda step: say(f"backfill: {step}"),
-        )
+
+        def progress(step: str) -> None:
+            if stop.is_set():  # Ctrl-C during the backfill stops at its next step
+                raise KeyboardInterrupt
+            say(f"backfill: {step}")
+
+        rows = backfill_week(sessions, fleet, HISTORY_PEAKS, time.time() - 60, progress=progress)
         say(f"backfill: a week, {rows} rows, in {time.monotonic() - began:.0f}s")
         groups = [
             Group(
