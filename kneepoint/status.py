@@ -1,4 +1,7 @@
-"""`kneepoint status`: the numbers per replica, fleet and GPU over a window (design.md)."""
+"""`kneepoint status`: the numbers per replica, fleet and GPU over a window (design.md).
+
+One function turns a window into the numbers, for a replica and for the fleet alike, so the
+CLI, the pages and the alerts can never disagree."""
 
 from __future__ import annotations
 
@@ -12,57 +15,107 @@ from sqlalchemy.orm import Session
 
 from kneepoint.config import Config
 from kneepoint.counters import increase, rate
+from kneepoint.derived import ratios
+from kneepoint.derived.cost import per_million, window_cost
+from kneepoint.derived.latency import quantiles
+from kneepoint.derived.window import Window, merge, replica_window
 from kneepoint.store import queries
 from kneepoint.store.models import TargetRow
-
-# Keys that a later derivation fills; present and null until then (design.md contract).
-DERIVED_KEYS = (
-    "prefix_cache_hit_rate",
-    "preemption_recompute_tokens",
-    "preemption_recompute_is_estimate",
-    "spec_decode_acceptance_rate",
-    "spec_decode_mean_acceptance_length",
-    "spec_decode_per_position_acceptance",
-    "ttft_seconds",
-    "itl_seconds",
-    "e2e_seconds",
-    "cost_per_million_generated_tokens",
-    "cost_per_million_tokens",
-)
 
 
 def build_status(session: Session, config: Config, now: float, window: float) -> dict[str, Any]:
     start = now - window
     rows = queries.targets(session)
     samples = queries.replica_frame(session, start, now)
+    layouts = queries.histogram_layouts(session)
     gpus = queries.gpu_frame(session, start, now)
     gpu_block = [_gpu(frame, config, rows) for _, frame in gpus.groupby("gpu_id", sort=False)]
-    replicas = []
-    for target in config.targets:
-        if target.kind != "vllm":
-            continue
-        row = rows.get(target.name)
+    replicas, windows, costs = [], [], []
+    names = [t.name for t in config.targets if t.kind == "vllm"]
+    for name in names:
+        row = rows.get(name)
         frame = samples[samples.target_id == row.id] if row is not None else samples.iloc[0:0]
-        mine = [g for g in gpu_block if g["replica"] == target.name]
-        replicas.append(_replica(target.name, row, frame, mine))
+        mine = [g for g in gpu_block if g["replica"] == name]
+        span = replica_window(frame, layouts)
+        cost = (
+            None
+            if span.seconds is None
+            else window_cost(
+                config.pricing, name, [g["model"] for g in mine], span.seconds, len(names)
+            )
+        )
+        replicas.append(_replica(name, row, frame, span, mine, cost))
+        windows.append(span)
+        costs.append(cost)
     return {
         "generated_at": iso(now),
         "window_seconds": int(window) if float(window).is_integer() else window,
         "replicas": replicas,
-        "fleet": _fleet(replicas),
+        "fleet": _fleet(replicas, windows, costs),
         "gpus": gpu_block,
     }
 
 
-def _replica(name: str, row: TargetRow | None, frame: pd.DataFrame, gpus: list[dict]) -> dict:
+def derived(
+    window: Window, generation: str | None, cost: float | None, v0_hit_rate: float | None = None
+) -> dict[str, Any]:
+    """The windowed numbers of design.md's contract, from one window."""
+    d = window.deltas
+    hit_rate = (
+        v0_hit_rate
+        if generation == "v0"
+        else ratios.hit_rate(d.get("prefix_cache_hits"), d.get("prefix_cache_queries"))
+    )
+    recompute = ratios.recompute(
+        generation,
+        d.get("preemptions"),
+        d.get("prompt_tokens"),
+        d.get("request_prompt_tokens_sum"),
+        d.get("request_prompt_tokens_count"),
+        d.get("request_generation_tokens_sum"),
+        d.get("request_generation_tokens_count"),
+        hit_rate,
+    )
+    spec = ratios.spec_decode(
+        d.get("spec_decode_drafts"),
+        d.get("spec_decode_draft_tokens"),
+        d.get("spec_decode_accepted_tokens"),
+        window.per_position,
+    )
+    generated, prompt = d.get("generation_tokens"), d.get("prompt_tokens")
+    served = None if generated is None or prompt is None else generated + prompt
+    return {
+        "prefix_cache_hit_rate": hit_rate,
+        "preemption_recompute_tokens": recompute.tokens,
+        "preemption_recompute_is_estimate": recompute.is_estimate,
+        "spec_decode_acceptance_rate": spec.acceptance_rate,
+        "spec_decode_mean_acceptance_length": spec.mean_acceptance_length,
+        "spec_decode_per_position_acceptance": spec.per_position,
+        "ttft_seconds": quantiles(window.histograms.get("ttft")),
+        "itl_seconds": quantiles(window.histograms.get("itl")),
+        "e2e_seconds": quantiles(window.histograms.get("e2e")),
+        "cost_per_million_generated_tokens": per_million(cost, generated),
+        "cost_per_million_tokens": per_million(cost, served),
+    }
+
+
+def _replica(
+    name: str,
+    row: TargetRow | None,
+    frame: pd.DataFrame,
+    window: Window,
+    gpus: list[dict[str, Any]],
+    cost: float | None,
+) -> dict[str, Any]:
     latest = frame.iloc[-1] if len(frame) else None
     times = list(frame.ts)
+    generation = row.generation if row else None
     result: dict[str, Any] = {
         "name": name,
         "up": None if row is None else row.up,
         "last_scrape_at": iso(row.last_scrape_at) if row and row.last_scrape_at else None,
         "last_error": row.last_error if row else None,
-        "engine_generation": row.generation if row else None,
+        "engine_generation": generation,
         "engines": row.engines if row else None,
         "model_names": json.loads(row.model_names) if row and row.model_names else [],
         "kv_cache_occupancy": _value(latest, "kv_cache_usage"),
@@ -71,17 +124,19 @@ def _replica(name: str, row: TargetRow | None, frame: pd.DataFrame, gpus: list[d
         "requests_running": _value(latest, "requests_running"),
         "requests_waiting": _value(latest, "requests_waiting"),
         "requests_waiting_capacity": _value(latest, "requests_waiting_capacity"),
-        "preemptions": increase(_column(frame, "preemptions")),
+        "preemptions": window.deltas.get("preemptions"),
         "preemptions_per_second": rate(times, _column(frame, "preemptions")),
         "prompt_tokens_per_second": rate(times, _column(frame, "prompt_tokens")),
         "generation_tokens_per_second": rate(times, _column(frame, "generation_tokens")),
         "gpu_utilization": _mean([_busy(g) for g in gpus]),
     }
-    result.update(dict.fromkeys(DERIVED_KEYS))
+    result.update(derived(window, generation, cost, _value(latest, "prefix_cache_hit_rate_gauge")))
     return result
 
 
-def _fleet(replicas: list[dict]) -> dict[str, Any]:
+def _fleet(
+    replicas: list[dict[str, Any]], windows: list[Window], costs: list[float | None]
+) -> dict[str, Any]:
     def values(key: str) -> list[Any]:
         return [r[key] for r in replicas if r[key] is not None]
 
@@ -117,7 +172,22 @@ def _fleet(replicas: list[dict]) -> dict[str, Any]:
         "generation_tokens_per_second",
     ):
         fleet[key] = total(key)
-    fleet.update(dict.fromkeys(DERIVED_KEYS))
+    known_costs = [c for c in costs if c is not None]
+    generation = fleet["engine_generation"] if fleet["engine_generation"] != "mixed" else None
+    v0_rates = [
+        r["prefix_cache_hit_rate"]
+        for r in replicas
+        if r["engine_generation"] == "v0" and r["prefix_cache_hit_rate"] is not None
+    ]
+    fleet.update(
+        derived(
+            merge(windows), generation, sum(known_costs) if known_costs else None, _mean(v0_rates)
+        )
+    )
+    # Recompute depends on each replica's own request shape and hit rate: add them up.
+    estimates = values("preemption_recompute_is_estimate")
+    fleet["preemption_recompute_is_estimate"] = any(estimates) if estimates else None
+    fleet["preemption_recompute_tokens"] = total("preemption_recompute_tokens")
     return fleet
 
 

@@ -1,0 +1,1 @@
+"""Derived numbers, computed once: pure functions over stored samples (metrics.md §3)."""
