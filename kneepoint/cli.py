@@ -167,6 +167,66 @@ def serve(
 
 
 @app.command()
+def capacity(
+    model_config: Annotated[str | None, typer.Option(help="A model's config.json.")] = None,
+    profile: Annotated[str | None, typer.Option(help="qwen3-4b, llama-3.1-8b, qwen3-32b")] = None,
+    layers: Annotated[int | None, typer.Option(help="Transformer layers.")] = None,
+    kv_heads: Annotated[int | None, typer.Option(help="KV heads (GQA groups).")] = None,
+    head_dim: Annotated[int | None, typer.Option(help="Dimension per head.")] = None,
+    kv_dtype: Annotated[str, typer.Option(help="fp16, bf16 or fp8.")] = "fp16",
+    context: Annotated[int, typer.Option(help="Tokens per sequence.")] = 131072,
+    kv_memory_gib: Annotated[float | None, typer.Option(help="KV cache size, if known.")] = None,
+    gpu_memory_gib: Annotated[float | None, typer.Option(help="Memory per GPU.")] = None,
+    weights_gib: Annotated[float, typer.Option(help="Model weights, all GPUs together.")] = 0.0,
+    gpu_memory_utilization: Annotated[float, typer.Option(help="vLLM's share of memory.")] = 0.9,
+    tensor_parallel: Annotated[int, typer.Option(help="GPUs per replica.")] = 1,
+    as_json: Annotated[bool, typer.Option("--json", help="Print JSON.")] = False,
+) -> None:
+    """The KV-cache planner: bytes per token, tokens that fit, concurrent sequences, what-ifs."""
+    from kneepoint.derived.capacity import Plan, shape_from_config, what_ifs
+    from kneepoint.twin.profiles import model
+
+    try:
+        if model_config:
+            layers, kv_heads, head_dim = shape_from_config(model_config)
+        elif profile:
+            named = model(profile)
+            layers, kv_heads, head_dim = named.layers, named.kv_heads, named.head_dim
+        if layers is None or kv_heads is None or head_dim is None:
+            fail("give --model-config, --profile, or --layers, --kv-heads and --head-dim", 2)
+        plan = Plan(
+            layers,
+            kv_heads,
+            head_dim,
+            kv_dtype,
+            context,
+            kv_memory_gib,
+            gpu_memory_gib,
+            weights_gib,
+            gpu_memory_utilization,
+            tensor_parallel,
+        )
+    except ValueError as error:
+        fail(str(error), 2)
+    result = {**plan.result(), "what_ifs": what_ifs(plan)}
+    if as_json:
+        typer.echo(json.dumps(result, indent=2))
+        return
+    table = Table(title=f"KV cache: {plan.bytes_per_token / 1024:g} KiB per token")
+    for column in ("scenario", "KiB/token", "GiB/sequence", "KV tokens", "sequences"):
+        table.add_column(column)
+    for name, row in result["what_ifs"].items():
+        table.add_row(
+            name,
+            f"{row['bytes_per_token'] / 1024:g}",
+            f"{row['sequence_gib']:.2f}",
+            f"{row['kv_tokens']:,}",
+            f"{row['max_sequences']:.2f}",
+        )
+    Console().print(table)
+
+
+@app.command()
 def demo(
     folder: Annotated[
         str | None, typer.Option("--dir", help="Keep config and database here.")
