@@ -55,7 +55,7 @@ def test_the_shape_comes_from_a_config_json(tmp_path: Path) -> None:
     assert shape_from_config(config) == (32, 8, 128)
     broken = tmp_path / "broken.json"
     broken.write_text(json.dumps({"num_hidden_layers": 32}))
-    with pytest.raises(ValueError, match="broken.json lacks"):
+    with pytest.raises(ValueError, match=r"broken\.json lacks"):
         shape_from_config(broken)
 
 
