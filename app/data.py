@@ -14,6 +14,7 @@ from kneepoint.series import replica_series
 from kneepoint.status import build_status
 from kneepoint.store import queries
 from kneepoint.store.db import open_store
+from kneepoint.views import View, build_view
 
 
 def store() -> tuple[Config, sessionmaker[Session]]:
@@ -53,6 +54,17 @@ def _series(path: str, start: float, end: float) -> pd.DataFrame:
     with sessions() as session:
         names = {row.id: name for name, row in queries.targets(session).items()}
         return replica_series(queries.replica_frame(session, start, end), names)
+
+
+def view(window: float, now: float) -> View:
+    return _view(str(config_path().resolve()), window, now)
+
+
+@st.cache_data(ttl=10, show_spinner=False)
+def _view(path: str, window: float, now: float) -> View:
+    config, sessions = _open(path)
+    with sessions() as session:
+        return build_view(session, config, now, window)
 
 
 def health(start: float, end: float) -> tuple[pd.DataFrame, pd.DataFrame, pd.DataFrame]:

@@ -18,5 +18,10 @@ class PageSpec:
 
 PAGES = (
     PageSpec("overview.py", "Overview", ":material/monitoring:", "overview"),
+    PageSpec("capacity.py", "Capacity", ":material/memory:", "capacity"),
+    PageSpec("prefix_cache.py", "Prefix cache", ":material/cached:", "prefix-cache"),
+    PageSpec("spec_decode.py", "Speculative decoding", ":material/fast_forward:", "spec-decode"),
+    PageSpec("cost.py", "Cost", ":material/payments:", "cost"),
+    PageSpec("gpus.py", "GPUs", ":material/developer_board:", "gpus"),
     PageSpec("health.py", "Collector health", ":material/health_and_safety:", "health"),
 )

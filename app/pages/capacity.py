@@ -1,0 +1,131 @@
+"""Capacity: KV occupancy over time, slots left, waiting, preemption and recompute, planner."""
+
+from __future__ import annotations
+
+import pandas as pd
+import streamlit as st
+
+from app import data, filters
+from app.format import quantile, show
+from dashboards.charts import lines
+from kneepoint.derived.capacity import Plan, what_ifs
+from kneepoint.derived.details import SATURATION
+from kneepoint.derived.ratios import RECOMPUTE_FORMULA
+
+view_filter = filters.current(data.replica_names())
+st.title("Capacity")
+view = data.view(view_filter.range_seconds, data.now())
+chosen = [
+    r
+    for r in view.status["replicas"]
+    if not view_filter.replicas or r["name"] in view_filter.replicas
+]
+
+for replica in chosen:
+    extra = view.rows[replica["name"]]
+    st.subheader(replica["name"])
+    a, b, c, d, e = st.columns(5)
+    a.metric(
+        "KV occupancy",
+        show(replica["kv_cache_occupancy"], "%"),
+        help="Latest KV-cache usage (max over engines): 1 − free blocks ÷ blocks.",
+    )
+    b.metric(
+        "Sequence slots left",
+        show(extra["sequence_slots_left"], "", 1),
+        help="How many more agents fit: KV capacity ÷ live mean context − running.",
+    )
+    c.metric(
+        "Time saturated",
+        show(extra["time_saturated"], "%"),
+        help=f"Share of the window with KV occupancy above {SATURATION:.0%}.",
+    )
+    d.metric(
+        "Peak waiting",
+        show(extra["peak_waiting"], "seqs", 0),
+        help="Most sequences waiting in the window (capacity and deferred).",
+    )
+    e.metric(
+        "Queue p99",
+        quantile(extra["queue_seconds"], "p99"),
+        help="99th percentile of time waiting before first scheduled, from the "
+        "request_queue_time histogram over the window.",
+    )
+    f, g, h, i, j = st.columns(5)
+    f.metric(
+        "Capacity",
+        show(replica["kv_cache_capacity_tokens"], "tokens", 0),
+        help="num_gpu_blocks × block_size from cache_config_info.",
+    )
+    g.metric(
+        "Live mean context",
+        show(extra["mean_context_tokens"], "tokens", 0),
+        help="Occupied KV tokens ÷ running sequences.",
+    )
+    h.metric(
+        "Preemptions / s",
+        show(replica["preemptions_per_second"], "/s", 3),
+        help="Increase of num_preemptions_total over the window ÷ its length.",
+    )
+    i.metric(
+        "Recompute share",
+        show(extra["recompute_share_of_prefill"], "%"),
+        help="Recomputed prefill tokens ÷ all prefill work in the window.",
+    )
+    estimate = " (estimate)" if replica["preemption_recompute_is_estimate"] else ""
+    j.metric(
+        f"Recompute{estimate}",
+        show(extra["recompute_tokens_per_second"], "tok/s", 0),
+        help=RECOMPUTE_FORMULA
+        if replica["preemption_recompute_is_estimate"]
+        else "Exact on v0: Δprompt_tokens − Δ requests' own prompt tokens.",
+    )
+if any(r["preemption_recompute_is_estimate"] for r in chosen):
+    st.caption(f"Recompute on V1 engines is an estimate: {RECOMPUTE_FORMULA}")
+
+series = view.series
+if view_filter.replicas:
+    series = series[series.replica.isin(view_filter.replicas)]
+if series.empty:
+    st.info("No samples in this time range yet.")
+else:
+    left, right = st.columns(2)
+    left.plotly_chart(lines(series, "kv_cache_occupancy", "KV-cache occupancy", percent=True))
+    right.plotly_chart(lines(series, "requests_waiting", "Waiting sequences", unit="seqs"))
+    left.plotly_chart(lines(series, "preemptions_per_second", "Preemptions / s", unit="/s"))
+    right.plotly_chart(lines(series, "requests_running", "Running sequences", unit="seqs"))
+
+st.subheader("Planner: how many agents fit")
+with st.form("planner"):
+    cols = st.columns(4)
+    layers = cols[0].number_input("Layers", 1, 200, 32)
+    kv_heads = cols[1].number_input("KV heads", 1, 128, 8)
+    head_dim = cols[2].number_input("Head dim", 16, 512, 128)
+    dtype = cols[3].selectbox("KV dtype", ["fp16", "bf16", "fp8"])
+    cols = st.columns(4)
+    context = cols[0].number_input("Context (tokens)", 256, 1_048_576, 131072)
+    memory = cols[1].number_input("GPU memory (GiB)", 1.0, 512.0, 80.0)
+    weights = cols[2].number_input("Weights (GiB)", 0.0, 2048.0, 16.0)
+    share = cols[3].number_input("gpu_memory_utilization", 0.1, 0.99, 0.95)
+    st.form_submit_button("Plan")
+plan = Plan(
+    int(layers),
+    int(kv_heads),
+    int(head_dim),
+    dtype,
+    int(context),
+    gpu_memory_gib=memory,
+    weights_gib=weights,
+    gpu_memory_utilization=share,
+)
+st.dataframe(
+    pd.DataFrame(what_ifs(plan)).T[
+        ["bytes_per_token", "sequence_gib", "kv_tokens", "max_sequences"]
+    ],
+    width="stretch",
+)
+st.caption(
+    "Bytes per token = 2 × layers × KV heads × head dim × dtype bytes; KV tokens = "
+    "(GPU memory × utilization − weights) ÷ bytes per token; sequences = KV tokens ÷ "
+    "context."
+)

@@ -1,0 +1,58 @@
+"""Cost: true cost per served token, energy, idle GPU-hours."""
+
+from __future__ import annotations
+
+import streamlit as st
+
+from app import data, filters
+from app.format import show
+
+view_filter = filters.current(data.replica_names())
+st.title("Cost")
+view = data.view(view_filter.range_seconds, data.now())
+config, _ = data.store()
+fleet = view.status["fleet"]
+a, b = st.columns(2)
+a.metric(
+    "Fleet $ / 1M generated tokens",
+    show(fleet["cost_per_million_generated_tokens"], "$"),
+    help="GPU-hours of the window (idle included) × price by DCGM modelName, plus "
+    "extra_monthly spread over time, ÷ generated tokens served in it.",
+)
+b.metric(
+    "Fleet $ / 1M tokens",
+    show(fleet["cost_per_million_tokens"], "$"),
+    help="The same cost ÷ all tokens served (prompt + generated).",
+)
+for replica in view.status["replicas"]:
+    if view_filter.replicas and replica["name"] not in view_filter.replicas:
+        continue
+    extra = view.rows[replica["name"]]
+    st.subheader(replica["name"])
+    c, d, e, f = st.columns(4)
+    c.metric(
+        "$ / 1M generated",
+        show(replica["cost_per_million_generated_tokens"], "$"),
+        help="This replica's GPU cost over the window ÷ its generated tokens.",
+    )
+    d.metric(
+        "Energy",
+        show(extra["energy_kwh"], "kWh", 3),
+        help="Increase of DCGM_FI_DEV_TOTAL_ENERGY_CONSUMPTION (mJ) of its GPUs.",
+    )
+    e.metric(
+        "Energy / 1M tokens",
+        show(extra["joules_per_million_tokens"], "J", 0),
+        help="Joules of its GPUs ÷ tokens served, per million.",
+    )
+    f.metric(
+        "Idle GPU-hours",
+        show(extra["idle_gpu_hours"], "h", 2),
+        help="(1 − graphics-engine activity) × hours of the window × GPUs.",
+    )
+api = config.pricing.api_reference
+st.caption(
+    f"Hosted-API reference ({api.name}): ${api.input_per_mtok}/1M input, "
+    f"${api.output_per_mtok}/1M output. Nominal cost, utilization and break-even need "
+    "a knee throughput from a sweep; they appear once one is recorded."
+)

@@ -1,0 +1,47 @@
+"""GPUs: DCGM utilization against graphics activity, DRAM activity, power, temperature, XID."""
+
+from __future__ import annotations
+
+import streamlit as st
+
+from app import data, filters
+from app.format import show
+from dashboards.charts import lines
+
+view_filter = filters.current(data.replica_names())
+st.title("GPUs")
+view = data.view(view_filter.range_seconds, data.now())
+gpus = view.status["gpus"]
+if not gpus:
+    st.info("No dcgm-exporter data in this time range.")
+for gpu in gpus:
+    st.subheader(f"{gpu['host']}/{gpu['index']} {gpu['model'] or ''} → {gpu['replica'] or '–'}")
+    a, b, c, d, e = st.columns(5)
+    a.metric(
+        "GPU_UTIL",
+        show(gpu["utilization"], "%"),
+        help="Share of time a kernel ran: says busy, not how much work was done.",
+    )
+    b.metric(
+        "Graphics active",
+        show(gpu["gr_engine_active"], "%"),
+        help="DCGM_FI_PROF_GR_ENGINE_ACTIVE: share of time the engine did work.",
+    )
+    c.metric(
+        "DRAM active",
+        show(gpu["dram_active"], "%"),
+        help="DCGM_FI_PROF_DRAM_ACTIVE: memory bandwidth in use (decode saturation).",
+    )
+    d.metric("Power", show(gpu["power_watts"], "W", 0), help="DCGM_FI_DEV_POWER_USAGE.")
+    e.metric("Temperature", show(gpu["temperature_c"], "°C", 0), help="DCGM_FI_DEV_GPU_TEMP.")
+    if gpu["xid_error"] is not None:
+        st.error(f"XID error {gpu['xid_error']:.0f} on {gpu['host']}/{gpu['index']}")
+frame = view.gpus
+if not frame.empty:
+    left, right = st.columns(2)
+    left.plotly_chart(lines(frame, "utilization", "GPU_UTIL", color="gpu", percent=True))
+    right.plotly_chart(
+        lines(frame, "gr_engine_active", "Graphics engine active", color="gpu", percent=True)
+    )
+    left.plotly_chart(lines(frame, "dram_active", "DRAM active", color="gpu", percent=True))
+    right.plotly_chart(lines(frame, "power_watts", "Power", color="gpu", unit="W"))

@@ -1,0 +1,68 @@
+"""Prefix cache: hit rate per replica and fleet, divergence, drops and prefill storms."""
+
+from __future__ import annotations
+
+import streamlit as st
+
+from app import data, filters
+from app.format import show
+from dashboards.charts import events, lines
+from kneepoint.derived.details import divergence
+
+view_filter = filters.current(data.replica_names())
+st.title("Prefix cache")
+view = data.view(view_filter.range_seconds, data.now())
+fleet = view.status["fleet"]
+rates = {r["name"]: r["prefix_cache_hit_rate"] for r in view.status["replicas"]}
+a, b, c, d = st.columns(4)
+a.metric(
+    "Fleet hit rate",
+    show(fleet["prefix_cache_hit_rate"], "%"),
+    help="Σ prefix-cache hit tokens ÷ Σ queried tokens over the window (token-weighted).",
+)
+b.metric(
+    "Divergence",
+    show(divergence(rates), "%"),
+    help="Best minus worst replica hit rate: a wide spread means routing ignores caches.",
+)
+c.metric(
+    "Hit-rate drops",
+    str(len(view.events["hit_rate_drops"])),
+    help="Intervals where the fleet hit rate fell 30 points below its 1-hour average.",
+)
+d.metric(
+    "Prefill storms",
+    str(len(view.events["prefill_storms"])),
+    help="Bursts of computed prompt tokens above 3× their 1-hour median (deploys).",
+)
+for replica in view.status["replicas"]:
+    if view_filter.replicas and replica["name"] not in view_filter.replicas:
+        continue
+    extra = view.rows[replica["name"]]
+    left, right = st.columns(2)
+    left.metric(
+        f"{replica['name']}: hit rate",
+        show(replica["prefix_cache_hit_rate"], "%"),
+        help="Δprefix_cache_hits ÷ Δprefix_cache_queries (tokens) over the window.",
+    )
+    right.metric(
+        f"{replica['name']}: cross-check",
+        show(extra["prefix_cross_check"], "%"),
+        help="Δprompt_tokens_by_source{local_cache_hit} ÷ Δprompt_tokens.",
+    )
+coarse = view.coarse
+if coarse.empty:
+    st.info("No samples in this time range yet.")
+else:
+    figure = lines(coarse, "hit_rate", "Prefix-cache hit rate", percent=True)
+    st.plotly_chart(events(figure, [e.start for e in view.events["hit_rate_drops"]], "drop"))
+    storms = lines(
+        coarse, "computed_prompt_tokens_per_second", "Computed prompt tokens / s", unit="tok/s"
+    )
+    st.plotly_chart(events(storms, [e.start for e in view.events["prefill_storms"]], "storm"))
+for kind, label in (("hit_rate_drops", "Hit-rate drop"), ("prefill_storms", "Prefill storm")):
+    for event in view.events[kind]:
+        st.caption(
+            f"{label} from {event.start:%Y-%m-%d %H:%M} UTC: {event.value:.2f} against "
+            f"a baseline of {event.baseline:.2f}"
+        )

@@ -1,0 +1,54 @@
+"""Speculative decoding: acceptance, length, per-position rates, expected speedup, verdict."""
+
+from __future__ import annotations
+
+import streamlit as st
+
+from app import data, filters
+from app.format import show
+from dashboards.charts import bars, lines
+
+view_filter = filters.current(data.replica_names())
+st.title("Speculative decoding")
+view = data.view(view_filter.range_seconds, data.now())
+drafting = [
+    r
+    for r in view.status["replicas"]
+    if r["spec_decode_acceptance_rate"] is not None
+    and (not view_filter.replicas or r["name"] in view_filter.replicas)
+]
+if not drafting:
+    st.info("No replica ran speculative decoding in this time range.")
+for replica in drafting:
+    extra = view.rows[replica["name"]]
+    st.subheader(f"{replica['name']}: {extra['spec_verdict'] or 'no verdict'}")
+    a, b, c = st.columns(3)
+    a.metric(
+        "Acceptance rate",
+        show(replica["spec_decode_acceptance_rate"], "%"),
+        help="Δaccepted tokens ÷ Δdrafted tokens over the window.",
+    )
+    b.metric(
+        "Mean acceptance length",
+        show(replica["spec_decode_mean_acceptance_length"], "tok", 2),
+        help="1 + Δaccepted ÷ Δdrafts: tokens emitted per verification step.",
+    )
+    c.metric(
+        "Expected speedup",
+        show(extra["spec_expected_speedup"], "×", 2),
+        help="(1 − α^(γ+1)) ÷ ((1 − α)(1 + cγ)), γ = positions seen, c = 0.1 draft cost. "
+        "Below 1 the drafter slows the engine down.",
+    )
+    positions = replica["spec_decode_per_position_acceptance"] or []
+    if positions:
+        st.plotly_chart(
+            bars(
+                [f"position {i}" for i in range(len(positions))],
+                positions,
+                "Acceptance by draft position",
+                percent=True,
+            )
+        )
+series = view.series.dropna(subset=["spec_acceptance"])
+if not series.empty:
+    st.plotly_chart(lines(series, "spec_acceptance", "Acceptance rate over time", percent=True))

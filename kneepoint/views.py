@@ -1,0 +1,145 @@
+"""What each page shows, computed in the kernel from the store (pages only lay it out)."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any
+
+import pandas as pd
+from sqlalchemy.orm import Session
+
+from kneepoint.config import Config
+from kneepoint.derived import details, ratios
+from kneepoint.derived.latency import quantiles
+from kneepoint.derived.window import replica_window
+from kneepoint.series import gpu_series, replica_series, resample
+from kneepoint.status import build_status
+from kneepoint.store import queries
+
+
+@dataclass
+class View:
+    status: dict[str, Any]
+    rows: dict[str, dict[str, Any]] = field(default_factory=dict)  # per replica, page numbers
+    series: pd.DataFrame = field(default_factory=pd.DataFrame)
+    coarse: pd.DataFrame = field(default_factory=pd.DataFrame)
+    gpus: pd.DataFrame = field(default_factory=pd.DataFrame)
+    events: dict[str, list[details.Event]] = field(default_factory=dict)
+
+
+def build_view(session: Session, config: Config, now: float, window: float) -> View:
+    """Status over the window plus every page's extra numbers and series."""
+    start = now - window
+    status = build_status(session, config, now, window)
+    targets = queries.targets(session)
+    frame = queries.replica_frame(session, start, now)
+    layouts = queries.histogram_layouts(session)
+    names = {row.id: name for name, row in targets.items()}
+    series = replica_series(frame, names)
+    coarse = resample(series, _bucket(window))
+    view = View(
+        status,
+        series=series,
+        coarse=coarse,
+        gpus=gpu_series(queries.gpu_frame(session, start, now)),
+    )
+    for replica in status["replicas"]:
+        row = targets.get(replica["name"])
+        rows = frame[frame.target_id == row.id] if row is not None else frame.iloc[0:0]
+        gpus = [g for g in status["gpus"] if g["replica"] == replica["name"]]
+        view.rows[replica["name"]] = _numbers(replica, rows, layouts, gpus)
+    fleet_coarse = (
+        coarse.groupby("time").sum(numeric_only=True).reset_index() if len(coarse) else coarse
+    )
+    if len(fleet_coarse):
+        fleet_coarse["hit_rate"] = fleet_coarse.d_prefix_cache_hits / fleet_coarse[
+            "d_prefix_cache_queries"
+        ].where(fleet_coarse.d_prefix_cache_queries > 0)
+        fleet_coarse["computed_prompt_tokens_per_second"] = (
+            fleet_coarse.d_prompt_tokens_local_compute
+            / fleet_coarse.seconds.where(fleet_coarse.seconds > 0)
+            * coarse.replica.nunique()
+        )
+    view.events = {
+        "hit_rate_drops": details.hit_rate_drops(fleet_coarse) if len(fleet_coarse) else [],
+        "prefill_storms": details.prefill_storms(fleet_coarse) if len(fleet_coarse) else [],
+    }
+    return view
+
+
+def _numbers(
+    replica: dict[str, Any],
+    rows: pd.DataFrame,
+    layouts: dict[int, tuple[float, ...]],
+    gpus: list[dict[str, Any]],
+) -> dict[str, Any]:
+    window = replica_window(rows, layouts)
+    served = None
+    if window.deltas.get("prompt_tokens") is not None:
+        served = (window.deltas.get("prompt_tokens") or 0.0) + (
+            window.deltas.get("generation_tokens") or 0.0
+        )
+    joules = [g["energy_joules"] for g in gpus if g["energy_joules"] is not None]
+    kwh, joules_per_million = details.energy(sum(joules) if joules else None, served)
+    busy = [
+        g["gr_engine_active"] if g["gr_engine_active"] is not None else g["utilization"]
+        for g in gpus
+    ]
+    known_busy = [b for b in busy if b is not None]
+    finished = details.requests_finished(window)
+    mean_context, slots, slots_left = details.sequence_slots(
+        replica["kv_cache_capacity_tokens"],
+        replica["kv_cache_occupancy"],
+        replica["requests_running"],
+    )
+    seconds = window.seconds
+    recompute = replica["preemption_recompute_tokens"]
+    spec = ratios.spec_decode(
+        window.deltas.get("spec_decode_drafts"),
+        window.deltas.get("spec_decode_draft_tokens"),
+        window.deltas.get("spec_decode_accepted_tokens"),
+        window.per_position,
+    )
+    waiting = rows.requests_waiting_peak.fillna(rows.requests_waiting) if len(rows) else None
+    prompt = window.deltas.get("prompt_tokens")
+    return {
+        "mean_context_tokens": mean_context,
+        "sequence_slots": slots,
+        "sequence_slots_left": slots_left,
+        "time_saturated": details.time_saturated(rows.ts, rows.kv_cache_usage.astype(float))
+        if len(rows)
+        else None,
+        "peak_kv_occupancy": float(rows.kv_cache_usage_peak.fillna(rows.kv_cache_usage).max())
+        if len(rows)
+        else None,
+        "peak_waiting": float(waiting.max()) if waiting is not None and len(waiting) else None,
+        "queue_seconds": quantiles(window.histograms.get("queue")),
+        "requests_per_second": ratios.ratio(finished, seconds),
+        "finish_reasons": details.finish_reasons(window),
+        "preemptions_per_request": ratios.ratio(window.deltas.get("preemptions"), finished),
+        "recompute_tokens_per_second": ratios.ratio(recompute, seconds),
+        "recompute_share_of_prefill": ratios.ratio(
+            recompute,
+            None
+            if recompute is None or prompt is None
+            else prompt * (1 - (replica["prefix_cache_hit_rate"] or 0.0)) + recompute,
+        ),
+        "prefix_cross_check": ratios.ratio(
+            window.deltas.get("prompt_tokens_local_cache_hit"), prompt
+        ),
+        "spec_expected_speedup": spec.expected_speedup,
+        "spec_verdict": spec.verdict,
+        "energy_kwh": kwh,
+        "joules_per_million_tokens": joules_per_million,
+        "idle_gpu_hours": details.idle_gpu_hours(
+            sum(known_busy) / len(known_busy) if known_busy else None, seconds, len(gpus)
+        ),
+    }
+
+
+def _bucket(window: float) -> str:
+    """An interval that gives a chart a few hundred points."""
+    for seconds, rule in ((3600, "1min"), (6 * 3600, "5min"), (2 * 86400, "15min")):
+        if window <= seconds:
+            return rule
+    return "1h"
