@@ -74,3 +74,49 @@ def test_a_broken_config_is_shown_as_one_clear_error(
     app = AppTest.from_file(str(ROOT / "app" / "main.py"), default_timeout=60).run()
     assert not app.exception
     assert "targets[0].url: is required" in app.error[0].value
+
+
+def test_the_pages_and_the_cli_show_the_same_numbers(seeded: Path) -> None:
+    """One computation: the page's value is the CLI's, formatted, for the same window."""
+    import json
+    import subprocess
+    import sys
+
+    from app.format import show
+
+    def cli(window: str) -> dict:
+        result = subprocess.run(
+            [
+                sys.executable,
+                "-m",
+                "kneepoint.cli",
+                "status",
+                "--json",
+                "--window",
+                window,
+                "--config",
+                str(seeded),
+            ],
+            capture_output=True,
+            text=True,
+            timeout=60,
+        )
+        return json.loads(result.stdout)
+
+    overview = AppTest.from_file(str(PAGES_DIR / "overview.py"), default_timeout=60).run()
+    five_minutes = {r["name"]: r for r in cli("5m")["replicas"]}
+    tiles = [m.value for m in overview.metric if m.label == "Gen tok/s"]
+    assert tiles == [
+        "–"
+        if five_minutes[name]["generation_tokens_per_second"] is None
+        else f"{five_minutes[name]['generation_tokens_per_second']:.0f}"
+        for name in ("replica-a", "replica-b", "replica-down")
+    ]
+    cost = AppTest.from_file(str(PAGES_DIR / "cost.py"), default_timeout=60).run()
+    hour = cli("1h")
+    shown = {m.label: m.value for m in cost.metric}
+    assert shown["Fleet $ / 1M tokens"] == show(hour["fleet"]["cost_per_million_tokens"], "$")
+    assert shown["Fleet $ / 1M tokens"] != "–"
+    capacity = AppTest.from_file(str(PAGES_DIR / "capacity.py"), default_timeout=60).run()
+    occupancy = [m.value for m in capacity.metric if m.label == "KV occupancy"]
+    assert occupancy == [show(r["kv_cache_occupancy"], "%") for r in hour["replicas"]]
