@@ -23,10 +23,19 @@ from kneepoint.store import queries
 from kneepoint.store.models import TargetRow
 
 
-def build_status(session: Session, config: Config, now: float, window: float) -> dict[str, Any]:
+def build_status(
+    session: Session,
+    config: Config,
+    now: float,
+    window: float,
+    samples: pd.DataFrame | None = None,
+) -> dict[str, Any]:
+    """The status over [now − window, now]; `samples` are that window's replica rows when
+    the caller has read them already."""
     start = now - window
     rows = queries.targets(session)
-    samples = queries.replica_frame(session, start, now)
+    if samples is None:
+        samples = queries.replica_frame(session, start, now)
     layouts = queries.histogram_layouts(session)
     gpus = queries.gpu_frame(session, start, now)
     gpu_block = [_gpu(frame, config, rows) for _, frame in gpus.groupby("gpu_id", sort=False)]

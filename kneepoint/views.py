@@ -30,9 +30,9 @@ class View:
 def build_view(session: Session, config: Config, now: float, window: float) -> View:
     """Status over the window plus every page's extra numbers and series."""
     start = now - window
-    status = build_status(session, config, now, window)
-    targets = queries.targets(session)
     frame = queries.replica_frame(session, start, now)
+    status = build_status(session, config, now, window, samples=frame)
+    targets = queries.targets(session)
     layouts = queries.histogram_layouts(session)
     names = {row.id: name for name, row in targets.items()}
     series = replica_series(frame, names)

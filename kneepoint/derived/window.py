@@ -28,21 +28,43 @@ def replica_window(frame: pd.DataFrame, layouts: dict[int, tuple[float, ...]]) -
     """The window of one replica's rows (ordered by time)."""
     if len(frame) < 2:
         return Window(histograms=dict.fromkeys(HISTOGRAMS))
-    times = list(frame.ts)
-    window = Window(seconds=times[-1] - times[0])
+    times = frame.ts
+    window = Window(seconds=float(times.iloc[-1] - times.iloc[0]))
     for name in REPLICA_COUNTERS:
-        window.deltas[name] = increase(_values(frame[name]))
+        window.deltas[name] = series_increase(frame[name])
+    # Only rows at the window's ends and around resets change an increase: decode just those.
+    edges = sorted({0, len(frame) - 1, *_around_resets(frame)})
     for name in HISTOGRAMS:
-        column = frame[f"hist_{name}"]
+        column = frame[f"hist_{name}"].iloc[edges]
         decoded = [None if _missing(text) else decode_histogram(text, layouts) for text in column]
         window.histograms[name] = window_histogram(decoded)
-    positions = [decode_floats(None if _missing(t) else t) for t in frame.accepted_per_position]
+    texts = frame.accepted_per_position.iloc[edges]
+    positions = [decode_floats(None if _missing(t) else t) for t in texts]
     known = [p for p in positions if p]
     if len(known) >= 2 and all(len(p) == len(known[-1]) for p in known):
         window.per_position = [
             increase([p[i] for p in known]) or 0.0 for i in range(len(known[-1]))
         ]
     return window
+
+
+def series_increase(values: pd.Series) -> float | None:
+    """counters.increase() over a column, vectorized: None without two known values."""
+    known = values.dropna().astype(float)
+    if len(known) < 2:
+        return None
+    steps = known.diff().iloc[1:]
+    return float(steps.where(steps >= 0, known.iloc[1:]).sum())
+
+
+def _around_resets(frame: pd.DataFrame) -> list[int]:
+    """Positions of the rows on both sides of an engine restart (any counter going down)."""
+    counters = frame[list(REPLICA_COUNTERS)].astype(float)
+    went_down = (counters.diff() < 0).any(axis=1).to_numpy()
+    positions: list[int] = []
+    for index in went_down.nonzero()[0]:
+        positions += [int(index) - 1, int(index)]
+    return positions
 
 
 def merge(windows: Sequence[Window]) -> Window:
