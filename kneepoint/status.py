@@ -14,11 +14,11 @@ import pandas as pd
 from sqlalchemy.orm import Session
 
 from kneepoint.config import Config
-from kneepoint.counters import increase, rate
+from kneepoint.counters import increase
 from kneepoint.derived import ratios
 from kneepoint.derived.cost import per_million, window_cost
 from kneepoint.derived.latency import quantiles
-from kneepoint.derived.window import Window, merge, replica_window
+from kneepoint.derived.window import Window, frame_windows, merge
 from kneepoint.store import queries
 from kneepoint.store.models import TargetRow
 
@@ -41,11 +41,13 @@ def build_status(
     gpu_block = [_gpu(frame, config, rows) for _, frame in gpus.groupby("gpu_id", sort=False)]
     replicas, windows, costs = [], [], []
     names = [t.name for t in config.targets if t.kind == "vllm"]
+    spans = frame_windows(samples, layouts)
+    by_target = dict(iter(samples.groupby("target_id", sort=False)))
     for name in names:
         row = rows.get(name)
-        frame = samples[samples.target_id == row.id] if row is not None else samples.iloc[0:0]
+        frame = by_target.get(row.id, samples.iloc[0:0]) if row is not None else samples.iloc[0:0]
         mine = [g for g in gpu_block if g["replica"] == name]
-        span = replica_window(frame, layouts)
+        span = spans.get(row.id, Window(histograms={})) if row is not None else Window()
         cost = (
             None
             if span.seconds is None
@@ -117,7 +119,6 @@ def _replica(
     cost: float | None,
 ) -> dict[str, Any]:
     latest = frame.iloc[-1] if len(frame) else None
-    times = list(frame.ts)
     generation = row.generation if row else None
     result: dict[str, Any] = {
         "name": name,
@@ -134,9 +135,9 @@ def _replica(
         "requests_waiting": _value(latest, "requests_waiting"),
         "requests_waiting_capacity": _value(latest, "requests_waiting_capacity"),
         "preemptions": window.deltas.get("preemptions"),
-        "preemptions_per_second": rate(times, _column(frame, "preemptions")),
-        "prompt_tokens_per_second": rate(times, _column(frame, "prompt_tokens")),
-        "generation_tokens_per_second": rate(times, _column(frame, "generation_tokens")),
+        "preemptions_per_second": _per_second(window, "preemptions"),
+        "prompt_tokens_per_second": _per_second(window, "prompt_tokens"),
+        "generation_tokens_per_second": _per_second(window, "generation_tokens"),
         "gpu_utilization": _mean([_busy(g) for g in gpus]),
     }
     result.update(derived(window, generation, cost, _value(latest, "prefix_cache_hit_rate_gauge")))
@@ -223,6 +224,14 @@ def _gpu(frame: pd.DataFrame, config: Config, rows: dict[str, TargetRow]) -> dic
         "xid_error": _value(latest, "xid_error"),
         "pod": None if pd.isna(latest["pod"]) else latest["pod"],
     }
+
+
+def _per_second(window: Window, counter: str) -> float | None:
+    """A counter's increase over the window ÷ the time between its first and last sample."""
+    increase_ = window.deltas.get(counter)
+    if increase_ is None or not window.seconds:
+        return None
+    return increase_ / window.seconds
 
 
 def _busy(gpu: dict[str, Any]) -> float | None:

@@ -11,7 +11,7 @@ from sqlalchemy.orm import Session
 from kneepoint.config import Config
 from kneepoint.derived import details, ratios
 from kneepoint.derived.latency import quantiles
-from kneepoint.derived.window import replica_window
+from kneepoint.derived.window import Window, frame_windows
 from kneepoint.series import gpu_series, replica_series, resample
 from kneepoint.status import build_status
 from kneepoint.store import queries
@@ -43,11 +43,14 @@ def build_view(session: Session, config: Config, now: float, window: float) -> V
         coarse=coarse,
         gpus=gpu_series(queries.gpu_frame(session, start, now)),
     )
+    windows = frame_windows(frame, layouts)
+    by_target = dict(iter(frame.groupby("target_id", sort=False)))
     for replica in status["replicas"]:
         row = targets.get(replica["name"])
-        rows = frame[frame.target_id == row.id] if row is not None else frame.iloc[0:0]
+        rows = by_target.get(row.id, frame.iloc[0:0]) if row is not None else frame.iloc[0:0]
+        span = windows.get(row.id, Window()) if row is not None else Window()
         gpus = [g for g in status["gpus"] if g["replica"] == replica["name"]]
-        view.rows[replica["name"]] = _numbers(replica, rows, layouts, gpus)
+        view.rows[replica["name"]] = _numbers(replica, rows, span, gpus)
     fleet_coarse = (
         coarse.groupby("time").sum(numeric_only=True).reset_index() if len(coarse) else coarse
     )
@@ -68,12 +71,8 @@ def build_view(session: Session, config: Config, now: float, window: float) -> V
 
 
 def _numbers(
-    replica: dict[str, Any],
-    rows: pd.DataFrame,
-    layouts: dict[int, tuple[float, ...]],
-    gpus: list[dict[str, Any]],
+    replica: dict[str, Any], rows: pd.DataFrame, window: Window, gpus: list[dict[str, Any]]
 ) -> dict[str, Any]:
-    window = replica_window(rows, layouts)
     served = None
     if window.deltas.get("prompt_tokens") is not None:
         served = (window.deltas.get("prompt_tokens") or 0.0) + (

@@ -26,45 +26,59 @@ class Window:
 
 def replica_window(frame: pd.DataFrame, layouts: dict[int, tuple[float, ...]]) -> Window:
     """The window of one replica's rows (ordered by time)."""
-    if len(frame) < 2:
-        return Window(histograms=dict.fromkeys(HISTOGRAMS))
-    times = frame.ts
-    window = Window(seconds=float(times.iloc[-1] - times.iloc[0]))
-    for name in REPLICA_COUNTERS:
-        window.deltas[name] = series_increase(frame[name])
-    # Only rows at the window's ends and around resets change an increase: decode just those.
-    edges = sorted({0, len(frame) - 1, *_around_resets(frame)})
+    windows = frame_windows(frame.assign(target_id=0), layouts)
+    return windows.get(0, Window(histograms=dict.fromkeys(HISTOGRAMS)))
+
+
+def frame_windows(frame: pd.DataFrame, layouts: dict[int, tuple[float, ...]]) -> dict[int, Window]:
+    """Every replica's window from rows ordered by target and time, in a few vectorized
+    steps for all of them (pages read 50 replicas × days of rows)."""
+    if frame.empty:
+        return {}
+    counters = list(REPLICA_COUNTERS)
+    values = frame[counters].astype(float)
+    groups = frame.target_id
+    filled = values.groupby(groups).ffill()
+    steps = filled.groupby(groups).diff()
+    # A counter that went down was reset: its new value is the increase (counters.increase).
+    increases = steps.where(steps.isna() | (steps >= 0), filled).fillna(0.0)
+    totals = increases.groupby(groups).sum()
+    known = values.notna().groupby(groups).sum()
+    went_down = (steps < 0).any(axis=1).to_numpy()
+    spans = frame.groupby("target_id").ts.agg(["min", "max"])
+    windows: dict[int, Window] = {}
+    positions = pd.Series(range(len(frame)), index=frame.index)
+    for target_id, rows in positions.groupby(groups):
+        first, last = int(rows.iloc[0]), int(rows.iloc[-1])
+        if first == last:
+            windows[int(target_id)] = Window(histograms=dict.fromkeys(HISTOGRAMS))
+            continue
+        window = Window(seconds=float(spans.loc[target_id, "max"] - spans.loc[target_id, "min"]))
+        for name in counters:
+            enough = known.loc[target_id, name] >= 2
+            window.deltas[name] = float(totals.loc[target_id, name]) if enough else None
+        resets = [int(i) for i in went_down[first : last + 1].nonzero()[0] + first]
+        edges = sorted({first, last, *resets, *(i - 1 for i in resets)})
+        _fill_from_edges(window, frame.iloc[edges], layouts)
+        windows[int(target_id)] = window
+    return windows
+
+
+def _fill_from_edges(
+    window: Window, edges: pd.DataFrame, layouts: dict[int, tuple[float, ...]]
+) -> None:
+    """Histograms and per-position counters need only the rows at the ends and around
+    resets: their increases are exact from those alone."""
     for name in HISTOGRAMS:
-        column = frame[f"hist_{name}"].iloc[edges]
-        decoded = [None if _missing(text) else decode_histogram(text, layouts) for text in column]
+        texts = edges[f"hist_{name}"]
+        decoded = [None if _missing(text) else decode_histogram(text, layouts) for text in texts]
         window.histograms[name] = window_histogram(decoded)
-    texts = frame.accepted_per_position.iloc[edges]
-    positions = [decode_floats(None if _missing(t) else t) for t in texts]
+    positions = [decode_floats(None if _missing(t) else t) for t in edges.accepted_per_position]
     known = [p for p in positions if p]
     if len(known) >= 2 and all(len(p) == len(known[-1]) for p in known):
         window.per_position = [
             increase([p[i] for p in known]) or 0.0 for i in range(len(known[-1]))
         ]
-    return window
-
-
-def series_increase(values: pd.Series) -> float | None:
-    """counters.increase() over a column, vectorized: None without two known values."""
-    known = values.dropna().astype(float)
-    if len(known) < 2:
-        return None
-    steps = known.diff().iloc[1:]
-    return float(steps.where(steps >= 0, known.iloc[1:]).sum())
-
-
-def _around_resets(frame: pd.DataFrame) -> list[int]:
-    """Positions of the rows on both sides of an engine restart (any counter going down)."""
-    counters = frame[list(REPLICA_COUNTERS)].astype(float)
-    went_down = (counters.diff() < 0).any(axis=1).to_numpy()
-    positions: list[int] = []
-    for index in went_down.nonzero()[0]:
-        positions += [int(index) - 1, int(index)]
-    return positions
 
 
 def merge(windows: Sequence[Window]) -> Window:
