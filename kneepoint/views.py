@@ -16,6 +16,8 @@ from kneepoint.series import gpu_series, replica_series, resample
 from kneepoint.status import build_status
 from kneepoint.store import queries
 
+EVENT_INTERVAL = "5min"
+
 
 @dataclass
 class View:
@@ -51,21 +53,12 @@ def build_view(session: Session, config: Config, now: float, window: float) -> V
         span = windows.get(row.id, Window()) if row is not None else Window()
         gpus = [g for g in status["gpus"] if g["replica"] == replica["name"]]
         view.rows[replica["name"]] = _numbers(replica, rows, span, gpus)
-    fleet_coarse = (
-        coarse.groupby("time").sum(numeric_only=True).reset_index() if len(coarse) else coarse
-    )
-    if len(fleet_coarse):
-        fleet_coarse["hit_rate"] = fleet_coarse.d_prefix_cache_hits / fleet_coarse[
-            "d_prefix_cache_queries"
-        ].where(fleet_coarse.d_prefix_cache_queries > 0)
-        fleet_coarse["computed_prompt_tokens_per_second"] = (
-            fleet_coarse.d_prompt_tokens_local_compute
-            / fleet_coarse.seconds.where(fleet_coarse.seconds > 0)
-            * coarse.replica.nunique()
-        )
+    # Events are found on 5-minute intervals whatever the chart's: a 20-minute storm
+    # vanishes in the hourly points of a week's chart.
+    fleet = _fleet_intervals(resample(series, EVENT_INTERVAL))
     view.events = {
-        "hit_rate_drops": details.hit_rate_drops(fleet_coarse) if len(fleet_coarse) else [],
-        "prefill_storms": details.prefill_storms(fleet_coarse) if len(fleet_coarse) else [],
+        "hit_rate_drops": details.hit_rate_drops(fleet) if len(fleet) else [],
+        "prefill_storms": details.prefill_storms(fleet) if len(fleet) else [],
     }
     return view
 
@@ -134,6 +127,20 @@ def _numbers(
             sum(known_busy) / len(known_busy) if known_busy else None, seconds, len(gpus)
         ),
     }
+
+
+def _fleet_intervals(intervals: pd.DataFrame) -> pd.DataFrame:
+    """The fleet per interval: increases summed over replicas, ratios recomputed."""
+    if intervals.empty:
+        return intervals
+    fleet = intervals.groupby("time").sum(numeric_only=True).reset_index()
+    queries = fleet.d_prefix_cache_queries.where(fleet.d_prefix_cache_queries > 0)
+    fleet["hit_rate"] = fleet.d_prefix_cache_hits / queries
+    per_replica_seconds = fleet.seconds / intervals.replica.nunique()
+    fleet["computed_prompt_tokens_per_second"] = (
+        fleet.d_prompt_tokens_local_compute / per_replica_seconds.where(per_replica_seconds > 0)
+    )
+    return fleet
 
 
 def _bucket(window: float) -> str:

@@ -112,6 +112,7 @@ def test_each_page_opens_without_an_error_box(browser, app_url: str, spec) -> No
         assert page.locator("h1").first.inner_text().strip() == spec.title
         errors = page.locator(ERROR_BOXES)
         assert errors.count() == 0, errors.all_inner_texts()
+        assert page.get_by_text("Page not found").count() == 0
     finally:
         page.close()
 
