@@ -1,4 +1,4 @@
-"""kneepoint's web app: a router over app/pages, with the shared sidebar."""
+"""kneepoint's web app: a router over app/screens, with the shared sidebar."""
 
 from __future__ import annotations
 

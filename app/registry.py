@@ -1,11 +1,13 @@
-"""Every page of the app, in menu order. Tests check that each file in app/pages is here."""
+"""Every page of the app, in menu order. Tests check that each file in app/screens is here."""
 
 from __future__ import annotations
 
 from dataclasses import dataclass
 from pathlib import Path
 
-PAGES_DIR = Path(__file__).resolve().parent / "pages"
+# Not "pages/": Streamlit would also discover that folder by itself (its older multipage
+# convention) and route to paths named after the files before st.navigation takes over.
+PAGES_DIR = Path(__file__).resolve().parent / "screens"
 
 
 @dataclass(frozen=True)

@@ -107,7 +107,9 @@ def open_page(browser, url: str):  # type: ignore[no-untyped-def]
 @pytest.mark.real
 @pytest.mark.parametrize("spec", PAGES, ids=lambda spec: spec.url_path)
 def test_each_page_opens_without_an_error_box(browser, app_url: str, spec) -> None:  # type: ignore[no-untyped-def]
-    page = open_page(browser, f"{app_url}/{spec.url_path}")
+    # The default page lives at the root; the others at their own path.
+    path = "" if spec == PAGES[0] else spec.url_path
+    page = open_page(browser, f"{app_url}/{path}")
     try:
         assert page.locator("h1").first.inner_text().strip() == spec.title
         errors = page.locator(ERROR_BOXES)
@@ -136,7 +138,7 @@ def test_a_link_reopens_the_same_page_range_and_replica(browser, app_url: str) -
 
 @pytest.mark.real
 def test_the_overview_shows_a_tile_per_replica_and_charts(browser, app_url: str) -> None:  # type: ignore[no-untyped-def]
-    page = open_page(browser, f"{app_url}/overview?range=1h")
+    page = open_page(browser, f"{app_url}/?range=1h")
     try:
         body = page.locator("body").inner_text()
         for name in ("replica-a", "replica-b", "replica-down"):
