@@ -23,15 +23,6 @@ def increase(values: Sequence[float | None]) -> float | None:
     return total
 
 
-def rate(times: Sequence[float], values: Sequence[float | None]) -> float | None:
-    """Per-second increase between the first and last sample that have a value."""
-    pairs = [(t, v) for t, v in zip(times, values, strict=True) if v is not None]
-    if len(pairs) < 2 or pairs[-1][0] <= pairs[0][0]:
-        return None
-    total = increase([v for _, v in pairs])
-    return None if total is None else total / (pairs[-1][0] - pairs[0][0])
-
-
 def reset_points(values: Sequence[float | None]) -> list[int]:
     """Indexes i where values[i+1] < values[i]: the last sample before a reset."""
     points = []

@@ -24,12 +24,6 @@ class Window:
     histograms: dict[str, Histogram | None] = field(default_factory=dict)
 
 
-def replica_window(frame: pd.DataFrame, layouts: dict[int, tuple[float, ...]]) -> Window:
-    """The window of one replica's rows (ordered by time)."""
-    windows = frame_windows(frame.assign(target_id=0), layouts)
-    return windows.get(0, Window(histograms=dict.fromkeys(HISTOGRAMS)))
-
-
 def frame_windows(frame: pd.DataFrame, layouts: dict[int, tuple[float, ...]]) -> dict[int, Window]:
     """Every replica's window from rows ordered by target and time, in a few vectorized
     steps for all of them (pages read 50 replicas × days of rows)."""

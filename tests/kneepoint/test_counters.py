@@ -4,7 +4,7 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from kneepoint.counters import increase, rate, reset_points
+from kneepoint.counters import increase, reset_points
 
 counter_values = st.lists(st.floats(min_value=0, max_value=1e12, allow_nan=False), min_size=2)
 
@@ -26,12 +26,6 @@ def test_it_needs_two_samples() -> None:
     assert increase([5]) is None
     assert increase([]) is None
     assert increase([None, 4, None]) is None
-
-
-def test_rate_divides_by_the_time_between_first_and_last_sample() -> None:
-    assert rate([0, 15, 30], [0, 150, 300]) == 10
-    assert rate([0, 15, 30], [100, 10, 40]) == pytest.approx(40 / 30)
-    assert rate([0, 0], [1, 2]) is None
 
 
 def test_reset_points_mark_the_sample_before_each_reset() -> None:
