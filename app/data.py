@@ -10,6 +10,7 @@ import streamlit as st
 from sqlalchemy.orm import Session, sessionmaker
 
 from kneepoint.config import Config, config_path, load_config
+from kneepoint.series import COLUMNS as SERIES_COLUMNS
 from kneepoint.series import replica_series
 from kneepoint.status import build_status
 from kneepoint.store import queries
@@ -53,7 +54,8 @@ def _series(path: str, start: float, end: float) -> pd.DataFrame:
     _, sessions = _open(path)
     with sessions() as session:
         names = {row.id: name for name, row in queries.targets(session).items()}
-        return replica_series(queries.replica_frame(session, start, end), names)
+        frame = queries.replica_frame(session, start, end, columns=SERIES_COLUMNS)
+        return replica_series(frame, names)
 
 
 def view(window: float, now: float) -> View:

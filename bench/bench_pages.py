@@ -23,6 +23,7 @@ sys.path.insert(0, str(ROOT))
 from collectors.vllm import parse_vllm  # noqa: E402
 from kneepoint.config import Config, Target  # noqa: E402
 from kneepoint.samples import Histogram  # noqa: E402
+from kneepoint.series import COLUMNS as SERIES_COLUMNS  # noqa: E402
 from kneepoint.series import replica_series  # noqa: E402
 from kneepoint.status import build_status  # noqa: E402
 from kneepoint.store import queries  # noqa: E402
@@ -103,7 +104,10 @@ def main() -> None:
                 def overview(window: float = window) -> None:
                     build_status(session, config, now, 300.0)
                     names = {row.id: n for n, row in queries.targets(session).items()}
-                    replica_series(queries.replica_frame(session, now - window, now), names)
+                    frame = queries.replica_frame(
+                        session, now - window, now, columns=SERIES_COLUMNS
+                    )
+                    replica_series(frame, names)
 
                 overview_s = timed(overview)
                 capacity_s = timed(lambda w=window: build_view(session, config, now, w))

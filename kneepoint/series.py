@@ -29,6 +29,10 @@ INCREASES = (
 )
 
 
+# The stored columns the series need.
+COLUMNS = tuple(dict.fromkeys([*(stored for stored, _ in SERIES.values()), *INCREASES]))
+
+
 def interval_increase(values: pd.Series) -> pd.Series:
     """Increase since the previous sample; after a reset the new value is the increase (as
     in counters.increase), so a restart never shows as a negative dip."""

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from collections.abc import Sequence
+
 import pandas as pd
 from sqlalchemy import select
 from sqlalchemy.orm import Session
@@ -24,12 +26,20 @@ def targets(session: Session) -> dict[str, TargetRow]:
 
 
 def replica_frame(
-    session: Session, start: float, end: float, target_ids: list[int] | None = None
+    session: Session,
+    start: float,
+    end: float,
+    target_ids: list[int] | None = None,
+    columns: Sequence[str] | None = None,
 ) -> pd.DataFrame:
-    """Replica rows with start <= ts <= end, ordered by target and time."""
-    query = select(ReplicaSampleRow.__table__).where(
-        ReplicaSampleRow.ts >= start, ReplicaSampleRow.ts <= end
+    """Replica rows with start <= ts <= end, ordered by target and time; only `columns`
+    (besides target and time) when given: charts need no histograms, and reading them is
+    most of the cost of a long range."""
+    table = ReplicaSampleRow.__table__
+    selected = (
+        (table.c.target_id, table.c.ts, *(table.c[c] for c in columns)) if columns else (table,)
     )
+    query = select(*selected).where(ReplicaSampleRow.ts >= start, ReplicaSampleRow.ts <= end)
     if target_ids is not None:
         query = query.where(ReplicaSampleRow.target_id.in_(target_ids))
     query = query.order_by(ReplicaSampleRow.target_id, ReplicaSampleRow.ts)
