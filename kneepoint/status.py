@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import json
 import math
+from collections.abc import Callable
 from datetime import UTC, datetime
 from typing import Any
 
@@ -35,13 +36,13 @@ def build_status(
     start = now - window
     rows = queries.targets(session)
     if samples is None:
-        samples = queries.replica_frame(session, start, now)
+        samples = queries.replica_frame(session, start, now, columns=queries.LIGHT_COLUMNS)
     layouts = queries.histogram_layouts(session)
     gpus = queries.gpu_frame(session, start, now)
     gpu_block = [_gpu(frame, config, rows) for _, frame in gpus.groupby("gpu_id", sort=False)]
     replicas, windows, costs = [], [], []
     names = [t.name for t in config.targets if t.kind == "vllm"]
-    spans = frame_windows(samples, layouts)
+    spans = frame_windows(samples, layouts, _edge_reader(session, samples))
     by_target = dict(iter(samples.groupby("target_id", sort=False)))
     for name in names:
         row = rows.get(name)
@@ -224,6 +225,15 @@ def _gpu(frame: pd.DataFrame, config: Config, rows: dict[str, TargetRow]) -> dic
         "xid_error": _value(latest, "xid_error"),
         "pod": None if pd.isna(latest["pod"]) else latest["pod"],
     }
+
+
+def _edge_reader(
+    session: Session, samples: pd.DataFrame
+) -> Callable[[pd.DataFrame], pd.DataFrame] | None:
+    """Read histogram rows at the window's edges when the bulk read left them out."""
+    if "hist_ttft" in samples:
+        return None
+    return lambda keys: queries.replica_rows_at(session, keys)
 
 
 def _per_second(window: Window, counter: str) -> float | None:

@@ -32,7 +32,7 @@ class View:
 def build_view(session: Session, config: Config, now: float, window: float) -> View:
     """Status over the window plus every page's extra numbers and series."""
     start = now - window
-    frame = queries.replica_frame(session, start, now)
+    frame = queries.replica_frame(session, start, now, columns=queries.LIGHT_COLUMNS)
     status = build_status(session, config, now, window, samples=frame)
     targets = queries.targets(session)
     layouts = queries.histogram_layouts(session)
@@ -45,7 +45,7 @@ def build_view(session: Session, config: Config, now: float, window: float) -> V
         coarse=coarse,
         gpus=gpu_series(queries.gpu_frame(session, start, now)),
     )
-    windows = frame_windows(frame, layouts)
+    windows = frame_windows(frame, layouts, lambda keys: queries.replica_rows_at(session, keys))
     by_target = dict(iter(frame.groupby("target_id", sort=False)))
     for replica in status["replicas"]:
         row = targets.get(replica["name"])

@@ -5,7 +5,7 @@ the same way for one replica and for the fleet."""
 from __future__ import annotations
 
 import math
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 
 import pandas as pd
@@ -24,9 +24,19 @@ class Window:
     histograms: dict[str, Histogram | None] = field(default_factory=dict)
 
 
-def frame_windows(frame: pd.DataFrame, layouts: dict[int, tuple[float, ...]]) -> dict[int, Window]:
+EdgeReader = Callable[[pd.DataFrame], pd.DataFrame]
+
+
+def frame_windows(
+    frame: pd.DataFrame,
+    layouts: dict[int, tuple[float, ...]],
+    read_edges: EdgeReader | None = None,
+) -> dict[int, Window]:
     """Every replica's window from rows ordered by target and time, in a few vectorized
-    steps for all of them (pages read 50 replicas × days of rows)."""
+    steps for all of them (pages read 50 replicas × days of rows).
+
+    Histograms and per-position counts are needed only at the edge rows; when `frame` was
+    read without them, `read_edges` gets those rows (target_id, ts) and returns them whole."""
     if frame.empty:
         return {}
     counters = list(REPLICA_COUNTERS)
@@ -41,6 +51,7 @@ def frame_windows(frame: pd.DataFrame, layouts: dict[int, tuple[float, ...]]) ->
     went_down = (steps < 0).any(axis=1).to_numpy()
     spans = frame.groupby("target_id").ts.agg(["min", "max"])
     windows: dict[int, Window] = {}
+    edges: list[int] = []
     positions = pd.Series(range(len(frame)), index=frame.index)
     for target_id, rows in positions.groupby(groups):
         first, last = int(rows.iloc[0]), int(rows.iloc[-1])
@@ -52,9 +63,13 @@ def frame_windows(frame: pd.DataFrame, layouts: dict[int, tuple[float, ...]]) ->
             enough = known.loc[target_id, name] >= 2
             window.deltas[name] = float(totals.loc[target_id, name]) if enough else None
         resets = [int(i) for i in went_down[first : last + 1].nonzero()[0] + first]
-        edges = sorted({first, last, *resets, *(i - 1 for i in resets)})
-        _fill_from_edges(window, frame.iloc[edges], layouts)
+        edges += sorted({first, last, *resets, *(i - 1 for i in resets)})
         windows[int(target_id)] = window
+    edge_rows = frame.iloc[edges]
+    if read_edges is not None:
+        edge_rows = read_edges(edge_rows[["target_id", "ts"]])
+    for target_id, rows_at_edges in edge_rows.groupby("target_id", sort=False):
+        _fill_from_edges(windows[int(target_id)], rows_at_edges.sort_values("ts"), layouts)
     return windows
 
 

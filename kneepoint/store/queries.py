@@ -5,7 +5,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 
 import pandas as pd
-from sqlalchemy import select
+from sqlalchemy import select, tuple_
 from sqlalchemy.orm import Session
 
 from kneepoint.samples import Histogram
@@ -44,6 +44,24 @@ def replica_frame(
         query = query.where(ReplicaSampleRow.target_id.in_(target_ids))
     query = query.order_by(ReplicaSampleRow.target_id, ReplicaSampleRow.ts)
     return pd.read_sql(query, session.connection())
+
+
+# Every replica column but the encoded ones: what windowed numbers and charts read in bulk.
+LIGHT_COLUMNS = tuple(
+    c.name
+    for c in ReplicaSampleRow.__table__.columns
+    if c.name not in ("target_id", "ts", "accepted_per_position") and not c.name.startswith("hist_")
+)
+
+
+def replica_rows_at(session: Session, keys: pd.DataFrame) -> pd.DataFrame:
+    """Whole replica rows for the (target_id, ts) pairs in `keys`."""
+    if keys.empty:
+        return pd.DataFrame(columns=[c.name for c in ReplicaSampleRow.__table__.columns])
+    table = ReplicaSampleRow.__table__
+    pairs = [(int(t), float(ts)) for t, ts in zip(keys.target_id, keys.ts, strict=True)]
+    query = select(table).where(tuple_(table.c.target_id, table.c.ts).in_(pairs))
+    return pd.read_sql(query.order_by(table.c.target_id, table.c.ts), session.connection())
 
 
 def gpu_frame(session: Session, start: float, end: float) -> pd.DataFrame:
