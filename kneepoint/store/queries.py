@@ -60,7 +60,12 @@ def replica_rows_at(session: Session, keys: pd.DataFrame) -> pd.DataFrame:
         return pd.DataFrame(columns=[c.name for c in ReplicaSampleRow.__table__.columns])
     table = ReplicaSampleRow.__table__
     pairs = [(int(t), float(ts)) for t, ts in zip(keys.target_id, keys.ts, strict=True)]
-    query = select(table).where(tuple_(table.c.target_id, table.c.ts).in_(pairs))
+    # The time range lets the (target_id, ts) key's index narrow the search first.
+    query = select(table).where(
+        table.c.ts >= min(ts for _, ts in pairs),
+        table.c.ts <= max(ts for _, ts in pairs),
+        tuple_(table.c.target_id, table.c.ts).in_(pairs),
+    )
     return pd.read_sql(query.order_by(table.c.target_id, table.c.ts), session.connection())
 
 
