@@ -59,25 +59,29 @@ def test_a_bad_fleet_file_names_the_problem(tmp_path: Path, text: str, message: 
         load_fleet(path)
 
 
+def simulate(model: str, port: int, dcgm_port: int, *extra: str) -> list[str]:
+    """`kneepoint simulate` of one replica on an L4."""
+    return [
+        sys.executable,
+        "-m",
+        "kneepoint.cli",
+        "simulate",
+        "--gpu",
+        "l4",
+        "--model",
+        model,
+        "--port",
+        str(port),
+        "--dcgm-port",
+        str(dcgm_port),
+        *extra,
+    ]
+
+
 def test_simulate_serves_a_replica_and_its_gpu_until_stopped() -> None:
     port, dcgm_port = free_port(), free_port()
     process = subprocess.Popen(
-        [
-            sys.executable,
-            "-m",
-            "kneepoint.cli",
-            "simulate",
-            "--gpu",
-            "l4",
-            "--model",
-            "qwen3-4b",
-            "--port",
-            str(port),
-            "--dcgm-port",
-            str(dcgm_port),
-            "--vllm-version",
-            "0.8",
-        ],
+        simulate("qwen3-4b", port, dcgm_port, "--vllm-version", "0.8"),
         stdout=subprocess.PIPE,
         stderr=subprocess.STDOUT,
         text=True,
@@ -100,20 +104,7 @@ def test_simulate_serves_a_replica_and_its_gpu_until_stopped() -> None:
 
 def test_simulate_refuses_a_model_that_does_not_fit() -> None:
     result = subprocess.run(
-        [
-            sys.executable,
-            "-m",
-            "kneepoint.cli",
-            "simulate",
-            "--gpu",
-            "l4",
-            "--model",
-            "qwen3-32b",
-            "--port",
-            str(free_port()),
-            "--dcgm-port",
-            str(free_port()),
-        ],
+        simulate("qwen3-32b", free_port(), free_port()),
         capture_output=True,
         text=True,
         timeout=60,
