@@ -9,14 +9,15 @@ import signal
 import subprocess
 import sys
 from pathlib import Path
-from typing import Annotated, NoReturn
+from typing import Annotated
 
 import typer
 from rich.console import Console
 from rich.table import Table
 
+from kneepoint.cliutil import ConfigOption, fail, load_settings, open_sessions
 from kneepoint.clock import system_clock
-from kneepoint.config import Config, ConfigError, config_path, load_config
+from kneepoint.config import ConfigError, config_path
 from kneepoint.durations import parse_duration
 
 app = typer.Typer(
@@ -24,33 +25,7 @@ app = typer.Typer(
     no_args_is_help=True,
     help="Capacity and SLO monitoring for self-hosted LLM inference.",
 )
-ConfigOption = Annotated[
-    str | None, typer.Option("--config", help="kneepoint.yaml (else $KNEEPOINT_CONFIG).")
-]
 APP_ENTRY = Path(__file__).resolve().parent.parent / "app" / "main.py"
-
-
-def fail(message: str, code: int = 1) -> NoReturn:
-    Console(stderr=True, soft_wrap=True).print(
-        f"kneepoint: {message}", highlight=False, markup=False
-    )
-    raise typer.Exit(code)
-
-
-def _config(path: str | None) -> Config:
-    try:
-        return load_config(path)
-    except ConfigError as error:
-        fail(str(error), 2)
-
-
-def _sessions(config: Config):  # type: ignore[no-untyped-def]
-    from kneepoint.store.db import open_store
-
-    try:
-        return open_store(config.database)
-    except Exception as error:  # the database URL or file is unusable: say which
-        fail(f"cannot open database {config.database}: {error}", 1)
 
 
 @app.command()
@@ -59,8 +34,8 @@ def collect(
     once: Annotated[bool, typer.Option("--once", help="Scrape once and exit.")] = False,
 ) -> None:
     """Scrape every target into the store, once or on the schedule."""
-    settings = _config(config)
-    sessions = _sessions(settings)
+    settings = load_settings(config)
+    sessions = open_sessions(settings)
     if once:
         from collectors.collect import collect_once
 
@@ -96,8 +71,8 @@ def status(
         fail(f"--window: {error}", 2)
     if seconds <= 0:
         fail("--window must be positive", 2)
-    settings = _config(config)
-    sessions = _sessions(settings)
+    settings = load_settings(config)
+    sessions = open_sessions(settings)
     from kneepoint.status import build_status
 
     with sessions() as session:
@@ -151,8 +126,8 @@ def serve(
     no_browser: Annotated[bool, typer.Option("--no-browser")] = False,
 ) -> None:
     """Run the collectors and scheduler, and the web app, for the configured targets."""
-    settings = _config(config)
-    sessions = _sessions(settings)
+    settings = load_settings(config)
+    sessions = open_sessions(settings)
     from apscheduler.schedulers.background import BackgroundScheduler
 
     from collectors.schedule import install, standard_jobs
@@ -338,6 +313,11 @@ def run_app(config_file: Path, port: int, open_browser: bool = False) -> int:
         except subprocess.TimeoutExpired:
             process.kill()
         return 0
+
+
+from kneepoint.knee.cli import register as _register_knee  # noqa: E402 (needs `app`)
+
+_register_knee(app)
 
 
 def main() -> None:

@@ -149,3 +149,27 @@ class JobHealthRow(Base):
 
 
 Index("ix_scrape_errors_ts", ScrapeErrorRow.ts)
+
+
+class RunRow(Base):
+    """A load-test run (a sweep or an imported result), one per label and model."""
+
+    __tablename__ = "runs"
+    __table_args__ = (UniqueConstraint("label", "model"),)
+
+    id: Mapped[int] = mapped_column(Integer, primary_key=True)
+    label: Mapped[str] = mapped_column(String(200))
+    model: Mapped[str] = mapped_column(String(300))
+    source: Mapped[str] = mapped_column(String(32))
+    created_at: Mapped[float] = mapped_column(Float)
+    notes: Mapped[str] = mapped_column(Text, default="{}")
+
+
+class RunPointRow(Base):
+    """One concurrency step of a run; its measures as JSON (the run model's Point)."""
+
+    __tablename__ = "run_points"
+
+    run_id: Mapped[int] = mapped_column(ForeignKey("runs.id", ondelete="CASCADE"), primary_key=True)
+    concurrency: Mapped[int] = mapped_column(Integer, primary_key=True)
+    data: Mapped[str] = mapped_column(Text)

@@ -1,0 +1,281 @@
+"""A concurrency sweep against any OpenAI-compatible server (vLLM, SGLang, the fleet twin).
+
+Each step runs `concurrency` closed-loop clients: each sends a streaming completion of fixed
+input and output length, waits for it to finish, and sends the next, until the step's request
+count (or duration) is used up. Output throughput is output tokens over the step's wall time
+from the first request sent to the last token received (as `vllm bench serve` reports it);
+TTFT and inter-token gaps are measured per request from the stream. Errors are counted.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import random
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
+
+import httpx
+import numpy as np
+
+from collectors.vllm import parse_vllm
+from kneepoint.knee.runs import Point, Run
+from kneepoint.samples import ReplicaSample
+
+DEFAULT_LADDER = (1, 2, 4, 8, 16, 32, 64, 128)
+# Token ids drawn for prompts: ordinary tokens in any vocabulary of 512 or more, past the
+# special tokens at the start (fixed lengths without a tokenizer, and no prefix-cache hits).
+PROMPT_TOKEN_IDS = (10, 500)
+# A load generator above this share of one core adds its own queueing to the latencies.
+CLIENT_SATURATED_CORES = 0.9
+
+
+@dataclass(frozen=True)
+class SweepSettings:
+    url: str  # the server's base URL (`http://host:8000` or `…/v1`)
+    model: str
+    ladder: tuple[int, ...] = DEFAULT_LADDER
+    input_tokens: int = 256
+    output_tokens: int = 128
+    requests_per_step: int | None = None  # default: 4 × concurrency, at least 8
+    duration: float | None = None  # seconds per step instead of a request count
+    ignore_eos: bool = True
+    metrics_url: str | None = None  # capture the server's /metrics around each step
+    timeout: float = 600.0
+    # Fresh prompts per sweep by default: a repeated sweep must not hit the prefix cache
+    # its predecessor filled (that would measure the cache, not the server).
+    seed: int | None = None
+
+    @property
+    def completions_url(self) -> str:
+        base = self.url.rstrip("/")
+        return f"{base if base.endswith('/v1') else base + '/v1'}/completions"
+
+    def requests_for(self, concurrency: int) -> int | None:
+        if self.duration is not None and self.requests_per_step is None:
+            return None
+        return self.requests_per_step or max(8, 4 * concurrency)
+
+
+@dataclass
+class Outcome:
+    """One request as the client saw it."""
+
+    start: float
+    end: float = 0.0
+    ttft: float | None = None
+    gaps: list[float] = field(default_factory=list)
+    output_tokens: int = 0
+    error: str | None = None
+
+
+async def one_request(
+    http: httpx.AsyncClient, settings: SweepSettings, prompt: list[int]
+) -> Outcome:
+    body = {
+        "model": settings.model,
+        "prompt": prompt,
+        "max_tokens": settings.output_tokens,
+        "stream": True,
+        "stream_options": {"include_usage": True},
+        "temperature": 0,
+    }
+    if settings.ignore_eos:
+        body["ignore_eos"] = True
+    outcome = Outcome(start=time.perf_counter())
+    last = outcome.start
+    chunks = 0
+    try:
+        async with http.stream("POST", settings.completions_url, json=body) as response:
+            if response.status_code != 200:
+                text = (await response.aread()).decode(errors="replace")[:200]
+                outcome.error = f"HTTP {response.status_code}: {text}"
+            else:
+                async for line in response.aiter_lines():
+                    if not line.startswith("data:") or line.endswith("[DONE]"):
+                        continue
+                    payload = json.loads(line[5:])
+                    if payload.get("usage"):
+                        outcome.output_tokens = int(payload["usage"]["completion_tokens"])
+                    if not payload.get("choices"):  # a chunk's text may be empty (a
+                        continue  # special token): it still is a token, as vllm bench counts
+                    now = time.perf_counter()
+                    if outcome.ttft is None:
+                        outcome.ttft = now - outcome.start
+                    else:
+                        outcome.gaps.append(now - last)
+                    last = now
+                    chunks += 1
+                if outcome.ttft is None:
+                    outcome.error = "the stream ended without a token"
+    except (httpx.HTTPError, json.JSONDecodeError, KeyError, ValueError) as error:
+        outcome.error = f"{type(error).__name__}: {error}"[:200]
+    outcome.end = time.perf_counter()
+    if outcome.error is None and outcome.output_tokens == 0:
+        outcome.output_tokens = chunks  # servers without usage in streams: a token per chunk
+    return outcome
+
+
+def _quantile(values: list[float], q: float) -> float | None:
+    return float(np.percentile(values, q)) if values else None
+
+
+def _mean(values: list[float]) -> float | None:
+    return float(np.mean(values)) if values else None
+
+
+def summarize(
+    concurrency: int, outcomes: list[Outcome], cpu_seconds: float, server: dict[str, float | None]
+) -> Point:
+    """A step's point from its requests (latencies of failed requests are not latencies)."""
+    ok = [o for o in outcomes if o.error is None]
+    wall = max((o.end for o in outcomes), default=0.0) - min(
+        (o.start for o in outcomes), default=0.0
+    )
+    ttfts = [o.ttft for o in ok if o.ttft is not None]
+    gaps = [g for o in ok for g in o.gaps]
+    e2e = [o.end - o.start for o in ok]
+    tokens = sum(o.output_tokens for o in ok)
+    accepted, drafted = server.get("spec_accepted_tokens"), server.get("spec_draft_tokens")
+    return Point(
+        concurrency=concurrency,
+        output_tokens_per_second=tokens / wall if wall > 0 else 0.0,
+        requests_per_second=len(ok) / wall if wall > 0 else None,
+        ttft_mean_seconds=_mean(ttfts),
+        ttft_p50_seconds=_quantile(ttfts, 50),
+        ttft_p90_seconds=_quantile(ttfts, 90),
+        ttft_p99_seconds=_quantile(ttfts, 99),
+        itl_mean_seconds=_mean(gaps),
+        itl_p50_seconds=_quantile(gaps, 50),
+        itl_p90_seconds=_quantile(gaps, 90),
+        itl_p99_seconds=_quantile(gaps, 99),
+        e2e_mean_seconds=_mean(e2e),
+        e2e_p99_seconds=_quantile(e2e, 99),
+        completed=len(ok),
+        errors=len(outcomes) - len(ok),
+        duration_seconds=wall,
+        spec_acceptance_rate=accepted / drafted if accepted is not None and drafted else None,
+        server=server,
+        client_cpu_cores=cpu_seconds / wall if wall > 0 else None,
+    )
+
+
+class ServerWatch:
+    """The server's /metrics before, during (peaks) and after a step."""
+
+    def __init__(self, http: httpx.AsyncClient, url: str) -> None:
+        self.http, self.url = http, url
+        self.before: ReplicaSample | None = None
+        self.peaks: dict[str, float] = {}
+        self.ready = asyncio.Event()
+
+    async def sample(self) -> ReplicaSample | None:
+        try:
+            response = await self.http.get(self.url, timeout=5)
+            response.raise_for_status()
+            sample = parse_vllm(response.text)
+        except (httpx.HTTPError, ValueError):
+            return None  # a missed capture loses that capture, never the step
+        for gauge in ("kv_cache_usage", "requests_running", "requests_waiting"):
+            value = sample.gauges.get(gauge)
+            if value is not None:
+                self.peaks[gauge] = max(self.peaks.get(gauge, 0.0), value)
+        return sample
+
+    async def watch(self, stop: asyncio.Event, every: float = 0.5) -> None:
+        self.before = await self.sample()
+        self.ready.set()
+        while not stop.is_set():
+            try:
+                await asyncio.wait_for(stop.wait(), every)
+            except TimeoutError:
+                await self.sample()
+
+    async def finish(self) -> dict[str, float | None]:
+        after = await self.sample()
+        out: dict[str, float | None] = {
+            "kv_cache_occupancy_peak": self.peaks.get("kv_cache_usage"),
+            "requests_running_peak": self.peaks.get("requests_running"),
+            "requests_waiting_peak": self.peaks.get("requests_waiting"),
+        }
+        pairs = {
+            "preemptions": "preemptions",
+            "prefix_cache_hits": "prefix_cache_hits",
+            "prefix_cache_queries": "prefix_cache_queries",
+            "spec_accepted_tokens": "spec_decode_accepted_tokens",
+            "spec_draft_tokens": "spec_decode_draft_tokens",
+        }
+        for name, counter in pairs.items():
+            first = self.before.counters.get(counter) if self.before else None
+            last = after.counters.get(counter) if after else None
+            out[name] = None if first is None or last is None else max(0.0, last - first)
+        return out
+
+
+async def run_step(
+    http: httpx.AsyncClient,
+    settings: SweepSettings,
+    concurrency: int,
+    on_request: Callable[[Outcome], None] = lambda _o: None,
+) -> Point:
+    rng = random.Random(None if settings.seed is None else settings.seed * 1_000_003 + concurrency)
+    budget = settings.requests_for(concurrency)
+    deadline = None if settings.duration is None else time.perf_counter() + settings.duration
+    issued = 0
+    outcomes: list[Outcome] = []
+
+    async def client() -> None:
+        nonlocal issued
+        while (budget is None or issued < budget) and (
+            deadline is None or time.perf_counter() < deadline
+        ):
+            issued += 1
+            prompt = [rng.randrange(*PROMPT_TOKEN_IDS) for _ in range(settings.input_tokens)]
+            outcome = await one_request(http, settings, prompt)
+            outcomes.append(outcome)
+            on_request(outcome)
+
+    watch = ServerWatch(http, settings.metrics_url) if settings.metrics_url else None
+    stop = asyncio.Event()
+    watcher = asyncio.create_task(watch.watch(stop)) if watch else None
+    if watch:
+        await watch.ready.wait()  # the "before" capture goes out before the first request
+    # The event loop's thread: the client's own CPU, not that of a server running beside it.
+    cpu = time.thread_time()
+    await asyncio.gather(*(client() for _ in range(concurrency)))
+    cpu = time.thread_time() - cpu
+    server: dict[str, float | None] = {}
+    if watch and watcher:
+        stop.set()
+        await watcher
+        server = await watch.finish()
+    return summarize(concurrency, outcomes, cpu, server)
+
+
+async def sweep_async(
+    settings: SweepSettings,
+    label: str,
+    on_step: Callable[[int, int | None], None] = lambda _c, _n: None,
+    on_request: Callable[[Outcome], None] = lambda _o: None,
+    on_point: Callable[[Point], None] = lambda _p: None,
+) -> Run:
+    limits = httpx.Limits(max_connections=max(settings.ladder) + 8, max_keepalive_connections=None)
+    points = []
+    async with httpx.AsyncClient(timeout=settings.timeout, limits=limits) as http:
+        for concurrency in settings.ladder:
+            on_step(concurrency, settings.requests_for(concurrency))
+            point = await run_step(http, settings, concurrency, on_request)
+            points.append(point)
+            on_point(point)
+    notes = {
+        "url": settings.url,
+        "input_tokens": settings.input_tokens,
+        "output_tokens": settings.output_tokens,
+        "ignore_eos": settings.ignore_eos,
+    }
+    return Run(label, settings.model, "sweep", tuple(points), time.time(), notes)
+
+
+def sweep(settings: SweepSettings, label: str, **callbacks: Callable[..., None]) -> Run:
+    return asyncio.run(sweep_async(settings, label, **callbacks))
