@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
+import tempfile
 import time
+from pathlib import Path
 from typing import Any
 
 import pandas as pd
@@ -10,11 +12,18 @@ import streamlit as st
 from sqlalchemy.orm import Session, sessionmaker
 
 from kneepoint.config import Config, config_path, load_config
+from kneepoint.knee.detect import Assessment, assess
+from kneepoint.knee.imports import ResultFileError
+from kneepoint.knee.imports import read as read_results
+from kneepoint.knee.passive import ProductionCurve, replica_curve
+from kneepoint.knee.runs import Run, group
 from kneepoint.series import COLUMNS as SERIES_COLUMNS
 from kneepoint.series import replica_series
 from kneepoint.status import build_status
 from kneepoint.store import queries
 from kneepoint.store.db import open_store
+from kneepoint.store.runs import delete_run as remove_run
+from kneepoint.store.runs import load_runs, save_run
 from kneepoint.views import View, build_view
 
 
@@ -115,3 +124,55 @@ def now() -> float:
 
 def _when(ts: float | None) -> pd.Timestamp | None:
     return None if ts is None else pd.Timestamp(ts, unit="s", tz="UTC")
+
+
+def runs() -> list[Assessment]:
+    """Every stored load-test run with its knee, held to the configured SLOs."""
+    return _runs(str(config_path().resolve()))
+
+
+@st.cache_data(ttl=5, show_spinner=False)
+def _runs(path: str) -> list[Assessment]:
+    config, sessions = _open(path)
+    with sessions() as session:
+        return [assess(run, config.slos) for run in load_runs(session)]
+
+
+def production_curve(replica: str, start: float, end: float) -> ProductionCurve:
+    return _production_curve(str(config_path().resolve()), replica, start, end)
+
+
+@st.cache_data(ttl=10, show_spinner=False)
+def _production_curve(path: str, replica: str, start: float, end: float) -> ProductionCurve:
+    _, sessions = _open(path)
+    with sessions() as session:
+        return replica_curve(session, replica, start, end)
+
+
+def import_results(files: list[tuple[str, bytes]]) -> tuple[list[Run], list[str]]:
+    """Import uploaded result files (name, content): the runs stored, and one sentence per
+    file that was refused (nothing of a refused file is stored)."""
+    _, sessions = store()
+    found, refused = [], []
+    with tempfile.TemporaryDirectory() as folder:
+        for name, content in files:
+            path = Path(folder) / Path(name).name
+            path.write_bytes(content)
+            try:
+                found.extend(read_results(path))
+            except ResultFileError as error:
+                refused.append(str(error))
+    merged = group(found)
+    with sessions.begin() as session:
+        for run in merged:
+            save_run(session, run, time.time())
+    _runs.clear()
+    return merged, refused
+
+
+def delete_run(label: str) -> int:
+    _, sessions = store()
+    with sessions.begin() as session:
+        gone = remove_run(session, label)
+    _runs.clear()
+    return gone

@@ -23,6 +23,7 @@ PAGES = (
     PageSpec("capacity.py", "Capacity", ":material/memory:", "capacity"),
     PageSpec("prefix_cache.py", "Prefix cache", ":material/cached:", "prefix-cache"),
     PageSpec("spec_decode.py", "Speculative decoding", ":material/fast_forward:", "spec-decode"),
+    PageSpec("knee.py", "Knee points", ":material/show_chart:", "knee"),
     PageSpec("cost.py", "Cost", ":material/payments:", "cost"),
     PageSpec("gpus.py", "GPUs", ":material/developer_board:", "gpus"),
     PageSpec("health.py", "Collector health", ":material/health_and_safety:", "health"),

@@ -4,8 +4,8 @@ held to the latency SLOs, giving the concurrency to run at and cap admission to.
 from __future__ import annotations
 
 import warnings
-from itertools import accumulate
 from dataclasses import dataclass
+from itertools import accumulate
 from typing import Any
 
 from kneed import KneeLocator

@@ -1,0 +1,123 @@
+"""Knee points: sweeps and imported runs overlaid, knee and recommended markers, the SLO line,
+the production curve and peak of a replica, a compare view, and run import and delete."""
+
+from __future__ import annotations
+
+import pandas as pd
+import streamlit as st
+
+from app import data, filters
+from dashboards.knee import knee_chart
+from kneepoint.knee import tables
+from kneepoint.knee.compare import compare
+
+replicas = data.replica_names()
+view = filters.current(replicas)
+st.title("Knee points")
+st.caption(
+    "Where more concurrency stops buying throughput but still costs latency: run just below "
+    "the knee and cap admission there. Knee: Kneedle on output tokens/s against concurrency. "
+    "Recommended: the highest measured step that meets every latency SLO and is not past it."
+)
+assessments = data.runs()
+by_label = {a.run.label: a for a in assessments}
+
+if not assessments:
+    st.info("No runs yet: `kneepoint sweep --url … --model …`, or import a result file below.")
+else:
+    labels = list(by_label)
+    chosen = st.multiselect("Runs", labels, default=labels[-3:])
+    latency = st.radio(
+        "Latency",
+        ["ttft_p99_seconds", "itl_p99_seconds"],
+        horizontal=True,
+        format_func=lambda c: "TTFT p99" if c.startswith("ttft") else "ITL p99",
+    )
+    production_replica = st.selectbox(
+        "Production curve of",
+        ["(none)", *replicas],
+        index=1 + replicas.index(view.replicas[0]) if view.replicas else 0,
+        help="Running requests binned by powers of two against generation tokens/s and p99 "
+        f"TTFT from the stored histograms, over the last {view.range_label}.",
+    )
+    curve = None
+    if production_replica != "(none)":
+        end = data.now()
+        curve = data.production_curve(production_replica, end - view.range_seconds, end)
+    slo = next((s for s in data.store()[0].slos if latency.startswith(s.metric)), None)
+    shown = [by_label[label] for label in chosen]
+    if shown:
+        st.plotly_chart(
+            knee_chart(
+                tables.curves(shown, latency),
+                tables.markers(shown),
+                slo.threshold if slo else None,
+                tables.production(curve, latency),
+                curve.peak_concurrency if curve else None,
+                latency,
+            )
+        )
+        st.dataframe(
+            tables.summary(shown, curve),
+            hide_index=True,
+            width="stretch",
+            column_config={
+                "knee": st.column_config.NumberColumn(help="Where the curve bends (Kneedle)."),
+                "recommended": st.column_config.NumberColumn(
+                    help="Highest step meeting every latency SLO and not past the knee."
+                ),
+                "production peak": st.column_config.NumberColumn(
+                    help="Most running requests the replica had in the time range."
+                ),
+                "headroom to knee": st.column_config.NumberColumn(
+                    help="Knee − production peak: concurrency left (negative: past the knee)."
+                ),
+            },
+        )
+
+    st.subheader("Compare two runs")
+    st.caption(
+        "Change one flag at a time: per step the throughput ratio, the p99 change, a verdict."
+    )
+    left, right = st.columns(2)
+    base = left.selectbox("Baseline", labels, index=0)
+    candidate = right.selectbox("Candidate", labels, index=len(labels) - 1)
+    result = compare(by_label[base].run, by_label[candidate].run)
+    if not result.steps:
+        st.warning(f"{base} and {candidate} share no concurrency step.")
+    else:
+        st.metric(
+            "Verdict",
+            result.verdict,
+            help="better / worse / same, from the steps' verdicts "
+            "(5 % throughput, 10 % latency tolerance).",
+        )
+        st.dataframe(
+            pd.DataFrame([s.as_dict() for s in result.steps]),
+            hide_index=True,
+            width="stretch",
+            column_config={
+                "ratio": st.column_config.NumberColumn(format="%.2f×"),
+                "ttft_change": st.column_config.NumberColumn(format="percent"),
+                "itl_change": st.column_config.NumberColumn(format="percent"),
+            },
+        )
+
+    with st.expander("Delete a run"):
+        doomed = st.selectbox("Run to delete", labels, key="delete-run")
+        if st.button("Delete", type="secondary"):
+            data.delete_run(doomed)
+            st.rerun()
+
+with st.expander("Import result files", expanded=not assessments):
+    st.caption(
+        "vllm bench serve (--save-result), GuideLLM benchmarks.json, AIPerf / GenAI-Perf "
+        "profile exports, LLMPerf summaries."
+    )
+    uploads = st.file_uploader("Result files", accept_multiple_files=True, type=["json", "jsonl"])
+    if uploads and st.button("Import"):
+        stored, refused = data.import_results([(u.name, u.getvalue()) for u in uploads])
+        for run in stored:
+            st.success(f"Imported {run.label} ({run.source}): {len(run.points)} steps.")
+        for reason in refused:
+            st.error(reason)
