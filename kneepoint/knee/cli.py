@@ -128,8 +128,8 @@ def sweep(
             fail("sweep interrupted; nothing stored", 1)
     total = sum(p.completed or 0 for p in run.points)
     if total == 0:
-        first = "every request failed"
-        fail(f"{first} against {options.completions_url}; nothing stored", 1)
+        said = next((p.first_error for p in run.points if p.first_error), None)
+        fail(f"every request to {options.completions_url} failed ({said}); nothing stored", 1)
     with sessions.begin() as session:
         save_run(session, run, time.time())
     assessment = assess(run, settings.slos)

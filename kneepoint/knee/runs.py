@@ -26,8 +26,10 @@ class Point:
     itl_p99_seconds: float | None = None
     e2e_mean_seconds: float | None = None
     e2e_p99_seconds: float | None = None
+    input_tokens_mean: float | None = None  # prompt tokens per request, as the server counted
     completed: int | None = None
     errors: int | None = None
+    first_error: str | None = None  # what the first failed request said, for the report
     duration_seconds: float | None = None
     spec_acceptance_rate: float | None = None  # 0..1
     spec_acceptance_length: float | None = None

@@ -10,13 +10,15 @@ TTFT and inter-token gaps are measured per request from the stream. Errors are c
 from __future__ import annotations
 
 import asyncio
+import gc
 import json
 import random
+import re
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
-import httpx
+import aiohttp
 import numpy as np
 
 from collectors.vllm import parse_vllm
@@ -24,11 +26,23 @@ from kneepoint.knee.runs import Point, Run
 from kneepoint.samples import ReplicaSample
 
 DEFAULT_LADDER = (1, 2, 4, 8, 16, 32, 64, 128)
-# Token ids drawn for prompts: ordinary tokens in any vocabulary of 512 or more, past the
-# special tokens at the start (fixed lengths without a tokenizer, and no prefix-cache hits).
-PROMPT_TOKEN_IDS = (10, 500)
+# Prompts are text, as agents send them and as other load generators do (the server's
+# tokenization is part of TTFT: a few milliseconds under load on a CPU server). The words are
+# common ones that are one token each in the usual tokenizers, so a prompt of N words is about
+# N tokens (the server's own count is reported), and random order means no prefix-cache hits.
+PROMPT_WORDS = tuple(
+    "the of and a to is agent tool call result file search read write plan step system "
+    "prompt cache token".split()
+)
 # A load generator above this share of one core adds its own queueing to the latencies.
 CLIENT_SATURATED_CORES = 0.9
+MIN_WALL_FOR_CPU = 0.5  # seconds: a shorter step (every request refused at once) says nothing
+_USAGE = re.compile(rb'"usage":\s*\{')
+_NO_CHOICES = re.compile(rb'"choices":\s*\[\]')
+
+
+def random_prompt(rng: random.Random, words: int) -> str:
+    return " ".join(rng.choice(PROMPT_WORDS) for _ in range(words))
 
 
 @dataclass(frozen=True)
@@ -67,19 +81,17 @@ class Outcome:
     ttft: float | None = None
     gaps: list[float] = field(default_factory=list)
     output_tokens: int = 0
+    prompt_tokens: int = 0  # as the server counted them (0: it did not say)
     error: str | None = None
 
 
-async def one_request(
-    http: httpx.AsyncClient, settings: SweepSettings, prompt: list[int]
-) -> Outcome:
+async def one_request(http: aiohttp.ClientSession, settings: SweepSettings, prompt: str) -> Outcome:
     body = {
         "model": settings.model,
         "prompt": prompt,
         "max_tokens": settings.output_tokens,
         "stream": True,
         "stream_options": {"include_usage": True},
-        "temperature": 0,
     }
     if settings.ignore_eos:
         body["ignore_eos"] = True
@@ -87,29 +99,41 @@ async def one_request(
     last = outcome.start
     chunks = 0
     try:
-        async with http.stream("POST", settings.completions_url, json=body) as response:
-            if response.status_code != 200:
-                text = (await response.aread()).decode(errors="replace")[:200]
-                outcome.error = f"HTTP {response.status_code}: {text}"
+        async with http.post(settings.completions_url, json=body) as response:
+            if response.status != 200:
+                text = (await response.read()).decode(errors="replace")[:200]
+                outcome.error = f"HTTP {response.status}: {text}"
             else:
-                async for line in response.aiter_lines():
-                    if not line.startswith("data:") or line.endswith("[DONE]"):
-                        continue
-                    payload = json.loads(line[5:])
-                    if payload.get("usage"):
-                        outcome.output_tokens = int(payload["usage"]["completion_tokens"])
-                    if not payload.get("choices"):  # a chunk's text may be empty (a
-                        continue  # special token): it still is a token, as vllm bench counts
+                buffer = b""
+                async for data in response.content.iter_any():
                     now = time.perf_counter()
-                    if outcome.ttft is None:
-                        outcome.ttft = now - outcome.start
-                    else:
-                        outcome.gaps.append(now - last)
-                    last = now
-                    chunks += 1
-                if outcome.ttft is None:
+                    buffer += data
+                    *events, buffer = buffer.split(b"\n\n")
+                    for event in events:
+                        # Most events are one token's text: timestamp them without parsing
+                        # JSON, so the client stays far from saturating a core.
+                        if not event.startswith(b"data:") or event.endswith(b"[DONE]"):
+                            continue
+                        if b'"error"' in event or _USAGE.search(event):
+                            payload = json.loads(event[5:])
+                            if "error" in payload:  # refused after the stream began
+                                error = payload["error"]
+                                outcome.error = str(error.get("message", error))
+                                break
+                            usage = payload["usage"]
+                            outcome.output_tokens = int(usage["completion_tokens"])
+                            outcome.prompt_tokens = int(usage.get("prompt_tokens") or 0)
+                        if _NO_CHOICES.search(event):  # the usage chunk carries no token
+                            continue
+                        if outcome.ttft is None:
+                            outcome.ttft = now - outcome.start
+                        else:
+                            outcome.gaps.append(now - last)
+                        last = now
+                        chunks += 1
+                if outcome.ttft is None and outcome.error is None:
                     outcome.error = "the stream ended without a token"
-    except (httpx.HTTPError, json.JSONDecodeError, KeyError, ValueError) as error:
+    except (aiohttp.ClientError, TimeoutError, json.JSONDecodeError, KeyError, ValueError) as error:
         outcome.error = f"{type(error).__name__}: {error}"[:200]
     outcome.end = time.perf_counter()
     if outcome.error is None and outcome.output_tokens == 0:
@@ -152,19 +176,21 @@ def summarize(
         itl_p99_seconds=_quantile(gaps, 99),
         e2e_mean_seconds=_mean(e2e),
         e2e_p99_seconds=_quantile(e2e, 99),
+        input_tokens_mean=_mean([o.prompt_tokens for o in ok if o.prompt_tokens]),
         completed=len(ok),
         errors=len(outcomes) - len(ok),
+        first_error=next((o.error for o in outcomes if o.error), None),
         duration_seconds=wall,
         spec_acceptance_rate=accepted / drafted if accepted is not None and drafted else None,
         server=server,
-        client_cpu_cores=cpu_seconds / wall if wall > 0 else None,
+        client_cpu_cores=cpu_seconds / wall if wall >= MIN_WALL_FOR_CPU else None,
     )
 
 
 class ServerWatch:
     """The server's /metrics before, during (peaks) and after a step."""
 
-    def __init__(self, http: httpx.AsyncClient, url: str) -> None:
+    def __init__(self, http: aiohttp.ClientSession, url: str) -> None:
         self.http, self.url = http, url
         self.before: ReplicaSample | None = None
         self.peaks: dict[str, float] = {}
@@ -172,10 +198,10 @@ class ServerWatch:
 
     async def sample(self) -> ReplicaSample | None:
         try:
-            response = await self.http.get(self.url, timeout=5)
-            response.raise_for_status()
-            sample = parse_vllm(response.text)
-        except (httpx.HTTPError, ValueError):
+            async with self.http.get(self.url, timeout=aiohttp.ClientTimeout(total=5)) as response:
+                response.raise_for_status()
+                sample = parse_vllm(await response.text())
+        except (aiohttp.ClientError, TimeoutError, ValueError):
             return None  # a missed capture loses that capture, never the step
         for gauge in ("kv_cache_usage", "requests_running", "requests_waiting"):
             value = sample.gauges.get(gauge)
@@ -183,7 +209,7 @@ class ServerWatch:
                 self.peaks[gauge] = max(self.peaks.get(gauge, 0.0), value)
         return sample
 
-    async def watch(self, stop: asyncio.Event, every: float = 0.5) -> None:
+    async def watch(self, stop: asyncio.Event, every: float = 1.0) -> None:
         self.before = await self.sample()
         self.ready.set()
         while not stop.is_set():
@@ -214,7 +240,7 @@ class ServerWatch:
 
 
 async def run_step(
-    http: httpx.AsyncClient,
+    http: aiohttp.ClientSession,
     settings: SweepSettings,
     concurrency: int,
     on_request: Callable[[Outcome], None] = lambda _o: None,
@@ -231,7 +257,7 @@ async def run_step(
             deadline is None or time.perf_counter() < deadline
         ):
             issued += 1
-            prompt = [rng.randrange(*PROMPT_TOKEN_IDS) for _ in range(settings.input_tokens)]
+            prompt = random_prompt(rng, settings.input_tokens)
             outcome = await one_request(http, settings, prompt)
             outcomes.append(outcome)
             on_request(outcome)
@@ -260,9 +286,10 @@ async def sweep_async(
     on_request: Callable[[Outcome], None] = lambda _o: None,
     on_point: Callable[[Point], None] = lambda _p: None,
 ) -> Run:
-    limits = httpx.Limits(max_connections=max(settings.ladder) + 8, max_keepalive_connections=None)
+    connector = aiohttp.TCPConnector(limit=max(settings.ladder) + 8)
+    timeout = aiohttp.ClientTimeout(total=settings.timeout)
     points = []
-    async with httpx.AsyncClient(timeout=settings.timeout, limits=limits) as http:
+    async with aiohttp.ClientSession(connector=connector, timeout=timeout) as http:
         for concurrency in settings.ladder:
             on_step(concurrency, settings.requests_for(concurrency))
             point = await run_step(http, settings, concurrency, on_request)
@@ -278,4 +305,11 @@ async def sweep_async(
 
 
 def sweep(settings: SweepSettings, label: str, **callbacks: Callable[..., None]) -> Run:
-    return asyncio.run(sweep_async(settings, label, **callbacks))
+    # Whatever the process already holds is frozen out of the garbage collector's scans, so a
+    # full collection in a big process (a test session, the app) cannot pause the client.
+    gc.collect()
+    gc.freeze()
+    try:
+        return asyncio.run(sweep_async(settings, label, **callbacks))
+    finally:
+        gc.unfreeze()

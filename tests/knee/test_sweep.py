@@ -69,7 +69,8 @@ def test_failures_are_counted_and_a_dead_server_stores_nothing(tmp_path: Path) -
         ["sweep", "--url", dead, "--model", MODEL, "--concurrency", "1", "--config", str(config)],
     )
     assert result.exit_code == 1
-    assert "every request failed" in result.output and "nothing stored" in result.output
+    assert "failed (ClientConnectorError: Cannot connect to host" in result.output
+    assert "nothing stored" in result.output and "warning" not in result.output
     listed = CliRunner().invoke(app, ["knee", "--json", "--config", str(config)])
     assert json.loads(listed.output) == {"runs": []}
 
@@ -97,3 +98,16 @@ def test_sweep_command_stores_a_run_that_knee_and_compare_read(twin: str, tmp_pa
     assert [s["concurrency"] for s in steps] == [1, 2]
     missing = CliRunner().invoke(app, ["compare", "a", "zzz", "--config", str(config)])
     assert missing.exit_code == 2 and "no run labelled 'zzz'" in missing.output
+
+
+@pytest.mark.parametrize("twin", [256], indirect=True)
+def test_tokens_come_from_the_usage_chunk_and_only_token_chunks_are_timed(twin: str) -> None:
+    run = sweep(
+        SweepSettings(url=twin, model=MODEL, ladder=(2,), requests_per_step=4, output_tokens=9),
+        "usage",
+    )
+    (point,) = run.points
+    assert point.completed == 4 and point.errors == 0
+    assert point.output_tokens_per_second * point.duration_seconds == pytest.approx(4 * 9)  # type: ignore[operator]
+    # One chunk per engine step and no spec decode: 9 tokens → 8 gaps per request.
+    assert point.itl_mean_seconds is not None

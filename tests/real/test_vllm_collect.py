@@ -5,7 +5,6 @@ from __future__ import annotations
 
 import asyncio
 import time
-from collections.abc import Iterator
 from pathlib import Path
 
 import httpx
@@ -18,7 +17,7 @@ from kneepoint.status import build_status
 from kneepoint.store import queries
 from kneepoint.store.db import open_store
 from kneepoint.twin.fleet import Fleet, single_replica
-from tests.real.vllm_server import running_vllm
+from tests.real.vllm_server import Vllm
 
 pytestmark = [pytest.mark.real, pytest.mark.timeout(900)]
 
@@ -26,9 +25,8 @@ SYSTEM = " ".join(["system prompt: you are an agent with tools search read write
 
 
 @pytest.fixture(scope="module")
-def vllm_url(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
-    with running_vllm(tmp_path_factory.mktemp("vllm"), "--enable-prefix-caching") as url:
-        yield url
+def vllm_url(vllm: Vllm) -> str:
+    return vllm.url
 
 
 def vllm_counters(url: str) -> dict[str, float]:
