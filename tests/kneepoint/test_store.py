@@ -219,3 +219,16 @@ def test_the_app_reads_while_the_collector_writes(tmp_path: Path) -> None:
     assert not errors
     assert reads > 0
     assert len(frame(reader_sessions)) == 200
+
+
+def test_the_migrations_build_exactly_the_models_schema(tmp_path: Path) -> None:
+    from alembic.autogenerate import compare_metadata
+    from alembic.migration import MigrationContext
+
+    from kneepoint.store.db import make_engine, migrate
+    from kneepoint.store.models import Base
+
+    engine = make_engine(f"sqlite:///{tmp_path / 'migrated.db'}")
+    migrate(engine)
+    with engine.connect() as connection:
+        assert compare_metadata(MigrationContext.configure(connection), Base.metadata) == []
