@@ -10,14 +10,18 @@ import tempfile
 import threading
 import time
 from collections.abc import Callable
+from dataclasses import replace
 from pathlib import Path
 
 import yaml
 
 from kneepoint.config import load_config
+from kneepoint.knee.runs import Run
 from kneepoint.store.db import open_store
+from kneepoint.store.runs import save_run
 from kneepoint.twin.backfill import backfill_week
 from kneepoint.twin.fleet import Fleet, FleetSpec
+from kneepoint.twin.ladder import ladder_run
 from kneepoint.twin.traffic import Group, Traffic
 
 # Three replicas on two GPU nodes: two Llama-3.1-8B behind session-sticky routing (one with
@@ -84,6 +88,20 @@ def write_config(folder: Path, fleet: Fleet) -> Path:
     return path
 
 
+def sweep_runs(fleet: Fleet) -> list[Run]:
+    """A concurrency sweep of each replica's engine in virtual time, and one what-if (fp8 KV
+    cache on the L4), so the Knee points page has runs to show and compare."""
+    ladder = (1, 2, 4, 8, 16, 32, 64, 128, 256)
+    runs = [
+        ladder_run(replica.engine.config, f"{name}-sweep", replica.served_name, ladder)
+        for name, replica in fleet.replicas.items()
+    ]
+    l4 = fleet.replicas["qwen3-4b-l4"]
+    what_if = replace(l4.engine.config, fp8_kv_cache=True)
+    runs.append(ladder_run(what_if, "qwen3-4b-l4-fp8-kv-sweep", l4.served_name, ladder))
+    return runs
+
+
 def run_demo(
     folder: Path | None, port: int, open_browser: bool, say: Callable[[str], None] = print
 ) -> int:
@@ -116,6 +134,13 @@ def run_demo(
 
         rows = backfill_week(sessions, fleet, HISTORY_PEAKS, time.time() - 60, progress=progress)
         say(f"backfill: a week, {rows} rows, in {time.monotonic() - began:.0f}s")
+        runs = sweep_runs(fleet)
+        with sessions.begin() as session:
+            for run in runs:
+                save_run(session, run, time.time())
+        say(
+            f"knee:     {len(runs)} twin sweeps in virtual time: {', '.join(r.label for r in runs)}"
+        )
         groups = [
             Group(
                 model,

@@ -77,6 +77,21 @@ def test_the_demo_shows_every_replica_and_gpu_within_two_minutes(tmp_path: Path)
             old = queries.replica_frame(session, time.time() - 7 * 86400, time.time() - 6 * 86400)
         assert old.target_id.nunique() == 3 and len(old) > 3 * 1000
         urls = [t["url"] for t in yaml.safe_load(config.read_text())["targets"]]
+        # The Knee points page has the twin sweeps to show: one per replica and a what-if.
+        knee = subprocess.run(
+            [sys.executable, "-m", "kneepoint.cli", "knee", "--json", "--config", str(config)],
+            capture_output=True,
+            text=True,
+            check=True,
+        )
+        runs = json.loads(knee.stdout)["runs"]
+        assert {r["label"] for r in runs} == {
+            "llama-8b-a-sweep",
+            "llama-8b-b-sweep",
+            "qwen3-4b-l4-sweep",
+            "qwen3-4b-l4-fp8-kv-sweep",
+        }
+        assert all(r["knee_concurrency"] for r in runs)
     finally:
         demo.send_signal(signal.SIGINT)
         try:
