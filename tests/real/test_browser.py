@@ -13,6 +13,12 @@ from pathlib import Path
 import pytest
 
 from app.registry import PAGES
+from kneepoint.config import load_config
+from kneepoint.store.db import open_store
+from kneepoint.store.runs import save_run
+from kneepoint.twin.engine import EngineConfig
+from kneepoint.twin.ladder import ladder_run
+from kneepoint.twin.profiles import gpu, model
 from tests.conftest import (
     DCGM_T4,
     VLLM_032,
@@ -40,6 +46,11 @@ def app_url(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
             "/down": Route(b"upstream unavailable", status=503),
         }
         config = seed(tmp_path_factory.mktemp("browser"), time.time(), base_url=targets.url(""))
+        with open_store(load_config(config).database).begin() as session:  # the Knee page's runs
+            for fp8 in (False, True):
+                engine = EngineConfig(gpu("rtx4000ada"), model("qwen3-4b"), fp8_weights=fp8)
+                run = ladder_run(engine, "fp8" if fp8 else "bf16", "Qwen/Qwen3-4B", (1, 4, 16, 64))
+                save_run(session, run, time.time())
         port = free_port()
         log = config.parent / "serve.log"
         process = subprocess.Popen(
@@ -146,5 +157,19 @@ def test_the_overview_shows_a_tile_per_replica_and_charts(browser, app_url: str)
         assert "HTTP 503" in body  # replica-down's reason, from the live scrape
         page.wait_for_selector(".js-plotly-plot", timeout=30_000)
         assert page.locator(".js-plotly-plot").count() == 4
+    finally:
+        page.close()
+
+
+@pytest.mark.real
+def test_the_knee_page_draws_the_runs_and_compares_them(browser, app_url: str) -> None:  # type: ignore[no-untyped-def]
+    page = open_page(browser, f"{app_url}/knee")
+    try:
+        page.wait_for_selector(".js-plotly-plot", timeout=30_000)
+        chart = page.locator(".js-plotly-plot").first.inner_text()
+        assert "bf16: tok/s" in chart and "fp8: tok/s" in chart and "knee" in chart
+        body = page.locator("body").inner_text()
+        assert "Compare two runs" in body and "better" in body  # fp8 against bf16
+        assert page.locator(ERROR_BOXES).count() == 0
     finally:
         page.close()
