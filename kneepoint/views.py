@@ -2,19 +2,21 @@
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import asdict, dataclass, field
 from typing import Any
 
 import pandas as pd
 from sqlalchemy.orm import Session
 
 from kneepoint.config import Config
-from kneepoint.derived import details, ratios
+from kneepoint.derived import cost, details, ratios
 from kneepoint.derived.latency import quantiles
 from kneepoint.derived.window import Window, frame_windows
+from kneepoint.knee.detect import assess, knee_for_replica, knee_throughput
 from kneepoint.series import gpu_series, replica_series, resample
 from kneepoint.status import build_status
 from kneepoint.store import queries
+from kneepoint.store.runs import load_runs
 
 EVENT_INTERVAL = "5min"
 
@@ -47,12 +49,27 @@ def build_view(session: Session, config: Config, now: float, window: float) -> V
     )
     windows = frame_windows(frame, layouts, lambda keys: queries.replica_rows_at(session, keys))
     by_target = dict(iter(frame.groupby("target_id", sort=False)))
+    assessments = [assess(run, config.slos) for run in load_runs(session)]
     for replica in status["replicas"]:
         row = targets.get(replica["name"])
         rows = by_target.get(row.id, frame.iloc[0:0]) if row is not None else frame.iloc[0:0]
         span = windows.get(row.id, Window()) if row is not None else Window()
         gpus = [g for g in status["gpus"] if g["replica"] == replica["name"]]
-        view.rows[replica["name"]] = _numbers(replica, rows, span, gpus)
+        numbers = _numbers(replica, rows, span, gpus)
+        knee = knee_for_replica(replica["name"], replica["model_names"] or [], assessments)
+        prompt, generated = span.deltas.get("prompt_tokens"), span.deltas.get("generation_tokens")
+        money = cost.economics(
+            cost.hourly_cost(
+                config.pricing, replica["name"], [g["model"] for g in gpus], len(status["replicas"])
+            ),
+            knee.run.label if knee else None,
+            knee_throughput(knee),
+            replica["generation_tokens_per_second"],
+            ratios.ratio(prompt, generated),
+            replica["cost_per_million_generated_tokens"],
+            config.pricing.api_reference,
+        )
+        view.rows[replica["name"]] = {**numbers, **asdict(money)}
     # Events are found on 5-minute intervals whatever the chart's: a 20-minute storm
     # vanishes in the hourly points of a week's chart.
     fleet = _fleet_intervals(resample(series, EVENT_INTERVAL))

@@ -50,9 +50,32 @@ for replica in view.status["replicas"]:
         show(extra["idle_gpu_hours"], "h", 2),
         help="(1 − graphics-engine activity) × hours of the window × GPUs.",
     )
+    g, h, i, j = st.columns(4)
+    g.metric(
+        "Nominal $ / 1M generated",
+        show(extra["nominal_cost_per_million_generated_tokens"], "$"),
+        help="Its GPU $/hour ÷ (knee throughput × 3600), per million: the price of a token if "
+        f"it always ran at its knee (run: {extra['knee_run'] or 'none with a knee yet'}).",
+    )
+    h.metric(
+        "Utilization",
+        show(extra["utilization"], "%"),
+        help="Generated tokens/s served in the window ÷ the knee's output tokens/s.",
+    )
+    i.metric(
+        "True ÷ nominal",
+        show(extra["true_over_nominal"], "×", 2),
+        help="How much idle and light load multiply the price of a token.",
+    )
+    j.metric(
+        "Break-even utilization",
+        show(extra["break_even_utilization"], "%"),
+        help="Nominal cost ÷ the hosted API's price for the same mix of prompt and generated "
+        "tokens: below this utilization the API is cheaper (above 100 %: it always is).",
+    )
 api = config.pricing.api_reference
 st.caption(
     f"Hosted-API reference ({api.name}): ${api.input_per_mtok}/1M input, "
-    f"${api.output_per_mtok}/1M output. Nominal cost, utilization and break-even need "
-    "a knee throughput from a sweep; they appear once one is recorded."
+    f"${api.output_per_mtok}/1M output. Nominal cost, utilization and break-even use the knee "
+    "of the newest sweep of the replica (or of its model) on the Knee points page."
 )

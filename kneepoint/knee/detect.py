@@ -108,3 +108,25 @@ def assess(run: Run, slos: list[Slo] | None = None) -> Assessment:
         limiting,
         {c: names for c, names in broken.items() if names},
     )
+
+
+def knee_for_replica(
+    replica: str, model_names: list[str], assessments: list[Assessment]
+) -> Assessment | None:
+    """The run whose knee a replica is held to: the newest with a knee whose label starts with
+    the replica's name (a sweep of that very replica), else the newest with a knee of the
+    model it serves. `assessments` are in the order runs were created."""
+    with_knee = [a for a in assessments if a.knee_concurrency is not None]
+    own = [a for a in with_knee if a.run.label.startswith(replica)]
+    same_model = [a for a in with_knee if a.run.model in model_names]
+    chosen = own or same_model
+    return chosen[-1] if chosen else None
+
+
+def knee_throughput(assessment: Assessment | None) -> float | None:
+    if assessment is None:
+        return None
+    at = next(
+        (p for p in assessment.run.points if p.concurrency == assessment.knee_concurrency), None
+    )
+    return None if at is None else at.output_tokens_per_second

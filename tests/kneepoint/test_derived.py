@@ -220,3 +220,46 @@ def test_window_histograms_never_go_negative(steps: list[tuple[int, bool]]) -> N
     assert window is not None
     assert all(count >= 0 for count in window.counts)
     assert list(window.counts) == sorted(window.counts)
+
+
+def test_economics_against_the_knee_worked_by_hand() -> None:
+    from kneepoint.config import ApiReference
+    from kneepoint.derived.cost import economics
+
+    api = ApiReference(input_per_mtok=0.15, output_per_mtok=0.60)
+    # An H100 at $2.49/h whose knee is 2,000 generated tok/s, serving 500 tok/s with 4 prompt
+    # tokens per generated one, at a true cost of $1.40 per 1M generated tokens.
+    money = economics(2.49, "h100-sweep", 2000.0, 500.0, 4.0, 1.40, api)
+    nominal = 2.49 / (2000 * 3600) * 1e6  # $0.3458 per 1M generated tokens
+    assert money.nominal_cost_per_million_generated_tokens == pytest.approx(nominal)
+    assert money.utilization == pytest.approx(0.25)
+    assert money.true_over_nominal == pytest.approx(1.40 / nominal)
+    api_cost = 4 * 0.15 + 0.60  # the API's price for the same mix: $1.20 per 1M generated
+    assert money.api_cost_per_million_generated_tokens == pytest.approx(api_cost)
+    assert money.break_even_utilization == pytest.approx(nominal / api_cost)
+    assert money.knee_run == "h100-sweep"
+    # No knee known: only the API's price, the rest null.
+    none = economics(2.49, None, None, 500.0, 4.0, 1.40, api)
+    assert none.nominal_cost_per_million_generated_tokens is None
+    assert none.utilization is None and none.break_even_utilization is None
+    assert none.api_cost_per_million_generated_tokens == pytest.approx(api_cost)
+
+
+def test_a_replica_is_held_to_its_own_sweep_before_its_models() -> None:
+    from kneepoint.knee.detect import assess, knee_for_replica, knee_throughput
+    from kneepoint.knee.runs import Point, Run
+
+    def run(label: str, model: str, top: float) -> Run:
+        steps = {1: top / 20, 32: top * 0.9, 64: top}
+        return Run(label, model, "sweep", tuple(Point(c, t) for c, t in steps.items()))
+
+    runs = [
+        assess(run("replica-a-sweep", "m", 1000)),
+        assess(run("other-model", "n", 5000)),
+        assess(run("newer-of-m", "m", 2000)),
+    ]
+    assert knee_for_replica("replica-a", ["m"], runs) is runs[0]
+    assert knee_for_replica("replica-b", ["m"], runs) is runs[2]
+    assert knee_for_replica("replica-c", ["x"], runs) is None
+    assert knee_throughput(runs[2]) == pytest.approx(1800)
+    assert knee_throughput(None) is None
