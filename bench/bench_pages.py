@@ -80,17 +80,25 @@ def main() -> None:
     parser = argparse.ArgumentParser()
     parser.add_argument("--replicas", type=int, default=50)
     parser.add_argument("--days", type=float, default=7)
+    parser.add_argument("--keep", help="Keep the store in this file and reuse it next time.")
     args = parser.parse_args()
     with tempfile.TemporaryDirectory() as folder:
-        url = f"sqlite:///{Path(folder) / 'pages.db'}"
+        path = Path(args.keep) if args.keep else Path(folder) / "pages.db"
+        url = f"sqlite:///{path}"
+        reuse = path.exists()
         sessions = open_store(url)
-        now = time.time()
-        began = time.perf_counter()
-        rows = fill(sessions, args.replicas, args.days, now)
-        print(
-            f"store: {args.replicas} replicas × {args.days:g} days = {rows:,} rows "
-            f"(filled in {time.perf_counter() - began:.0f} s)"
-        )
+        stamp = path.with_suffix(".now")
+        if reuse and stamp.exists():
+            now = float(stamp.read_text())
+        else:
+            now = time.time()
+            began = time.perf_counter()
+            rows = fill(sessions, args.replicas, args.days, now)
+            stamp.write_text(repr(now)) if args.keep else None
+            print(
+                f"store: {args.replicas} replicas × {args.days:g} days = {rows:,} rows "
+                f"(filled in {time.perf_counter() - began:.0f} s)"
+            )
         config = Config(
             database=url,
             targets=[

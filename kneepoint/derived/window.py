@@ -46,10 +46,11 @@ def frame_windows(
     steps = filled.groupby(groups).diff()
     # A counter that went down was reset: its new value is the increase (counters.increase).
     increases = steps.where(steps.isna() | (steps >= 0), filled).fillna(0.0)
-    totals = increases.groupby(groups).sum()
-    known = values.notna().groupby(groups).sum()
+    # Plain dicts: per-target scalar lookups in pandas cost more than the arithmetic.
+    totals = increases.groupby(groups).sum().to_dict("index")
+    enough = (values.notna().groupby(groups).sum() >= 2).to_dict("index")
     went_down = (steps < 0).any(axis=1).to_numpy()
-    spans = frame.groupby("target_id").ts.agg(["min", "max"])
+    spans = frame.groupby("target_id").ts.agg(["min", "max"]).to_dict("index")
     windows: dict[int, Window] = {}
     edges: list[int] = []
     positions = pd.Series(range(len(frame)), index=frame.index)
@@ -58,10 +59,11 @@ def frame_windows(
         if first == last:
             windows[int(target_id)] = Window(histograms=dict.fromkeys(HISTOGRAMS))
             continue
-        window = Window(seconds=float(spans.loc[target_id, "max"] - spans.loc[target_id, "min"]))
+        span = spans[target_id]
+        window = Window(seconds=float(span["max"] - span["min"]))
         for name in counters:
-            enough = known.loc[target_id, name] >= 2
-            window.deltas[name] = float(totals.loc[target_id, name]) if enough else None
+            known = enough[target_id][name]
+            window.deltas[name] = float(totals[target_id][name]) if known else None
         resets = [int(i) for i in went_down[first : last + 1].nonzero()[0] + first]
         edges += sorted({first, last, *resets, *(i - 1 for i in resets)})
         windows[int(target_id)] = window

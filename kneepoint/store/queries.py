@@ -39,10 +39,19 @@ def replica_frame(
     selected = (
         (table.c.target_id, table.c.ts, *(table.c[c] for c in columns)) if columns else (table,)
     )
-    query = select(*selected).where(ReplicaSampleRow.ts >= start, ReplicaSampleRow.ts <= end)
-    if target_ids is not None:
-        query = query.where(ReplicaSampleRow.target_id.in_(target_ids))
-    query = query.order_by(ReplicaSampleRow.target_id, ReplicaSampleRow.ts)
+    if target_ids is None:
+        target_ids = list(session.scalars(select(TargetRow.id)))
+    # The target ids lead the (target_id, ts) key, so each target's rows are one range
+    # search; by time alone the whole table would be scanned.
+    query = (
+        select(*selected)
+        .where(
+            ReplicaSampleRow.target_id.in_(target_ids),
+            ReplicaSampleRow.ts >= start,
+            ReplicaSampleRow.ts <= end,
+        )
+        .order_by(ReplicaSampleRow.target_id, ReplicaSampleRow.ts)
+    )
     return pd.read_sql(query, session.connection())
 
 
@@ -60,8 +69,9 @@ def replica_rows_at(session: Session, keys: pd.DataFrame) -> pd.DataFrame:
         return pd.DataFrame(columns=[c.name for c in ReplicaSampleRow.__table__.columns])
     table = ReplicaSampleRow.__table__
     pairs = [(int(t), float(ts)) for t, ts in zip(keys.target_id, keys.ts, strict=True)]
-    # The time range lets the (target_id, ts) key's index narrow the search first.
+    # Target ids and the time range let the (target_id, ts) key narrow the search first.
     query = select(table).where(
+        table.c.target_id.in_(sorted({t for t, _ in pairs})),
         table.c.ts >= min(ts for _, ts in pairs),
         table.c.ts <= max(ts for _, ts in pairs),
         tuple_(table.c.target_id, table.c.ts).in_(pairs),
@@ -82,7 +92,11 @@ def gpu_frame(session: Session, start: float, end: float) -> pd.DataFrame:
             GpuSampleRow.__table__,
         )
         .join(GpuRow, GpuRow.id == GpuSampleRow.gpu_id)
-        .where(GpuSampleRow.ts >= start, GpuSampleRow.ts <= end)
+        .where(
+            GpuSampleRow.gpu_id.in_(select(GpuRow.id).scalar_subquery()),
+            GpuSampleRow.ts >= start,
+            GpuSampleRow.ts <= end,
+        )
         .order_by(GpuSampleRow.gpu_id, GpuSampleRow.ts)
     )
     return pd.read_sql(query, session.connection())
