@@ -72,26 +72,19 @@ def replica_series(frame: pd.DataFrame, names: dict[int, str]) -> pd.DataFrame:
 
 
 def resample(series: pd.DataFrame, rule: str) -> pd.DataFrame:
-    """Coarser intervals per replica: increases summed, ratios recomputed, gauges averaged."""
+    """Coarser intervals per replica: increases summed, ratios recomputed, gauges averaged
+    (intervals without a sample are left out: no data is not zero)."""
     if series.empty:
         return series
-    parts = []
-    for replica, rows in series.groupby("replica", sort=False):
-        indexed = rows.set_index("time")
-        sums = indexed[[f"d_{c}" for c in INCREASES] + ["seconds"]].resample(rule).sum()
-        means = (
-            indexed[["kv_cache_occupancy", "requests_running", "requests_waiting"]]
-            .resample(rule)
-            .mean()
-        )
-        out = pd.concat([sums, means], axis=1).reset_index()
-        out["replica"] = replica
-        out["hit_rate"] = _ratio(out["d_prefix_cache_hits"], out["d_prefix_cache_queries"])
-        out["computed_prompt_tokens_per_second"] = _ratio(
-            out["d_prompt_tokens_local_compute"], out["seconds"]
-        )
-        parts.append(out)
-    return pd.concat(parts, ignore_index=True)
+    grouped = series.groupby(["replica", pd.Grouper(key="time", freq=rule)], sort=False)
+    sums = grouped[[f"d_{c}" for c in INCREASES] + ["seconds"]].sum()
+    means = grouped[["kv_cache_occupancy", "requests_running", "requests_waiting"]].mean()
+    out = pd.concat([sums, means], axis=1).reset_index().sort_values(["replica", "time"])
+    out["hit_rate"] = _ratio(out["d_prefix_cache_hits"], out["d_prefix_cache_queries"])
+    out["computed_prompt_tokens_per_second"] = _ratio(
+        out["d_prompt_tokens_local_compute"], out["seconds"]
+    )
+    return out.reset_index(drop=True)
 
 
 def gpu_series(frame: pd.DataFrame) -> pd.DataFrame:
