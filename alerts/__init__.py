@@ -1,5 +1,2 @@
-"""Alerting: rules over the derived numbers, SLO burn rates, the outbox and chat channels.
-
-Nothing here yet: the alerts issue fills this package. The scheduler already has a slot for
-its evaluation job (collectors.schedule.Job).
-"""
+"""Alerting: rules over kneepoint's derived numbers, their lifecycle, and (to come) delivery
+to chat channels through an outbox."""

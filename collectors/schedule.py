@@ -48,10 +48,18 @@ def rollup_job(config: Config, sessions: sessionmaker[Session], clock: Clock) ->
         rollup(session, clock(), config.retention)
 
 
+def alerts_job(config: Config, sessions: sessionmaker[Session], clock: Clock) -> None:
+    from alerts.evaluate import evaluate_once
+
+    with sessions.begin() as session:
+        evaluate_once(session, config, clock())
+
+
 def standard_jobs(config: Config, sessions: sessionmaker[Session], clock: Clock) -> list[Job]:
     return [
         Job("scrape", lambda: scrape_job(config, sessions, clock), config.scrape_interval),
         Job("rollup", lambda: rollup_job(config, sessions, clock), ROLLUP_EVERY),
+        Job("alerts", lambda: alerts_job(config, sessions, clock), config.evaluation_interval),
     ]
 
 

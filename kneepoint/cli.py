@@ -315,9 +315,11 @@ def run_app(config_file: Path, port: int, open_browser: bool = False) -> int:
         return 0
 
 
-from kneepoint.knee.cli import register as _register_knee  # noqa: E402 (needs `app`)
+from alerts.cli import register as _register_alerts  # noqa: E402 (needs `app`)
+from kneepoint.knee.cli import register as _register_knee  # noqa: E402
 
 _register_knee(app)
+_register_alerts(app)
 
 
 def main() -> None:

@@ -173,3 +173,35 @@ class RunPointRow(Base):
     run_id: Mapped[int] = mapped_column(ForeignKey("runs.id", ondelete="CASCADE"), primary_key=True)
     concurrency: Mapped[int] = mapped_column(Integer, primary_key=True)
     data: Mapped[str] = mapped_column(Text)
+
+
+class AlertRow(Base):
+    """Each rule-and-replica alert's current state (alerts/engine.py)."""
+
+    __tablename__ = "alerts"
+
+    fingerprint: Mapped[str] = mapped_column(String(32), primary_key=True)
+    rule: Mapped[str] = mapped_column(String(200))
+    replica: Mapped[str] = mapped_column(String(200))
+    state: Mapped[str] = mapped_column(String(16))
+    value: Mapped[float | None] = mapped_column(Float)
+    threshold: Mapped[float] = mapped_column(Float)
+    pending_since: Mapped[float | None] = mapped_column(Float)
+    fired_at: Mapped[float | None] = mapped_column(Float)
+    resolved_at: Mapped[float | None] = mapped_column(Float)
+    updated_at: Mapped[float] = mapped_column(Float)
+
+
+class AlertHistoryRow(Base):
+    """Every state change of every alert, kept."""
+
+    __tablename__ = "alert_history"
+
+    id: Mapped[int] = mapped_column(Integer, primary_key=True)
+    fingerprint: Mapped[str] = mapped_column(String(32), index=True)
+    rule: Mapped[str] = mapped_column(String(200))
+    replica: Mapped[str] = mapped_column(String(200))
+    ts: Mapped[float] = mapped_column(Float, index=True)
+    before: Mapped[str | None] = mapped_column(String(16))
+    after: Mapped[str] = mapped_column(String(16))
+    value: Mapped[float | None] = mapped_column(Float)

@@ -1,0 +1,115 @@
+"""`kneepoint alerts eval` and `kneepoint alerts list`."""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import time
+from datetime import UTC, datetime
+from typing import Annotated, Any
+
+import typer
+from rich.console import Console
+from rich.table import Table
+from sqlalchemy import select
+
+from kneepoint import clock
+from kneepoint.cliutil import ConfigOption, fail, load_settings, open_sessions
+from kneepoint.config import ConfigError
+
+alerts_app = typer.Typer(no_args_is_help=True, help="Alert rules, their states and history.")
+
+
+def _when(ts: float | None) -> str | None:
+    return None if ts is None else datetime.fromtimestamp(ts, UTC).isoformat()
+
+
+@alerts_app.command("eval")
+def evaluate(
+    config: ConfigOption = None,
+    once: Annotated[bool, typer.Option("--once", help="Evaluate once and exit.")] = False,
+) -> None:
+    """Evaluate every rule on the stored data (once, or every evaluation_interval)."""
+    from alerts.evaluate import evaluate_once
+    from alerts.rules import effective_rules
+
+    settings = load_settings(config)
+    try:
+        effective_rules(settings)
+    except ConfigError as error:
+        fail(str(error), 2)
+    sessions = open_sessions(settings)
+
+    def round_() -> None:
+        with sessions.begin() as session:
+            for change in evaluate_once(session, settings, clock.system_clock()):
+                alert = change.alert
+                typer.echo(
+                    f"{alert.rule} on {alert.replica or 'fleet'}: {change.before or 'inactive'}"
+                    f" -> {change.after} (value {alert.value}, threshold {alert.threshold})"
+                )
+
+    round_()
+    if once:
+        return
+    with contextlib.suppress(KeyboardInterrupt):
+        while True:
+            time.sleep(settings.evaluation_interval)
+            round_()
+
+
+@alerts_app.command("list")
+def list_alerts(
+    config: ConfigOption = None,
+    as_json: Annotated[bool, typer.Option("--json", help="Print JSON.")] = False,
+) -> None:
+    """Pending and firing alerts, and the rules in force."""
+    from alerts.rules import effective_rules
+    from kneepoint.store.models import AlertRow
+
+    settings = load_settings(config)
+    try:
+        rules = effective_rules(settings)
+    except ConfigError as error:
+        fail(str(error), 2)
+    sessions = open_sessions(settings)
+    with sessions() as session:
+        rows = session.scalars(
+            select(AlertRow)
+            .where(AlertRow.state.in_(["pending", "firing"]))
+            .order_by(AlertRow.state, AlertRow.rule, AlertRow.replica)
+        ).all()
+        alerts: list[dict[str, Any]] = [
+            {
+                "rule": row.rule,
+                "replica": row.replica or None,
+                "state": row.state,
+                "value": row.value,
+                "threshold": row.threshold,
+                "pending_since": _when(row.pending_since),
+                "fired_at": _when(row.fired_at),
+                "fingerprint": row.fingerprint,
+            }
+            for row in rows
+        ]
+    if as_json:
+        listed = [r.model_dump(by_alias=True) for r in rules]
+        typer.echo(json.dumps({"alerts": alerts, "rules": listed}, indent=2))
+        return
+    table = Table(title=f"{len(alerts)} alerts pending or firing ({len(rules)} rules)")
+    for column in ("state", "rule", "replica", "value", "threshold", "since"):
+        table.add_column(column)
+    for a in alerts:
+        table.add_row(
+            str(a["state"]),
+            str(a["rule"]),
+            str(a["replica"] or "fleet"),
+            "–" if a["value"] is None else f"{a['value']:.4g}",
+            f"{a['threshold']:g}",
+            str(a["fired_at"] or a["pending_since"] or ""),
+        )
+    Console().print(table)
+
+
+def register(app: typer.Typer) -> None:
+    app.add_typer(alerts_app, name="alerts")

@@ -1,0 +1,111 @@
+"""An alert's lifecycle, as a pure function of its rule, the value now and its last state:
+inactive → pending (breaching, waiting out `for:`) → firing → resolved. A firing alert with a
+`resolve_threshold` resolves only once the value is back past it (hysteresis), so a value
+hovering at the threshold does not flap."""
+
+from __future__ import annotations
+
+import hashlib
+import operator
+from collections.abc import Callable
+from dataclasses import dataclass, replace
+
+from kneepoint.config import Rule
+
+PENDING, FIRING, RESOLVED = "pending", "firing", "resolved"
+COMPARE: dict[str, Callable[[float, float], bool]] = {
+    ">": operator.gt,
+    ">=": operator.ge,
+    "<": operator.lt,
+    "<=": operator.le,
+    "==": operator.eq,
+    "!=": operator.ne,
+}
+
+
+@dataclass(frozen=True)
+class Alert:
+    fingerprint: str
+    rule: str
+    replica: str  # "" for the fleet
+    state: str
+    value: float | None
+    threshold: float
+    pending_since: float | None = None
+    fired_at: float | None = None
+    resolved_at: float | None = None
+
+
+@dataclass(frozen=True)
+class Transition:
+    alert: Alert
+    before: str | None  # None: the alert did not exist
+    after: str
+
+
+def fingerprint(rule: Rule, replica: str) -> str:
+    """Stable identity of one rule on one replica (or the fleet), as Alertmanager keys it:
+    the sorted labels, hashed."""
+    labels = {"alertname": rule.name, "replica": replica or "fleet", **rule.labels}
+    text = "\x1f".join(f"{k}={labels[k]}" for k in sorted(labels))
+    return hashlib.sha256(text.encode()).hexdigest()[:16]
+
+
+def breaching(rule: Rule, value: float | None, firing: bool) -> bool:
+    """Is the value on the bad side? Once firing, it must cross the resolve threshold (when
+    one is set) to count as recovered. No value (no data) is not a breach."""
+    if value is None:
+        return False
+    compare = COMPARE[rule.op]
+    if firing and rule.resolve_threshold is not None:
+        return compare(value, rule.resolve_threshold)
+    return compare(value, rule.threshold)
+
+
+def step(
+    rule: Rule, replica: str, value: float | None, last: Alert | None, now: float
+) -> Alert | None:
+    """The alert's state after this evaluation (None: inactive and nothing to keep)."""
+    firing = last is not None and last.state == FIRING
+    bad = breaching(rule, value, firing)
+    if firing:
+        assert last is not None
+        if bad:
+            return replace(last, value=value)
+        return replace(last, state=RESOLVED, value=value, resolved_at=now)
+    if not bad:
+        return last if last is not None and last.state == RESOLVED else None
+    if last is not None and last.state == PENDING:
+        since = last.pending_since if last.pending_since is not None else now
+        if now - since >= rule.for_:
+            return replace(last, state=FIRING, value=value, fired_at=now)
+        return replace(last, value=value)
+    alert = Alert(
+        fingerprint(rule, replica), rule.name, replica, PENDING, value, rule.threshold, now
+    )
+    return replace(alert, state=FIRING, fired_at=now) if rule.for_ <= 0 else alert
+
+
+def evaluate(
+    rules: list[Rule],
+    values: dict[str, dict[str, float | None]],
+    alerts: dict[str, Alert],
+    now: float,
+) -> tuple[dict[str, Alert], list[Transition]]:
+    """Every rule on every replica (or the fleet, by scope): the new states and what changed."""
+    states: dict[str, Alert] = {}
+    transitions: list[Transition] = []
+    for rule in rules:
+        scopes = [""] if rule.scope == "fleet" else [name for name in values if name]
+        for replica in scopes:
+            key = fingerprint(rule, replica)
+            last = alerts.get(key)
+            value = values.get(replica, {}).get(rule.metric)
+            new = step(rule, replica, value, last, now)
+            before = None if last is None else last.state
+            after = None if new is None else new.state
+            if new is not None:
+                states[key] = new
+            if after != before and not (before is None and after == RESOLVED):
+                transitions.append(Transition(new or last, before, after or "inactive"))  # type: ignore[arg-type]
+    return states, transitions

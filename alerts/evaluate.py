@@ -1,0 +1,63 @@
+"""One evaluation round over the store: the numbers (from the kernel's View, as the pages and
+the CLI show them), every rule, and the alerts' new states and history written back."""
+
+from __future__ import annotations
+
+from dataclasses import asdict
+
+from sqlalchemy import select
+from sqlalchemy.orm import Session
+
+from alerts.engine import Alert, Transition, evaluate
+from alerts.rules import effective_rules
+from alerts.values import values
+from kneepoint.config import Config
+from kneepoint.status import build_status
+from kneepoint.store.models import AlertHistoryRow, AlertRow
+from kneepoint.views import build_view
+
+WINDOW = 300.0  # rates, ratios and quantiles over the last five minutes
+BASELINE = 3600.0  # what a drop is measured against
+
+
+def load_alerts(session: Session) -> dict[str, Alert]:
+    return {
+        row.fingerprint: Alert(
+            row.fingerprint,
+            row.rule,
+            row.replica,
+            row.state,
+            row.value,
+            row.threshold,
+            row.pending_since,
+            row.fired_at,
+            row.resolved_at,
+        )
+        for row in session.scalars(select(AlertRow))
+    }
+
+
+def evaluate_once(session: Session, config: Config, now: float) -> list[Transition]:
+    """Evaluate every rule now; store states and transitions; return the transitions."""
+    rules = effective_rules(config)
+    view = build_view(session, config, now, WINDOW)
+    baseline = build_status(session, config, now, BASELINE)
+    current = load_alerts(session)
+    states, transitions = evaluate(rules, values(view, baseline), current, now)
+    for key in set(current) - set(states):  # pending that recovered before firing
+        session.delete(session.get(AlertRow, key))
+    for alert in states.values():
+        session.merge(AlertRow(**asdict(alert), updated_at=now))
+    for change in transitions:
+        session.add(
+            AlertHistoryRow(
+                fingerprint=change.alert.fingerprint,
+                rule=change.alert.rule,
+                replica=change.alert.replica,
+                ts=now,
+                before=change.before,
+                after=change.after,
+                value=change.alert.value,
+            )
+        )
+    return transitions

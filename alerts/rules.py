@@ -1,0 +1,151 @@
+"""The built-in rules (domain.md's signals for agent serving) and the config's own, which
+are added to them or override one by name."""
+
+from __future__ import annotations
+
+from kneepoint.config import Config, ConfigError, Rule
+
+# Every metric a rule can watch: what alerts.values computes per replica (and the fleet).
+METRICS = {
+    "kv_cache_occupancy": "KV-cache occupancy, latest scrape, max over engines (0..1)",
+    "requests_waiting": "sequences waiting, latest scrape",
+    "requests_waiting_capacity": "sequences waiting for KV capacity, latest scrape",
+    "preemptions_per_second": "preemptions per second over the window",
+    "recompute_share_of_prefill": "recomputed prefill tokens ÷ all prefill work (0..1)",
+    "prefix_cache_hit_rate": "prefix-cache hits ÷ queries over the window (0..1)",
+    "prefix_cache_hit_rate_drop": "the last hour's hit rate minus the window's (points, 0..1)",
+    "spec_expected_speedup": "expected speculative-decoding speedup (×)",
+    "spec_decode_acceptance_rate": "accepted ÷ drafted tokens (0..1)",
+    "gpu_utilization": "GPU graphics-engine activity, mean over the replica's GPUs (0..1)",
+    "cost_per_million_tokens": "true cost per 1M served tokens (USD)",
+    "ttft_p99_seconds": "p99 time to first token over the window (s)",
+    "itl_p99_seconds": "p99 inter-token latency over the window (s)",
+    "up": "1 if the last scrape succeeded, 0 if it failed",
+    "xid_errors": "GPUs of the replica reporting an XID error",
+}
+
+MINUTE = 60.0
+BUILT_IN = tuple(
+    Rule.model_validate(rule)
+    for rule in (
+        {
+            "name": "kv-cache-saturated",
+            "metric": "kv_cache_occupancy",
+            "op": ">",
+            "threshold": 0.9,
+            "resolve_threshold": 0.85,
+            "for": 5 * MINUTE,
+            "severity": "page",
+            "runbook": "The next agent will wait: fp8 KV cache, a shorter max_model_len, or "
+            "more replicas (see Capacity).",
+        },
+        {
+            "name": "waiting-for-kv-capacity",
+            "metric": "requests_waiting_capacity",
+            "op": ">",
+            "threshold": 0,
+            "for": 2 * MINUTE,
+            "severity": "page",
+            "runbook": "Sequences queue for KV blocks: shed load, cap prompt length, add capacity.",
+        },
+        {
+            "name": "preemptions-sustained",
+            "metric": "preemptions_per_second",
+            "op": ">",
+            "threshold": 0.05,
+            "for": 10 * MINUTE,
+            "severity": "ticket",
+            "runbook": "The cache is full and work is evicted and recomputed: lower "
+            "max_num_seqs or add KV capacity.",
+        },
+        {
+            "name": "recompute-share-high",
+            "metric": "recompute_share_of_prefill",
+            "op": ">",
+            "threshold": 0.2,
+            "for": 10 * MINUTE,
+            "severity": "ticket",
+            "runbook": "Over a fifth of prefill redoes preempted work.",
+        },
+        {
+            "name": "prefix-hit-rate-low",
+            "metric": "prefix_cache_hit_rate",
+            "op": "<",
+            "threshold": 0.3,
+            "resolve_threshold": 0.4,
+            "for": 15 * MINUTE,
+            "severity": "ticket",
+            "runbook": "Agents' re-sent transcripts miss the cache: check session-aware routing.",
+        },
+        {
+            "name": "prefix-hit-rate-dropped",
+            "metric": "prefix_cache_hit_rate_drop",
+            "op": ">",
+            "threshold": 0.3,
+            "for": 5 * MINUTE,
+            "severity": "page",
+            "scope": "fleet",
+            "runbook": "The fleet's hit rate fell 30 points against its last hour: a prompt "
+            "or tool-schema deploy, or routing lost stickiness (see Prefix cache).",
+        },
+        {
+            "name": "spec-decode-slowing",
+            "metric": "spec_expected_speedup",
+            "op": "<",
+            "threshold": 1.0,
+            "for": 15 * MINUTE,
+            "severity": "ticket",
+            "runbook": "The drafter costs more than it saves: drop or replace it.",
+        },
+        {
+            "name": "spec-decode-acceptance-low",
+            "metric": "spec_decode_acceptance_rate",
+            "op": "<",
+            "threshold": 0.3,
+            "for": 15 * MINUTE,
+            "severity": "info",
+            "runbook": "Most drafted tokens are rejected: a mismatched drafter.",
+        },
+        {
+            "name": "gpu-idle",
+            "metric": "gpu_utilization",
+            "op": "<",
+            "threshold": 0.3,
+            "for": 6 * 60 * MINUTE,
+            "severity": "info",
+            "runbook": "Below 30 % a hosted API is usually cheaper: fill with batch work "
+            "(evals, embeddings) or fall back to an API.",
+        },
+        {
+            "name": "target-down",
+            "metric": "up",
+            "op": "==",
+            "threshold": 0,
+            "for": 1 * MINUTE,
+            "severity": "page",
+            "runbook": "kneepoint cannot scrape the replica (see Collector health).",
+        },
+        {
+            "name": "gpu-xid-error",
+            "metric": "xid_errors",
+            "op": ">",
+            "threshold": 0,
+            "severity": "page",
+            "runbook": "A GPU reported an XID error: check dmesg and the node.",
+        },
+    )
+)
+
+
+def effective_rules(config: Config) -> list[Rule]:
+    """Built-in rules, each replaced by a config rule of the same name, then the config's
+    new ones. A rule on an unknown metric is a configuration error naming it."""
+    own = {rule.name: rule for rule in config.rules}
+    for index, rule in enumerate(config.rules):
+        if rule.metric not in METRICS:
+            raise ConfigError(
+                f"rules[{index}].metric: unknown metric {rule.metric!r}; "
+                f"known: {', '.join(METRICS)}"
+            )
+    merged = [own.pop(rule.name, rule) for rule in BUILT_IN]
+    return merged + list(own.values())

@@ -1,0 +1,121 @@
+"""The alert lifecycle, table-driven: each case a sentence, a rule, values over time, and
+the states they must give."""
+
+from __future__ import annotations
+
+import pytest
+
+from alerts.engine import FIRING, PENDING, RESOLVED, evaluate, fingerprint
+from alerts.rules import BUILT_IN, effective_rules
+from kneepoint.config import Config, ConfigError, Rule
+
+
+def rule(**overrides: object) -> Rule:
+    base = {"name": "kv", "metric": "kv_cache_occupancy", "op": ">", "threshold": 0.9, "for": 60}
+    return Rule.model_validate({**base, **overrides})
+
+
+def run(the_rule: Rule, series: list[tuple[float, float | None]]) -> list[str]:
+    """The alert's state after each (time, value) on one replica ("-" when inactive)."""
+    alerts: dict = {}
+    seen = []
+    for now, value in series:
+        alerts, _ = evaluate([the_rule], {"r": {the_rule.metric: value}}, alerts, now)
+        seen.append(next(iter(alerts.values())).state if alerts else "-")
+    return seen
+
+
+CASES = {
+    "a breach waits out for: before it fires": (
+        rule(),
+        [(0, 0.95), (30, 0.95), (60, 0.95), (90, 0.95)],
+        [PENDING, PENDING, FIRING, FIRING],
+    ),
+    "a breach that ends before for: never fires": (
+        rule(),
+        [(0, 0.95), (30, 0.5), (60, 0.95)],
+        [PENDING, "-", PENDING],
+    ),
+    "for: 0 fires at the first breach and resolves at the first good value": (
+        rule(**{"for": 0}),
+        [(0, 0.5), (10, 0.95), (20, 0.5), (30, 0.5)],
+        ["-", FIRING, RESOLVED, RESOLVED],
+    ),
+    "with a resolve threshold a value hovering at the threshold does not flap": (
+        rule(**{"for": 0, "resolve_threshold": 0.8}),
+        [(0, 0.95), (10, 0.89), (20, 0.91), (30, 0.85), (40, 0.79)],
+        [FIRING, FIRING, FIRING, FIRING, RESOLVED],
+    ),
+    "a resolved alert that breaches again starts over as pending": (
+        rule(),
+        [(0, 0.95), (60, 0.95), (70, 0.1), (80, 0.95), (140, 0.95)],
+        [PENDING, FIRING, RESOLVED, PENDING, FIRING],
+    ),
+    "no data is not a breach, and resolves a firing alert": (
+        rule(**{"for": 0}),
+        [(0, None), (10, 0.95), (20, None)],
+        ["-", FIRING, RESOLVED],
+    ),
+    "a below-threshold rule fires on low values": (
+        rule(op="<", threshold=0.3, **{"for": 0}),
+        [(0, 0.5), (10, 0.2)],
+        ["-", FIRING],
+    ),
+}
+
+
+@pytest.mark.parametrize("case", CASES, ids=list(CASES))
+def test_lifecycle(case: str) -> None:
+    the_rule, series, expected = CASES[case]
+    assert run(the_rule, series) == expected
+
+
+def test_transitions_are_reported_once_each() -> None:
+    alerts: dict = {}
+    kinds = []
+    for now, value in [(0, 0.95), (30, 0.95), (60, 0.95), (90, 0.95), (100, 0.1), (110, 0.1)]:
+        alerts, changes = evaluate([rule()], {"r": {"kv_cache_occupancy": value}}, alerts, now)
+        kinds += [(now, c.before, c.after) for c in changes]
+    assert kinds == [(0, None, PENDING), (60, PENDING, FIRING), (100, FIRING, RESOLVED)]
+
+
+def test_scope_and_identity() -> None:
+    fleet_rule = rule(scope="fleet", **{"for": 0})
+    values = {"": {"kv_cache_occupancy": 0.95}, "a": {"kv_cache_occupancy": 0.95}}
+    alerts, _ = evaluate([fleet_rule, rule(**{"for": 0})], values, {}, 0)
+    assert sorted((a.rule, a.replica) for a in alerts.values()) == [("kv", ""), ("kv", "a")]
+    assert fingerprint(rule(), "a") == fingerprint(rule(threshold=0.5), "a")  # same identity
+    assert fingerprint(rule(), "a") != fingerprint(rule(), "b")
+    assert fingerprint(rule(), "a") != fingerprint(rule(labels={"team": "x"}), "a")
+
+
+def test_config_rules_override_built_ins_by_name_and_add_new_ones() -> None:
+    config = Config.model_validate(
+        {
+            "rules": [
+                {
+                    "name": "kv-cache-saturated",
+                    "metric": "kv_cache_occupancy",
+                    "op": ">",
+                    "threshold": 0.8,
+                    "for": "1m",
+                },
+                {
+                    "name": "slow-first-token",
+                    "metric": "ttft_p99_seconds",
+                    "op": ">",
+                    "threshold": 2.0,
+                },
+            ]
+        }
+    )
+    rules = {r.name: r for r in effective_rules(config)}
+    assert len(rules) == len(BUILT_IN) + 1
+    assert rules["kv-cache-saturated"].threshold == 0.8
+    assert rules["kv-cache-saturated"].for_ == 60
+    assert rules["slow-first-token"].metric == "ttft_p99_seconds"
+    broken = Config.model_validate(
+        {"rules": [{"name": "x", "metric": "vibes", "op": ">", "threshold": 1}]}
+    )
+    with pytest.raises(ConfigError, match=r"rules\[0\]\.metric: unknown metric 'vibes'"):
+        effective_rules(broken)
