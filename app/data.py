@@ -176,3 +176,24 @@ def delete_run(label: str) -> int:
         gone = remove_run(session, label)
     _runs.clear()
     return gone
+
+
+def alerts(start: float, end: float) -> tuple[pd.DataFrame, pd.DataFrame]:
+    return _alerts(str(config_path().resolve()), start, end)
+
+
+@st.cache_data(ttl=5, show_spinner=False)
+def _alerts(path: str, start: float, end: float) -> tuple[pd.DataFrame, pd.DataFrame]:
+    """Pending and firing alerts, and the state changes in the range, with readable times."""
+    _, sessions = _open(path)
+    with sessions() as session:
+        current = queries.alert_states(session)
+        history = queries.alert_history(session, start, end)
+    for frame, columns in (
+        (current, ("pending_since", "fired_at", "resolved_at", "updated_at")),
+        (history, ("ts",)),
+    ):
+        for column in columns:
+            frame[column] = pd.to_datetime(frame[column], unit="s", utc=True)
+        frame["replica"] = frame["replica"].replace("", "fleet")
+    return current, history

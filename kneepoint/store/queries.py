@@ -11,6 +11,8 @@ from sqlalchemy.orm import Session
 from kneepoint.samples import Histogram
 from kneepoint.store.codec import decode_bounds, decode_histogram
 from kneepoint.store.models import (
+    AlertHistoryRow,
+    AlertRow,
     GpuRow,
     GpuSampleRow,
     HistogramLayoutRow,
@@ -128,3 +130,25 @@ def histograms(encoded: pd.Series, layouts: dict[int, tuple[float, ...]]) -> lis
         None if text is None or pd.isna(text) else decode_histogram(text, layouts)
         for text in encoded
     ]
+
+
+def alert_states(session: Session) -> pd.DataFrame:
+    """Pending and firing alerts, firing first."""
+    table = AlertRow.__table__
+    query = (
+        select(table)
+        .where(table.c.state.in_(["pending", "firing"]))
+        .order_by(table.c.state, table.c.rule, table.c.replica)
+    )
+    return pd.read_sql(query, session.connection())
+
+
+def alert_history(session: Session, start: float, end: float) -> pd.DataFrame:
+    """Every alert state change in [start, end], newest first."""
+    table = AlertHistoryRow.__table__
+    query = (
+        select(table)
+        .where(table.c.ts >= start, table.c.ts <= end)
+        .order_by(table.c.ts.desc(), table.c.id.desc())
+    )
+    return pd.read_sql(query, session.connection())

@@ -95,3 +95,22 @@ def test_a_dead_replica_pages_after_a_minute_and_history_is_kept(seeded: Path) -
         ("target-down", "replica-down", None, "pending"),
         ("target-down", "replica-down", "pending", "firing"),
     ]
+
+
+def test_the_alerts_page_shows_what_fires_and_what_changed(seeded: Path) -> None:
+    config = load_config(seeded)
+    sessions = open_store(config.database)
+    now = time.time()
+    for offset in (-62, -1):  # the dead replica: pending a minute ago, firing now
+        with sessions.begin() as session:
+            evaluate_once(session, config, now + offset)
+    page = AppTest.from_file(str(PAGES_DIR / "alerts.py"), default_timeout=60).run()
+    assert not page.exception, [e.value for e in page.exception]
+    counts = {m.label: m.value for m in page.metric}
+    current = page.dataframe[0].value
+    firing = current[current.state == "firing"]
+    assert int(counts["Firing"]) == len(firing) >= 1
+    assert ("target-down", "replica-down") in set(zip(firing.rule, firing.replica, strict=True))
+    history = page.dataframe[1].value
+    down = history[history.rule == "target-down"]
+    assert list(down.after) == ["firing", "pending"]  # newest first
