@@ -15,9 +15,18 @@ from sqlalchemy import select
 
 from kneepoint import clock
 from kneepoint.cliutil import ConfigOption, fail, load_settings, open_sessions
-from kneepoint.config import ConfigError
+from kneepoint.config import Config, ConfigError, Rule
 
 alerts_app = typer.Typer(no_args_is_help=True, help="Alert rules, their states and history.")
+
+
+def _rules(settings: Config) -> list[Rule]:
+    from alerts.rules import effective_rules
+
+    try:
+        return effective_rules(settings)
+    except ConfigError as error:
+        fail(str(error), 2)
 
 
 def _when(ts: float | None) -> str | None:
@@ -31,13 +40,9 @@ def evaluate(
 ) -> None:
     """Evaluate every rule on the stored data (once, or every evaluation_interval)."""
     from alerts.evaluate import evaluate_once
-    from alerts.rules import effective_rules
 
     settings = load_settings(config)
-    try:
-        effective_rules(settings)
-    except ConfigError as error:
-        fail(str(error), 2)
+    _rules(settings)
     sessions = open_sessions(settings)
 
     def round_() -> None:
@@ -64,14 +69,10 @@ def list_alerts(
     as_json: Annotated[bool, typer.Option("--json", help="Print JSON.")] = False,
 ) -> None:
     """Pending and firing alerts, and the rules in force."""
-    from alerts.rules import effective_rules
     from kneepoint.store.models import AlertRow
 
     settings = load_settings(config)
-    try:
-        rules = effective_rules(settings)
-    except ConfigError as error:
-        fail(str(error), 2)
+    rules = _rules(settings)
     sessions = open_sessions(settings)
     with sessions() as session:
         rows = session.scalars(

@@ -13,10 +13,9 @@ from sqlalchemy.orm import Session, sessionmaker
 
 from kneepoint.config import Config, config_path, load_config
 from kneepoint.knee.detect import Assessment, assess
-from kneepoint.knee.imports import ResultFileError
-from kneepoint.knee.imports import read as read_results
+from kneepoint.knee.imports import read_all
 from kneepoint.knee.passive import ProductionCurve, replica_curve
-from kneepoint.knee.runs import Run, group
+from kneepoint.knee.runs import Run
 from kneepoint.series import COLUMNS as SERIES_COLUMNS
 from kneepoint.series import replica_series
 from kneepoint.status import build_status
@@ -153,16 +152,13 @@ def import_results(files: list[tuple[str, bytes]]) -> tuple[list[Run], list[str]
     """Import uploaded result files (name, content): the runs stored, and one sentence per
     file that was refused (nothing of a refused file is stored)."""
     _, sessions = store()
-    found, refused = [], []
     with tempfile.TemporaryDirectory() as folder:
+        paths: list[str | Path] = []
         for name, content in files:
             path = Path(folder) / Path(name).name
             path.write_bytes(content)
-            try:
-                found.extend(read_results(path))
-            except ResultFileError as error:
-                refused.append(str(error))
-    merged = group(found)
+            paths.append(path)
+        merged, refused = read_all(paths)
     with sessions.begin() as session:
         for run in merged:
             save_run(session, run, time.time())

@@ -147,21 +147,15 @@ def import_results(
     """Import vllm bench serve, GuideLLM, AIPerf/GenAI-Perf or LLMPerf result files."""
     from dataclasses import replace
 
-    from kneepoint.knee.imports import ResultFileError, read
+    from kneepoint.knee.imports import read_all
     from kneepoint.knee.runs import group
     from kneepoint.store.runs import save_run
 
     settings = load_settings(config)
     sessions = open_sessions(settings)
-    runs, bad = [], []
-    for file in files:
-        try:
-            runs.extend(read(file))
-        except ResultFileError as error:
-            bad.append(str(error))
+    merged, bad = read_all(list(files))
     if label:
-        runs = [replace(run, label=label) for run in runs]
-    merged = group(runs)
+        merged = group([replace(run, label=label) for run in merged])
     with sessions.begin() as session:
         for run in merged:
             save_run(session, run, time.time())

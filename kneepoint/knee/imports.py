@@ -21,7 +21,7 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-from kneepoint.knee.runs import Point, Run
+from kneepoint.knee.runs import Point, Run, group
 
 
 class ResultFileError(ValueError):
@@ -295,3 +295,16 @@ def read(path: str | Path) -> list[Run]:
     path = Path(path)
     reader = _Reader(path)
     return [_detect(doc, reader)(doc, reader, path) for doc in _documents(path, reader)]
+
+
+def read_all(paths: list[str | Path]) -> tuple[list[Run], list[str]]:
+    """Every good file's runs, merged by label and model, and one sentence per refused file
+    (nothing of a refused file is kept)."""
+    found: list[Run] = []
+    refused: list[str] = []
+    for path in paths:
+        try:
+            found.extend(read(path))
+        except ResultFileError as error:
+            refused.append(str(error))
+    return group(found), refused
