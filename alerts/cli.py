@@ -40,6 +40,7 @@ def evaluate(
 ) -> None:
     """Evaluate every rule on the stored data (once, or every evaluation_interval)."""
     from alerts.evaluate import evaluate_once
+    from alerts.outbox import deliver_due, http_sender
 
     settings = load_settings(config)
     _rules(settings)
@@ -53,6 +54,10 @@ def evaluate(
                     f"{alert.rule} on {alert.replica or 'fleet'}: {change.before or 'inactive'}"
                     f" -> {change.after} (value {alert.value}, threshold {alert.threshold})"
                 )
+        with sessions() as session:
+            counts = deliver_due(session, settings, clock.system_clock(), http_sender())
+        if any(counts.values()):
+            typer.echo("notifications: " + ", ".join(f"{n} {k}" for k, n in counts.items()))
 
     round_()
     if once:

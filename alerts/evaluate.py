@@ -9,6 +9,7 @@ from sqlalchemy import select
 from sqlalchemy.orm import Session
 
 from alerts.engine import Alert, Transition, evaluate
+from alerts.outbox import enqueue
 from alerts.rules import effective_rules
 from alerts.values import values
 from kneepoint.config import Config
@@ -48,6 +49,7 @@ def evaluate_once(session: Session, config: Config, now: float) -> list[Transiti
         session.delete(session.get(AlertRow, key))
     for alert in states.values():
         session.merge(AlertRow(**asdict(alert), updated_at=now))
+    enqueue(session, config, rules, transitions, now)
     for change in transitions:
         session.add(
             AlertHistoryRow(

@@ -50,9 +50,12 @@ def rollup_job(config: Config, sessions: sessionmaker[Session], clock: Clock) ->
 
 def alerts_job(config: Config, sessions: sessionmaker[Session], clock: Clock) -> None:
     from alerts.evaluate import evaluate_once
+    from alerts.outbox import deliver_due, http_sender
 
     with sessions.begin() as session:
         evaluate_once(session, config, clock())
+    with sessions() as session:
+        deliver_due(session, config, clock(), http_sender())
 
 
 def standard_jobs(config: Config, sessions: sessionmaker[Session], clock: Clock) -> list[Job]:

@@ -205,3 +205,20 @@ class AlertHistoryRow(Base):
     before: Mapped[str | None] = mapped_column(String(16))
     after: Mapped[str] = mapped_column(String(16))
     value: Mapped[float | None] = mapped_column(Float)
+
+
+class NotificationRow(Base):
+    """The outbox: one alert's news for one channel, kept until delivered or refused."""
+
+    __tablename__ = "notifications"
+
+    id: Mapped[int] = mapped_column(Integer, primary_key=True)
+    channel: Mapped[str] = mapped_column(String(200), index=True)
+    fingerprint: Mapped[str] = mapped_column(String(32))
+    notice: Mapped[str] = mapped_column(Text)  # the Notice, as JSON
+    state: Mapped[str] = mapped_column(String(16), index=True)  # pending | sent | failed
+    attempts: Mapped[int] = mapped_column(Integer, default=0)
+    next_attempt_at: Mapped[float] = mapped_column(Float)
+    last_error: Mapped[str | None] = mapped_column(Text)
+    created_at: Mapped[float] = mapped_column(Float)
+    sent_at: Mapped[float | None] = mapped_column(Float)

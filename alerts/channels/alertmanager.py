@@ -1,0 +1,17 @@
+"""Forwarding to an existing Alertmanager: `POST /api/v2/alerts` with a list of alerts."""
+
+from __future__ import annotations
+
+from alerts.channels.base import Channel, Notice, Outgoing
+from alerts.channels.webhook import alert_object
+
+
+class Alertmanager(Channel):
+    max_chars = 20000
+
+    def request(self, notice: Notice, now: float) -> Outgoing:
+        alert = alert_object(notice)
+        posted = {k: alert[k] for k in ("labels", "annotations", "startsAt", "generatorURL")}
+        if notice.status == "resolved":
+            posted["endsAt"] = alert["endsAt"]
+        return Outgoing(f"{self.url.rstrip('/')}/api/v2/alerts", [posted], self.config.headers)

@@ -1,0 +1,93 @@
+"""What every channel shares: the notice (what an alert says), its short text, the size limit
+and the HTTP request a platform wants."""
+
+from __future__ import annotations
+
+from abc import ABC, abstractmethod
+from dataclasses import dataclass, field
+from datetime import UTC, datetime
+from typing import Any
+from urllib.parse import urlencode
+
+from kneepoint.config import Channel as ChannelConfig
+
+
+@dataclass(frozen=True)
+class Notice:
+    """One alert's news: it fires, or it resolved."""
+
+    fingerprint: str
+    rule: str
+    replica: str  # "" for the fleet
+    status: str  # firing | resolved
+    severity: str
+    value: float | None
+    threshold: float
+    op: str
+    since: float  # when it started firing
+    at: float  # when this news happened
+    runbook: str = ""
+    dashboard_url: str = "http://localhost:8501"
+    page: str = "overview"
+    labels: dict[str, str] = field(default_factory=dict)
+
+    @property
+    def where(self) -> str:
+        return self.replica or "the fleet"
+
+    @property
+    def link(self) -> str:
+        """The page, replica and time range that explain it."""
+        query: dict[str, str] = {"page": self.page, "range": "1h"}
+        if self.replica:
+            query["replica"] = self.replica
+        return f"{self.dashboard_url.rstrip('/')}/?{urlencode(query)}"
+
+    def title(self) -> str:
+        mark = "RESOLVED" if self.status == "resolved" else self.severity.upper()
+        return f"[{mark}] {self.rule} on {self.where}"
+
+    def text(self) -> str:
+        value = "no data" if self.value is None else f"{self.value:.4g}"
+        since = datetime.fromtimestamp(self.since, UTC).strftime("%Y-%m-%d %H:%M UTC")
+        lines = [
+            self.title(),
+            f"value {value} (threshold {self.op} {self.threshold:g}), since {since}",
+            self.link,
+        ]
+        if self.runbook and self.status == "firing":
+            lines.append(f"runbook: {self.runbook}")
+        return "\n".join(lines)
+
+
+@dataclass(frozen=True)
+class Outgoing:
+    """An HTTP request to make."""
+
+    url: str
+    json: Any
+    headers: dict[str, str] = field(default_factory=dict)
+    content: bytes | None = None  # a body sent as is (signed bodies), instead of `json`
+
+
+class Channel(ABC):
+    max_chars = 4000  # the platform's message size limit, with room for the envelope
+    per_minute: int | None = None  # the platform's rate limit, when it has one
+
+    def __init__(self, config: ChannelConfig) -> None:
+        self.config = config
+
+    @property
+    def url(self) -> str:
+        if not self.config.url:
+            raise ValueError(f"channel {self.config.name!r} ({self.config.type}) needs a url")
+        return self.config.url
+
+    def short(self, notice: Notice) -> str:
+        """The notice's text cut to the platform's limit (the link and title come first)."""
+        text = notice.text()
+        return text if len(text) <= self.max_chars else text[: self.max_chars - 1] + "…"
+
+    @abstractmethod
+    def request(self, notice: Notice, now: float) -> Outgoing:
+        """The request that delivers `notice` (signed with `now` where the platform asks)."""

@@ -1,0 +1,30 @@
+"""PagerDuty Events API v2: trigger and resolve share the alert's fingerprint as dedup_key."""
+
+from __future__ import annotations
+
+from alerts.channels.base import Channel, Notice, Outgoing
+
+EVENTS = "https://events.pagerduty.com/v2/enqueue"
+SEVERITY = {"page": "critical", "ticket": "warning", "info": "info"}
+
+
+class PagerDuty(Channel):
+    max_chars = 1024  # payload.summary
+
+    def request(self, notice: Notice, now: float) -> Outgoing:
+        if not self.config.routing_key:
+            raise ValueError(f"channel {self.config.name!r} (pagerduty) needs a routing_key")
+        body: dict[str, object] = {
+            "routing_key": self.config.routing_key,
+            "event_action": "resolve" if notice.status == "resolved" else "trigger",
+            "dedup_key": notice.fingerprint,
+        }
+        if notice.status != "resolved":
+            body["payload"] = {
+                "summary": self.short(notice).split("\n")[0][: self.max_chars],
+                "source": notice.replica or "fleet",
+                "severity": SEVERITY.get(notice.severity, "warning"),
+                "custom_details": {"value": notice.value, "threshold": notice.threshold},
+            }
+            body["links"] = [{"href": notice.link, "text": "kneepoint"}]
+        return Outgoing(self.config.url or EVENTS, body, self.config.headers)

@@ -1,0 +1,18 @@
+"""Telegram Bot API `sendMessage` (text at most 4,096 characters)."""
+
+from __future__ import annotations
+
+from alerts.channels.base import Channel, Notice, Outgoing
+
+API = "https://api.telegram.org"
+
+
+class Telegram(Channel):
+    max_chars = 4096
+
+    def request(self, notice: Notice, now: float) -> Outgoing:
+        if not self.config.token or not self.config.chat_id:
+            raise ValueError(f"channel {self.config.name!r} (telegram) needs token and chat_id")
+        base = (self.config.url or API).rstrip("/")
+        body = {"chat_id": self.config.chat_id, "text": self.short(notice)}
+        return Outgoing(f"{base}/bot{self.config.token}/sendMessage", body, self.config.headers)

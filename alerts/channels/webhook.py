@@ -1,0 +1,65 @@
+"""A generic webhook carrying Alertmanager's v4 payload, optionally signed: the header
+`X-Kneepoint-Signature: sha256=<hex HMAC-SHA256 of the body keyed with the secret>`."""
+
+from __future__ import annotations
+
+import hashlib
+import hmac
+import json
+from datetime import UTC, datetime
+
+from alerts.channels.base import Channel, Notice, Outgoing
+
+ZERO = "0001-01-01T00:00:00Z"  # Alertmanager's "no end yet"
+
+
+def iso(ts: float) -> str:
+    return datetime.fromtimestamp(ts, UTC).strftime("%Y-%m-%dT%H:%M:%S.%fZ")
+
+
+def alert_object(notice: Notice) -> dict[str, object]:
+    """One alert as Alertmanager shows it to receivers (and takes it on /api/v2/alerts)."""
+    labels = {
+        "alertname": notice.rule,
+        "replica": notice.replica or "fleet",
+        "severity": notice.severity,
+        **notice.labels,
+    }
+    return {
+        "status": notice.status,
+        "labels": labels,
+        "annotations": {
+            "summary": notice.text().split("\n")[1],
+            "runbook": notice.runbook,
+            "value": "" if notice.value is None else f"{notice.value:g}",
+        },
+        "startsAt": iso(notice.since),
+        "endsAt": iso(notice.at) if notice.status == "resolved" else ZERO,
+        "generatorURL": notice.link,
+        "fingerprint": notice.fingerprint,
+    }
+
+
+class Webhook(Channel):
+    max_chars = 20000
+
+    def request(self, notice: Notice, now: float) -> Outgoing:
+        alert = alert_object(notice)
+        body = {
+            "version": "4",
+            "groupKey": notice.fingerprint,
+            "truncatedAlerts": 0,
+            "status": notice.status,
+            "receiver": self.config.name,
+            "groupLabels": {"alertname": notice.rule},
+            "commonLabels": alert["labels"],
+            "commonAnnotations": alert["annotations"],
+            "externalURL": notice.dashboard_url,
+            "alerts": [alert],
+        }
+        content = json.dumps(body).encode()
+        headers = {"Content-Type": "application/json", **self.config.headers}
+        if self.config.secret:
+            digest = hmac.new(self.config.secret.encode(), content, hashlib.sha256).hexdigest()
+            headers["X-Kneepoint-Signature"] = f"sha256={digest}"
+        return Outgoing(self.url, body, headers, content)

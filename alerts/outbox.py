@@ -1,0 +1,206 @@
+"""Nothing lost, nothing doubled: every notification is a row in the outbox before any
+request is made, and leaves the pending state only when the platform took it (sent) or
+refused it for good (failed). Timeouts, 5xx and 429 are retried with exponential backoff
+(honouring Retry-After); pending rows survive a restart and go out after it; channels with a
+rate limit (DingTalk, WeCom) are held to it."""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Callable
+from dataclasses import asdict, dataclass
+
+import httpx
+from sqlalchemy import func, select
+from sqlalchemy.orm import Session
+
+from alerts.channels import Notice, Outgoing, channel
+from alerts.engine import FIRING, RESOLVED, Transition
+from kneepoint.config import Config, Rule
+from kneepoint.store.models import NotificationRow
+
+FIRST_RETRY = 10.0  # seconds; doubled per attempt
+LONGEST_WAIT = 3600.0
+# The page that explains a metric (the link in the message).
+PAGES = {
+    "kv_cache_occupancy": "capacity",
+    "requests_waiting": "capacity",
+    "requests_waiting_capacity": "capacity",
+    "preemptions_per_second": "capacity",
+    "recompute_share_of_prefill": "capacity",
+    "prefix_cache_hit_rate": "prefix-cache",
+    "prefix_cache_hit_rate_drop": "prefix-cache",
+    "spec_expected_speedup": "spec-decode",
+    "spec_decode_acceptance_rate": "spec-decode",
+    "gpu_utilization": "gpus",
+    "xid_errors": "gpus",
+    "cost_per_million_tokens": "cost",
+    "up": "health",
+}
+
+
+@dataclass(frozen=True)
+class Result:
+    """What a platform answered (status 0: no answer: timeout, refused connection)."""
+
+    status: int
+    body: str = ""
+    retry_after: float | None = None
+
+
+Sender = Callable[[Outgoing], Result]
+
+
+def notice_for(change: Transition, rule: Rule, config: Config, now: float) -> Notice:
+    alert = change.alert
+    return Notice(
+        fingerprint=alert.fingerprint,
+        rule=rule.name,
+        replica=alert.replica,
+        status=change.after,
+        severity=rule.severity,
+        value=alert.value,
+        threshold=rule.threshold,
+        op=rule.op,
+        since=alert.fired_at or now,
+        at=now,
+        runbook=rule.runbook,
+        dashboard_url=config.dashboard_url,
+        page=PAGES.get(rule.metric, "overview"),
+        labels=dict(rule.labels),
+    )
+
+
+def enqueue(
+    session: Session, config: Config, rules: list[Rule], changes: list[Transition], now: float
+) -> int:
+    """Put every firing and every resolution (of an alert that fired) in the outbox, once
+    per channel of its rule; return how many rows were added."""
+    by_name = {rule.name: rule for rule in rules}
+    added = 0
+    for change in changes:
+        news = change.after == FIRING or (change.after == RESOLVED and change.before == FIRING)
+        rule = by_name.get(change.alert.rule)
+        if not news or rule is None:
+            continue
+        notice = notice_for(change, rule, config, now)
+        for name in rule.channels:
+            session.add(
+                NotificationRow(
+                    channel=name,
+                    fingerprint=notice.fingerprint,
+                    notice=json.dumps(asdict(notice)),
+                    state="pending",
+                    attempts=0,
+                    next_attempt_at=now,
+                    created_at=now,
+                )
+            )
+            added += 1
+    return added
+
+
+def http_sender(timeout: float = 10.0) -> Sender:
+    def send(request: Outgoing) -> Result:
+        try:
+            response = httpx.post(
+                request.url,
+                json=None if request.content is not None else request.json,
+                content=request.content,
+                headers=request.headers,
+                timeout=timeout,
+            )
+        except httpx.HTTPError as error:
+            return Result(0, f"{type(error).__name__}: {error}")
+        after = response.headers.get("Retry-After")
+        wait = float(after) if after and after.replace(".", "", 1).isdigit() else None
+        return Result(response.status_code, response.text[:500], wait)
+
+    return send
+
+
+def refusal(kind: str, result: Result) -> str | None:
+    """A 200 that still refused the message (the Chinese platforms answer 200 with an error
+    code for a bad signature or token)."""
+    if kind not in ("feishu", "dingtalk", "wecom") or not result.body:
+        return None
+    try:
+        answer = json.loads(result.body)
+    except json.JSONDecodeError:
+        return None
+    code = answer.get("code", answer.get("errcode", answer.get("StatusCode", 0)))
+    return None if code in (0, None) else f"refused: {result.body[:200]}"
+
+
+def deliver_due(session: Session, config: Config, now: float, send: Sender) -> dict[str, int]:
+    """Send what is due, committing each outcome as it is known; count what was sent, what
+    waits for a retry, what was refused, and what a rate limit held back."""
+    counts = {"sent": 0, "retry": 0, "failed": 0, "held": 0}
+    configs = {c.name: c for c in config.channels}
+    due = session.scalars(
+        select(NotificationRow)
+        .where(NotificationRow.state == "pending", NotificationRow.next_attempt_at <= now)
+        .order_by(NotificationRow.id)
+    ).all()
+    for row in due:
+        spec = configs.get(row.channel)
+        if spec is None:
+            _fail(row, f"channel {row.channel!r} is no longer configured")
+            counts["failed"] += 1
+            continue
+        target = channel(spec)
+        if target.per_minute is not None:
+            recent = session.scalar(
+                select(func.count())
+                .select_from(NotificationRow)
+                .where(
+                    NotificationRow.channel == row.channel,
+                    NotificationRow.sent_at > now - 60,
+                )
+            )
+            if (recent or 0) >= target.per_minute:
+                row.next_attempt_at = now + 60 / target.per_minute
+                counts["held"] += 1
+                continue
+        try:
+            request = target.request(Notice(**json.loads(row.notice)), now)
+        except ValueError as error:  # the channel's config lacks what it needs
+            _fail(row, str(error))
+            counts["failed"] += 1
+            continue
+        result = send(request)
+        row.attempts += 1
+        refused = refusal(spec.type, result) if 200 <= result.status < 300 else None
+        if 200 <= result.status < 300 and refused is None:
+            row.state, row.sent_at, row.last_error = "sent", now, None
+            counts["sent"] += 1
+        elif result.status in (0, 408, 429) or result.status >= 500:
+            backoff = min(FIRST_RETRY * 2 ** (row.attempts - 1), LONGEST_WAIT)
+            row.next_attempt_at = now + max(backoff, result.retry_after or 0.0)
+            row.last_error = (
+                f"HTTP {result.status}: {result.body[:200]}" if result.status else result.body
+            )
+            counts["retry"] += 1
+        else:
+            _fail(row, refused or f"HTTP {result.status}: {result.body[:200]}")
+            counts["failed"] += 1
+        session.commit()  # each outcome is kept the moment it is known
+    session.commit()
+    return counts
+
+
+def _fail(row: NotificationRow, reason: str) -> None:
+    row.state, row.last_error = "failed", reason
+
+
+def channel_health(session: Session) -> dict[str, str]:
+    """Per channel: "broken" when its latest settled notification was refused, else "ok"."""
+    rows = session.scalars(
+        select(NotificationRow)
+        .where(NotificationRow.state.in_(["sent", "failed"]))
+        .order_by(NotificationRow.id)
+    ).all()
+    health: dict[str, str] = {}
+    for row in rows:
+        health[row.channel] = "broken" if row.state == "failed" else "ok"
+    return health

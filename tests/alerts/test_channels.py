@@ -1,0 +1,262 @@
+"""Delivery through the outbox to real HTTP receivers: payloads and signatures checked the way
+each platform checks them, retries, refusals, restarts and rate limits."""
+
+from __future__ import annotations
+
+import base64
+import hashlib
+import hmac
+import json
+from pathlib import Path
+from urllib.parse import parse_qs, urlsplit
+
+import pytest
+from sqlalchemy import select
+from sqlalchemy.orm import Session, sessionmaker
+
+from alerts.channels import Notice, channel
+from alerts.engine import FIRING, PENDING, RESOLVED, Alert, Transition
+from alerts.outbox import channel_health, deliver_due, enqueue, http_sender
+from kneepoint.config import Config, Rule
+from kneepoint.store.db import open_store
+from kneepoint.store.models import NotificationRow
+from tests.alerts.conftest import Receiver
+
+NOW = 1_795_000_000.0
+SECRET = "s3cr3t"
+
+
+def setup(tmp_path: Path, receiver: Receiver, kind: str, **extra: str) -> tuple[Config, Rule]:
+    config = Config.model_validate(
+        {
+            "database": f"sqlite:///{tmp_path / 'k.db'}",
+            "dashboard_url": "http://kneepoint.example:8501",
+            "channels": [{"name": "chat", "type": kind, "url": receiver.url(f"/{kind}"), **extra}],
+        }
+    )
+    rule = Rule.model_validate(
+        {
+            "name": "kv-cache-saturated",
+            "metric": "kv_cache_occupancy",
+            "op": ">",
+            "threshold": 0.9,
+            "severity": "page",
+            "runbook": "fp8 KV cache or more replicas",
+            "channels": ["chat"],
+        }
+    )
+    return config, rule
+
+
+def fire(sessions: sessionmaker[Session], config: Config, rule: Rule, after: str = FIRING) -> None:
+    alert = Alert("f1ngerpr1nt", rule.name, "qwen-a", after, 0.97, 0.9, NOW - 300, NOW - 60)
+    before = PENDING if after == FIRING else FIRING
+    with sessions.begin() as session:
+        enqueue(session, config, [rule], [Transition(alert, before, after)], NOW)
+
+
+def deliver(sessions: sessionmaker[Session], config: Config, at: float) -> dict[str, int]:
+    with sessions() as session:
+        return deliver_due(session, config, at, http_sender(timeout=5))
+
+
+def rows(sessions: sessionmaker[Session]) -> list[NotificationRow]:
+    with sessions() as session:
+        return list(session.scalars(select(NotificationRow).order_by(NotificationRow.id)))
+
+
+def test_slack_gets_a_short_useful_message(tmp_path: Path, receiver: Receiver) -> None:
+    config, rule = setup(tmp_path, receiver, "slack")
+    sessions = open_store(config.database)
+    fire(sessions, config, rule)
+    assert deliver(sessions, config, NOW) == {"sent": 1, "retry": 0, "failed": 0, "held": 0}
+    (got,) = receiver.received
+    text = json.loads(got.body)["text"]
+    assert text.startswith("[PAGE] kv-cache-saturated on qwen-a")
+    assert "value 0.97 (threshold > 0.9)" in text
+    assert "http://kneepoint.example:8501/?page=capacity&range=1h&replica=qwen-a" in text
+    assert "runbook: fp8 KV cache or more replicas" in text
+    assert rows(sessions)[0].state == "sent"
+
+
+def test_feishu_signature_verifies_as_feishu_checks_it(tmp_path: Path, receiver: Receiver) -> None:
+    config, rule = setup(tmp_path, receiver, "feishu", secret=SECRET)
+    sessions = open_store(config.database)
+    fire(sessions, config, rule)
+    deliver(sessions, config, NOW)
+    body = json.loads(receiver.received[0].body)
+    timestamp = body["timestamp"]
+    assert timestamp == str(int(NOW))  # seconds
+    key = f"{timestamp}\n{SECRET}".encode()
+    expected = base64.b64encode(hmac.new(key, b"", hashlib.sha256).digest()).decode()
+    assert body["sign"] == expected
+    assert body["msg_type"] == "text" and "kv-cache-saturated" in body["content"]["text"]
+
+
+def test_dingtalk_signature_verifies_as_dingtalk_checks_it(
+    tmp_path: Path, receiver: Receiver
+) -> None:
+    config, rule = setup(tmp_path, receiver, "dingtalk", secret=SECRET)
+    sessions = open_store(config.database)
+    fire(sessions, config, rule)
+    deliver(sessions, config, NOW)
+    query = parse_qs(urlsplit(receiver.received[0].path).query)
+    (timestamp,), (sign,) = query["timestamp"], query["sign"]
+    assert timestamp == str(int(NOW * 1000))  # milliseconds
+    digest = hmac.new(SECRET.encode(), f"{timestamp}\n{SECRET}".encode(), hashlib.sha256)
+    assert sign == base64.b64encode(digest.digest()).decode()  # parse_qs undid the URL-encoding
+    assert json.loads(receiver.received[0].body)["msgtype"] == "text"
+
+
+def test_webhook_carries_alertmanager_v4_and_a_verifiable_hmac(
+    tmp_path: Path, receiver: Receiver
+) -> None:
+    config, rule = setup(tmp_path, receiver, "webhook", secret=SECRET)
+    sessions = open_store(config.database)
+    fire(sessions, config, rule)
+    fire(sessions, config, rule, RESOLVED)
+    deliver(sessions, config, NOW)
+    for got, status in zip(receiver.received, (FIRING, RESOLVED), strict=True):
+        expected = hmac.new(SECRET.encode(), got.body, hashlib.sha256).hexdigest()
+        assert got.headers["X-Kneepoint-Signature"] == f"sha256={expected}"
+        payload = json.loads(got.body)
+        assert payload["version"] == "4" and payload["status"] == status
+        (alert,) = payload["alerts"]
+        assert alert["labels"] == {
+            "alertname": "kv-cache-saturated",
+            "replica": "qwen-a",
+            "severity": "page",
+        }
+        assert alert["fingerprint"] == "f1ngerpr1nt"
+        assert (alert["endsAt"] == "0001-01-01T00:00:00Z") == (status == FIRING)
+
+
+def test_a_500_then_a_200_delivers_exactly_once_after_the_backoff(
+    tmp_path: Path, receiver: Receiver
+) -> None:
+    config, rule = setup(tmp_path, receiver, "slack")
+    receiver.script["/slack"] = [(500, {}, b"upstream down")]
+    sessions = open_store(config.database)
+    fire(sessions, config, rule)
+    assert deliver(sessions, config, NOW)["retry"] == 1
+    assert deliver(sessions, config, NOW + 5)["sent"] == 0  # not due before the backoff
+    assert deliver(sessions, config, NOW + 10)["sent"] == 1
+    assert deliver(sessions, config, NOW + 1000) == {"sent": 0, "retry": 0, "failed": 0, "held": 0}
+    assert len(receiver.received) == 2
+    (row,) = rows(sessions)
+    assert (row.state, row.attempts, row.sent_at) == ("sent", 2, NOW + 10)
+
+
+def test_retry_after_is_honoured(tmp_path: Path, receiver: Receiver) -> None:
+    config, rule = setup(tmp_path, receiver, "discord")
+    receiver.script["/discord"] = [(429, {"Retry-After": "120"}, b"slow down")]
+    sessions = open_store(config.database)
+    fire(sessions, config, rule)
+    deliver(sessions, config, NOW)
+    assert rows(sessions)[0].next_attempt_at == NOW + 120
+    assert deliver(sessions, config, NOW + 60)["sent"] == 0
+    assert deliver(sessions, config, NOW + 120)["sent"] == 1
+
+
+def test_a_permanent_refusal_stops_and_marks_the_channel_broken(
+    tmp_path: Path, receiver: Receiver
+) -> None:
+    config, rule = setup(tmp_path, receiver, "slack")
+    receiver.script["/slack"] = [(404, {}, b"no_service")]
+    sessions = open_store(config.database)
+    fire(sessions, config, rule)
+    assert deliver(sessions, config, NOW)["failed"] == 1
+    assert deliver(sessions, config, NOW + 3600)["sent"] == 0
+    assert len(receiver.received) == 1
+    (row,) = rows(sessions)
+    assert row.state == "failed" and row.last_error == "HTTP 404: no_service"
+    with sessions() as session:
+        assert channel_health(session) == {"chat": "broken"}
+
+
+def test_a_200_with_an_error_code_is_a_refusal(tmp_path: Path, receiver: Receiver) -> None:
+    config, rule = setup(tmp_path, receiver, "dingtalk", secret=SECRET)
+    receiver.script["/dingtalk"] = [(200, {}, b'{"errcode": 310000, "errmsg": "sign not match"}')]
+    sessions = open_store(config.database)
+    fire(sessions, config, rule)
+    assert deliver(sessions, config, NOW)["failed"] == 1
+    assert "sign not match" in (rows(sessions)[0].last_error or "")
+
+
+def test_pending_notifications_survive_a_restart(tmp_path: Path, receiver: Receiver) -> None:
+    config, rule = setup(tmp_path, receiver, "wecom")
+    receiver.script["/wecom"] = [(503, {}, b"")]
+    first = open_store(config.database)
+    fire(first, config, rule)
+    deliver(first, config, NOW)
+    first.kw["bind"].dispose()  # the process goes away
+    after_restart = open_store(config.database)
+    assert deliver(after_restart, config, NOW + 30)["sent"] == 1
+    assert [r.state for r in rows(after_restart)] == ["sent"]
+    assert len(receiver.received) == 2
+
+
+def test_rate_limited_channels_hold_the_rest(tmp_path: Path, receiver: Receiver) -> None:
+    config, rule = setup(tmp_path, receiver, "dingtalk")
+    sessions = open_store(config.database)
+    for _ in range(25):
+        fire(sessions, config, rule)
+    counts = deliver(sessions, config, NOW)
+    assert counts == {"sent": 20, "retry": 0, "failed": 0, "held": 5}
+    assert deliver(sessions, config, NOW + 61)["sent"] == 5
+
+
+def test_a_channel_without_what_it_needs_fails_with_a_reason(
+    tmp_path: Path, receiver: Receiver
+) -> None:
+    config, rule = setup(tmp_path, receiver, "telegram")  # no token, no chat_id
+    sessions = open_store(config.database)
+    fire(sessions, config, rule)
+    assert deliver(sessions, config, NOW)["failed"] == 1
+    assert rows(sessions)[0].last_error == "channel 'chat' (telegram) needs token and chat_id"
+
+
+NOTICE = Notice("fp", "kv", "qwen-a", FIRING, "page", 0.97, 0.9, ">", NOW - 60, NOW)
+
+
+@pytest.mark.parametrize(
+    ("kind", "extra"),
+    [("discord", {}), ("wecom", {}), ("slack", {}), ("teams", {})],
+)
+def test_messages_respect_each_platforms_size(kind: str, extra: dict[str, str]) -> None:
+    from dataclasses import replace
+
+    from kneepoint.config import Channel as ChannelConfig
+
+    target = channel(ChannelConfig(name="c", type=kind, url="http://x", **extra))  # type: ignore[arg-type]
+    long = replace(NOTICE, runbook="x" * 50_000)
+    text = json.dumps(target.request(long, NOW).json, ensure_ascii=False)
+    assert len(text) < target.max_chars + 2000
+    assert "kv on qwen-a" in text
+
+
+def test_pagerduty_trigger_and_resolve_share_the_dedup_key() -> None:
+    from dataclasses import replace
+
+    from kneepoint.config import Channel as ChannelConfig
+
+    pd = channel(ChannelConfig(name="pd", type="pagerduty", routing_key="R0UTING"))
+    trigger = pd.request(NOTICE, NOW)
+    resolve = pd.request(replace(NOTICE, status=RESOLVED), NOW)
+    assert trigger.url == "https://events.pagerduty.com/v2/enqueue"
+    assert trigger.json["event_action"] == "trigger" and resolve.json["event_action"] == "resolve"
+    assert trigger.json["dedup_key"] == resolve.json["dedup_key"] == "fp"
+    assert trigger.json["payload"]["severity"] == "critical"
+
+
+def test_teams_gets_an_adaptive_card_and_alertmanager_its_alert_list() -> None:
+    from kneepoint.config import Channel as ChannelConfig
+
+    teams = channel(ChannelConfig(name="t", type="teams", url="http://x")).request(NOTICE, NOW)
+    (attachment,) = teams.json["attachments"]
+    assert attachment["contentType"] == "application/vnd.microsoft.card.adaptive"
+    assert attachment["content"]["type"] == "AdaptiveCard"
+    am = channel(ChannelConfig(name="a", type="alertmanager", url="http://am:9093/"))
+    posted = am.request(NOTICE, NOW)
+    assert posted.url == "http://am:9093/api/v2/alerts"
+    assert posted.json[0]["labels"]["alertname"] == "kv"
