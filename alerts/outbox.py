@@ -85,19 +85,44 @@ def enqueue(
             continue
         notice = notice_for(change, rule, config, now)
         for name in rule.channels:
-            session.add(
-                NotificationRow(
-                    channel=name,
-                    fingerprint=notice.fingerprint,
-                    notice=json.dumps(asdict(notice)),
-                    state="pending",
-                    attempts=0,
-                    next_attempt_at=now,
-                    created_at=now,
-                )
-            )
+            put(session, name, notice, now)
             added += 1
     return added
+
+
+def put(session: Session, channel_name: str, notice: Notice, now: float) -> NotificationRow:
+    """One notice for one channel into the outbox, due now."""
+    row = NotificationRow(
+        channel=channel_name,
+        fingerprint=notice.fingerprint,
+        notice=json.dumps(asdict(notice)),
+        state="pending",
+        attempts=0,
+        next_attempt_at=now,
+        created_at=now,
+    )
+    session.add(row)
+    session.flush()  # its id, for whoever waits on it
+    return row
+
+
+def trial_notice(config: Config, channel_name: str, now: float) -> Notice:
+    """What `kneepoint alerts test` sends: a message that says it is a test."""
+    return Notice(
+        fingerprint=f"test-{int(now)}",
+        rule="kneepoint-test",
+        replica="",
+        status=FIRING,
+        severity="info",
+        value=None,
+        threshold=0.0,
+        op="==",
+        since=now,
+        at=now,
+        runbook=f"A test of channel {channel_name!r} from kneepoint; nothing is wrong.",
+        dashboard_url=config.dashboard_url,
+        page="alerts",
+    )
 
 
 def http_sender(timeout: float = 10.0) -> Sender:

@@ -11,6 +11,7 @@ import pandas as pd
 import streamlit as st
 from sqlalchemy.orm import Session, sessionmaker
 
+from alerts.outbox import channel_health
 from kneepoint.config import Config, config_path, load_config
 from kneepoint.knee.detect import Assessment, assess
 from kneepoint.knee.imports import read_all
@@ -193,3 +194,19 @@ def _alerts(path: str, start: float, end: float) -> tuple[pd.DataFrame, pd.DataF
             frame[column] = pd.to_datetime(frame[column], unit="s", utc=True)
         frame["replica"] = frame["replica"].replace("", "fleet")
     return current, history
+
+
+def deliveries(start: float, end: float) -> tuple[pd.DataFrame, dict[str, str]]:
+    return _deliveries(str(config_path().resolve()), start, end)
+
+
+@st.cache_data(ttl=5, show_spinner=False)
+def _deliveries(path: str, start: float, end: float) -> tuple[pd.DataFrame, dict[str, str]]:
+    """The delivery log of the range, and each configured channel's health."""
+    config, sessions = _open(path)
+    with sessions() as session:
+        log = queries.notifications(session, start, end)
+        health = channel_health(session)
+    for column in ("created_at", "sent_at", "next_attempt_at"):
+        log[column] = pd.to_datetime(log[column], unit="s", utc=True)
+    return log, {c.name: health.get(c.name, "no message yet") for c in config.channels}

@@ -11,7 +11,8 @@ st.title("Alerts")
 st.caption(
     "Rules over the numbers the other pages show (last 5 minutes; drops against the last "
     "hour), evaluated every evaluation_interval by `kneepoint serve` or `kneepoint alerts "
-    "eval`. Pending: breaching, waiting out its `for:`. Delivery to chat is not built yet."
+    "eval`. Pending: breaching, waiting out its `for:`. Firing and resolved alerts go to their "
+    "rules' channels through an outbox that retries until the platform takes or refuses them."
 )
 end = data.now()
 current, history = data.alerts(end - view.range_seconds, end)
@@ -31,3 +32,21 @@ if history.empty:
 else:
     shown = history[["ts", "rule", "replica", "before", "after", "value"]]
     st.dataframe(shown.rename(columns={"ts": "time"}), hide_index=True, width="stretch")
+
+log, health = data.deliveries(end - view.range_seconds, end)
+st.subheader("Channels")
+if not health:
+    st.info("No channel is configured (`channels:` in kneepoint.yaml).")
+else:
+    for column, (name, state) in zip(st.columns(len(health)), health.items(), strict=True):
+        column.metric(
+            name,
+            state,
+            help="broken: its latest message was refused (bad URL, token or signature); "
+            "`kneepoint alerts test --channel NAME` sends a test message.",
+        )
+st.subheader(f"Delivery log, last {view.range_label}")
+if log.empty:
+    st.info("Nothing was sent in this time range.")
+else:
+    st.dataframe(log, hide_index=True, width="stretch")

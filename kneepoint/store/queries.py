@@ -17,6 +17,7 @@ from kneepoint.store.models import (
     GpuSampleRow,
     HistogramLayoutRow,
     JobHealthRow,
+    NotificationRow,
     ReplicaSampleRow,
     ScrapeErrorRow,
     TargetRow,
@@ -150,5 +151,25 @@ def alert_history(session: Session, start: float, end: float) -> pd.DataFrame:
         select(table)
         .where(table.c.ts >= start, table.c.ts <= end)
         .order_by(table.c.ts.desc(), table.c.id.desc())
+    )
+    return pd.read_sql(query, session.connection())
+
+
+def notifications(session: Session, start: float, end: float) -> pd.DataFrame:
+    """The outbox's rows created in [start, end], newest first (the delivery log)."""
+    table = NotificationRow.__table__
+    query = (
+        select(
+            table.c.created_at,
+            table.c.channel,
+            table.c.fingerprint,
+            table.c.state,
+            table.c.attempts,
+            table.c.sent_at,
+            table.c.next_attempt_at,
+            table.c.last_error,
+        )
+        .where(table.c.created_at >= start, table.c.created_at <= end)
+        .order_by(table.c.id.desc())
     )
     return pd.read_sql(query, session.connection())

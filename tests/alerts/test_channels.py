@@ -260,3 +260,71 @@ def test_teams_gets_an_adaptive_card_and_alertmanager_its_alert_list() -> None:
     posted = am.request(NOTICE, NOW)
     assert posted.url == "http://am:9093/api/v2/alerts"
     assert posted.json[0]["labels"]["alertname"] == "kv"
+
+
+def test_alerts_test_sends_through_the_outbox_and_says_what_happened(
+    tmp_path: Path, receiver: Receiver
+) -> None:
+    from typer.testing import CliRunner
+
+    from kneepoint.cli import app
+
+    config_file = tmp_path / "kneepoint.yaml"
+    config_file.write_text(
+        f"database: sqlite:///{tmp_path / 'k.db'}\n"
+        "channels:\n"
+        f"  - {{name: ok, type: slack, url: '{receiver.url('/ok')}'}}\n"
+        f"  - {{name: gone, type: slack, url: '{receiver.url('/gone')}'}}\n"
+    )
+    receiver.script["/gone"] = [(410, {}, b"channel_is_archived")]
+    runner = CliRunner()
+    ok = runner.invoke(app, ["alerts", "test", "--channel", "ok", "--config", str(config_file)])
+    assert ok.exit_code == 0 and "ok: delivered" in ok.output
+    assert "A test of channel 'ok' from kneepoint" in json.loads(receiver.received[0].body)["text"]
+    gone = runner.invoke(app, ["alerts", "test", "--channel", "gone", "--config", str(config_file)])
+    assert gone.exit_code == 1 and "refused (HTTP 410: channel_is_archived)" in gone.output
+    unknown = runner.invoke(app, ["alerts", "test", "--channel", "x", "--config", str(config_file)])
+    assert unknown.exit_code == 2 and "no channel named 'x'" in unknown.output
+
+
+def test_the_alerts_page_shows_channel_health_and_the_delivery_log(
+    tmp_path: Path, receiver: Receiver, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    import time
+
+    from streamlit.testing.v1 import AppTest
+
+    from alerts.evaluate import evaluate_once
+    from app.registry import PAGES_DIR
+    from kneepoint.config import load_config
+    from tests.seed import seed
+
+    config_file = seed(tmp_path, time.time())
+    config_file.write_text(
+        config_file.read_text()
+        + "channels:\n"
+        + f"  - {{name: oncall, type: slack, url: '{receiver.url('/oncall')}'}}\n"
+        + f"  - {{name: old-room, type: discord, url: '{receiver.url('/old')}'}}\n"
+        + "rules:\n"
+        + "  - {name: target-down, metric: up, op: '==', threshold: 0, for: 0s,"
+        + " severity: page, channels: [oncall, old-room]}\n"
+    )
+    receiver.script["/old"] = [(404, {}, b"Unknown Webhook")]
+    monkeypatch.setenv("KNEEPOINT_CONFIG", str(config_file))
+    config = load_config(config_file)
+    sessions = open_store(config.database)
+    now = time.time() - 2
+    with sessions.begin() as session:
+        evaluate_once(session, config, now)
+    deliver(sessions, config, now)
+    page = AppTest.from_file(str(PAGES_DIR / "alerts.py"), default_timeout=60).run()
+    assert not page.exception, [e.value for e in page.exception]
+    health = {m.label: m.value for m in page.metric}
+    assert health["oncall"] == "ok" and health["old-room"] == "broken"
+    log = page.dataframe[-1].value
+    assert sorted(zip(log.channel, log.state, strict=True)) == [
+        ("old-room", "failed"),
+        ("oncall", "sent"),
+    ]
+    text = json.loads(next(r for r in receiver.received if r.path == "/oncall").body)["text"]
+    assert "target-down on replica-down" in text and "page=health" in text
