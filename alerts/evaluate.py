@@ -49,7 +49,7 @@ def evaluate_once(session: Session, config: Config, now: float) -> list[Transiti
         session.delete(session.get(AlertRow, key))
     for alert in states.values():
         session.merge(AlertRow(**asdict(alert), updated_at=now))
-    enqueue(session, config, rules, transitions, now)
+    enqueue(session, config, rules, transitions, now, states)
     for change in transitions:
         session.add(
             AlertHistoryRow(

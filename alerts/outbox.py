@@ -1,8 +1,8 @@
 """Nothing lost, nothing doubled: every notification is a row in the outbox before any
 request is made, and leaves the pending state only when the platform took it (sent) or
-refused it for good (failed). Timeouts, 5xx and 429 are retried with exponential backoff
-(honouring Retry-After); pending rows survive a restart and go out after it; channels with a
-rate limit (DingTalk, WeCom) are held to it."""
+refused it for good (failed); a silenced or inhibited one is kept as muted. Timeouts, 5xx
+and 429 are retried with exponential backoff (honouring Retry-After); pending rows survive a
+restart and go out after it; channels with a rate limit (DingTalk, WeCom) are held to it."""
 
 from __future__ import annotations
 
@@ -14,8 +14,9 @@ import httpx
 from sqlalchemy import func, select
 from sqlalchemy.orm import Session
 
+from alerts import silences
 from alerts.channels import Notice, Outgoing, channel
-from alerts.engine import FIRING, RESOLVED, Transition
+from alerts.engine import FIRING, RESOLVED, Alert, Transition
 from kneepoint.config import Config, Rule
 from kneepoint.store.models import NotificationRow
 
@@ -72,11 +73,18 @@ def notice_for(change: Transition, rule: Rule, config: Config, now: float) -> No
 
 
 def enqueue(
-    session: Session, config: Config, rules: list[Rule], changes: list[Transition], now: float
+    session: Session,
+    config: Config,
+    rules: list[Rule],
+    changes: list[Transition],
+    now: float,
+    states: dict[str, Alert] | None = None,
 ) -> int:
     """Put every firing and every resolution (of an alert that fired) in the outbox, once
-    per channel of its rule; return how many rows were added."""
+    per channel of its rule; a silenced or inhibited one is logged as such and not sent.
+    Return how many rows will be sent."""
     by_name = {rule.name: rule for rule in rules}
+    active = silences.load(session)
     added = 0
     for change in changes:
         news = change.after == FIRING or (change.after == RESOLVED and change.before == FIRING)
@@ -84,9 +92,14 @@ def enqueue(
         if not news or rule is None:
             continue
         notice = notice_for(change, rule, config, now)
+        labels = silences.labels_of(rule.name, notice.replica, rule.severity, dict(rule.labels))
+        why = silences.muted(labels, active, states or {}, now)
         for name in rule.channels:
-            put(session, name, notice, now)
-            added += 1
+            row = put(session, name, notice, now)
+            if why is not None:
+                row.state, row.last_error = "muted", why
+            else:
+                added += 1
     return added
 
 

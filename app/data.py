@@ -11,7 +11,9 @@ import pandas as pd
 import streamlit as st
 from sqlalchemy.orm import Session, sessionmaker
 
+from alerts import silences
 from alerts.outbox import channel_health
+from alerts.silences import Silence
 from kneepoint.config import Config, config_path, load_config
 from kneepoint.knee.detect import Assessment, assess
 from kneepoint.knee.imports import read_all
@@ -210,3 +212,29 @@ def _deliveries(path: str, start: float, end: float) -> tuple[pd.DataFrame, dict
     for column in ("created_at", "sent_at", "next_attempt_at"):
         log[column] = pd.to_datetime(log[column], unit="s", utc=True)
     return log, {c.name: health.get(c.name, "no message yet") for c in config.channels}
+
+
+def silence_list() -> list[Silence]:
+    _, sessions = store()
+    with sessions() as session:
+        return silences.load(session)
+
+
+def create_silence(matchers: str, hours: float, author: str, comment: str) -> int:
+    """`matchers` as typed: "alertname=kv-cache-saturated, replica=qwen-a"."""
+    pairs = {}
+    for part in matchers.split(","):
+        name, sep, value = part.partition("=")
+        if not sep or not name.strip() or not value.strip():
+            raise ValueError(f"matcher {part.strip()!r} is not label=value")
+        pairs[name.strip()] = value.strip()
+    _, sessions = store()
+    now = time.time()
+    with sessions.begin() as session:
+        return silences.create(session, pairs, now, now + hours * 3600, author, comment, now)
+
+
+def expire_silence(silence_id: int) -> bool:
+    _, sessions = store()
+    with sessions.begin() as session:
+        return silences.expire(session, silence_id, time.time())

@@ -50,3 +50,31 @@ if log.empty:
     st.info("Nothing was sent in this time range.")
 else:
     st.dataframe(log, hide_index=True, width="stretch")
+
+st.subheader("Silences")
+active = [s for s in data.silence_list() if s.ends_at > end]
+if not active:
+    st.caption("No silence is active or scheduled.")
+for silence in active:
+    left, right = st.columns([4, 1])
+    matchers = ", ".join(f"{k}={v}" for k, v in silence.matchers.items())
+    left.write(f"#{silence.id} `{matchers}`, {silence.author}: {silence.comment}")
+    if right.button("Expire", key=f"expire-{silence.id}"):
+        data.expire_silence(silence.id)
+        st.rerun()
+with st.form("new-silence"):
+    st.caption(
+        "Alerts whose labels (alertname, replica, severity, and the rule's own) match "
+        "every matcher send nothing while the silence lasts."
+    )
+    matchers = st.text_input("Matchers", placeholder="alertname=kv-cache-saturated, replica=qwen-a")
+    hours = st.number_input("Hours", min_value=0.25, max_value=24 * 30.0, value=2.0, step=0.25)
+    author = st.text_input("Author")
+    comment = st.text_input("Comment")
+    if st.form_submit_button("Silence"):
+        try:
+            number = data.create_silence(matchers, hours, author or "anonymous", comment)
+        except ValueError as error:
+            st.error(str(error))
+        else:
+            st.success(f"Silence #{number} created.")

@@ -222,3 +222,17 @@ class NotificationRow(Base):
     last_error: Mapped[str | None] = mapped_column(Text)
     created_at: Mapped[float] = mapped_column(Float)
     sent_at: Mapped[float | None] = mapped_column(Float)
+
+
+class SilenceRow(Base):
+    """A silence: alerts whose labels match every matcher send nothing while it lasts."""
+
+    __tablename__ = "silences"
+
+    id: Mapped[int] = mapped_column(Integer, primary_key=True)
+    matchers: Mapped[str] = mapped_column(Text)  # JSON {label: value}
+    starts_at: Mapped[float] = mapped_column(Float)
+    ends_at: Mapped[float] = mapped_column(Float)
+    author: Mapped[str] = mapped_column(String(200))
+    comment: Mapped[str] = mapped_column(Text)
+    created_at: Mapped[float] = mapped_column(Float)

@@ -328,3 +328,61 @@ def test_the_alerts_page_shows_channel_health_and_the_delivery_log(
     ]
     text = json.loads(next(r for r in receiver.received if r.path == "/oncall").body)["text"]
     assert "target-down on replica-down" in text and "page=health" in text
+
+
+def test_a_silence_suppresses_and_a_down_replica_inhibits_its_other_alerts(
+    tmp_path: Path, receiver: Receiver
+) -> None:
+    from alerts import silences
+    from alerts.engine import evaluate
+
+    config, kv = setup(tmp_path, receiver, "slack")
+    down = Rule.model_validate(
+        {"name": "target-down", "metric": "up", "op": "==", "threshold": 0, "channels": ["chat"]}
+    )
+    sessions = open_store(config.database)
+    with sessions.begin() as session:
+        silence = silences.create(
+            session,
+            {"alertname": "kv-cache-saturated", "replica": "b"},
+            NOW - 10,
+            NOW + 3600,
+            "ana",
+            "resizing b",
+            NOW,
+        )
+    values = {
+        "a": {"kv_cache_occupancy": 0.97, "up": 0.0},  # down: its KV alert is a consequence
+        "b": {"kv_cache_occupancy": 0.97, "up": 1.0},  # silenced
+        "c": {"kv_cache_occupancy": 0.97, "up": 1.0},  # sent
+    }
+    states, changes = evaluate([down, kv.model_copy(update={"for_": 0})], values, {}, NOW)
+    with sessions.begin() as session:
+        assert enqueue(session, config, [down, kv], changes, NOW, states) == 2
+    deliver(sessions, config, NOW)
+    texts = sorted(json.loads(r.body)["text"].split("\n")[0] for r in receiver.received)
+    assert texts == ["[PAGE] kv-cache-saturated on c", "[TICKET] target-down on a"]
+    muted = {
+        (json.loads(r.notice)["replica"], r.last_error)
+        for r in rows(sessions)
+        if r.state == "muted"
+    }
+    assert muted == {
+        ("a", "inhibited: a is down"),
+        ("b", f"silenced by #{silence} (ana: resizing b)"),
+    }
+    # Expired, the silence no longer holds.
+    with sessions.begin() as session:
+        assert silences.expire(session, silence, NOW + 60)
+        assert not silences.expire(session, silence, NOW + 61)
+        assert (
+            silences.muted(
+                {"alertname": "kv-cache-saturated", "replica": "b"},
+                silences.load(session),
+                {},
+                NOW + 61,
+            )
+            is None
+        )
+    with sessions.begin() as session, pytest.raises(ValueError, match="at least one matcher"):
+        silences.create(session, {}, NOW, NOW + 1, "x", "y", NOW)

@@ -114,3 +114,21 @@ def test_the_alerts_page_shows_what_fires_and_what_changed(seeded: Path) -> None
     history = page.dataframe[1].value
     down = history[history.rule == "target-down"]
     assert list(down.after) == ["firing", "pending"]  # newest first
+
+
+def test_silences_are_created_and_expired_on_the_alerts_page(seeded: Path) -> None:
+    page = AppTest.from_file(str(PAGES_DIR / "alerts.py"), default_timeout=60).run()
+    page.text_input[0].input("alertname=kv-cache-saturated, replica=replica-a")
+    page.text_input[1].input("ana")
+    page.text_input[2].input("resizing")
+    page.button[-1].click().run()  # the form's submit (the last button)
+    assert not page.exception, [e.value for e in page.exception]
+    assert any("Silence #1 created." in box.value for box in page.success)
+    (silence,) = data.silence_list()
+    assert silence.matchers == {"alertname": "kv-cache-saturated", "replica": "replica-a"}
+    page.run()
+    page.button(key="expire-1").click().run()
+    assert data.silence_list()[0].ends_at <= time.time()
+    page.text_input[0].input("no equals sign")
+    page.button[-1].click().run()
+    assert "is not label=value" in page.error[0].value
