@@ -97,6 +97,22 @@ def test_channel(
             fail(f"{channel_name}: refused ({row.last_error})", 1)
 
 
+@alerts_app.command("export")
+def export(
+    format_: Annotated[str, typer.Option("--format", help="prometheus")] = "prometheus",
+    config: ConfigOption = None,
+) -> None:
+    """The rules as Prometheus recording and alerting rules (YAML on stdout)."""
+    from alerts.export import prometheus_rules
+
+    if format_ != "prometheus":
+        fail(f"--format: only prometheus is supported, not {format_!r}", 2)
+    text, left_out = prometheus_rules(_rules(load_settings(config)))
+    typer.echo(text, nl=False)
+    for line in left_out:
+        typer.echo(f"# left out: {line}", err=True)
+
+
 @alerts_app.command("list")
 def list_alerts(
     config: ConfigOption = None,
