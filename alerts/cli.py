@@ -39,12 +39,16 @@ def evaluate(
     once: Annotated[bool, typer.Option("--once", help="Evaluate once and exit.")] = False,
 ) -> None:
     """Evaluate every rule on the stored data (once, or every evaluation_interval)."""
-    from alerts.evaluate import evaluate_once
+    from alerts.evaluate import evaluate_once, slo_problems
     from alerts.outbox import deliver_due, http_sender
 
     settings = load_settings(config)
     _rules(settings)
     sessions = open_sessions(settings)
+
+    with sessions() as session:
+        for problem in slo_problems(session, settings, clock.system_clock()):
+            typer.echo(f"warning: {problem}; its burn-rate alerts are off", err=True)
 
     def round_() -> None:
         with sessions.begin() as session:

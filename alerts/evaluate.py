@@ -8,12 +8,13 @@ from dataclasses import asdict
 from sqlalchemy import select
 from sqlalchemy.orm import Session
 
+from alerts import slo
 from alerts.engine import Alert, Transition, evaluate
 from alerts.outbox import enqueue
 from alerts.rules import effective_rules
-from alerts.values import values
+from alerts.values import FLEET, values
 from kneepoint.config import Config
-from kneepoint.status import build_status
+from kneepoint.status import build_status, fleet_window
 from kneepoint.store.models import AlertHistoryRow, AlertRow
 from kneepoint.views import build_view
 
@@ -38,13 +39,54 @@ def load_alerts(session: Session) -> dict[str, Alert]:
     }
 
 
+def burn_rates(
+    session: Session, config: Config, now: float
+) -> dict[str, dict[float, float | None]]:
+    """Each SLO's burn rate over every window the burn alerts use, for the fleet."""
+    fleet = {
+        seconds: fleet_window(session, config, now, seconds) for seconds in slo.windows_needed()
+    }
+    rates: dict[str, dict[float, float | None]] = {}
+    for s in config.slos:
+        try:
+            rates[s.name] = {
+                seconds: slo.burn_rate(s, window.histograms.get(s.metric))
+                for seconds, window in fleet.items()
+            }
+        except slo.ThresholdNotABound:  # said by `alerts eval` and the SLOs page; no burn
+            rates[s.name] = {}
+    return rates
+
+
+def slo_problems(session: Session, config: Config, now: float) -> list[str]:
+    """SLOs whose threshold is not a bucket bound of the histogram they read."""
+    fleet = fleet_window(session, config, now, slo.HOUR)
+    problems = []
+    for s in config.slos:
+        histogram = fleet.histograms.get(s.metric)
+        if histogram is None:
+            continue
+        try:
+            slo.check_threshold(s, histogram.bounds)
+        except slo.ThresholdNotABound as error:
+            problems.append(str(error))
+    return problems
+
+
 def evaluate_once(session: Session, config: Config, now: float) -> list[Transition]:
     """Evaluate every rule now; store states and transitions; return the transitions."""
     rules = effective_rules(config)
     view = build_view(session, config, now, WINDOW)
     baseline = build_status(session, config, now, BASELINE)
     current = load_alerts(session)
-    states, transitions = evaluate(rules, values(view, baseline), current, now)
+    watched = values(view, baseline)
+    if config.slos:
+        rules = rules + slo.burn_rules(config.slos)
+        watched[FLEET] = {
+            **watched[FLEET],
+            **slo.burn_values(config.slos, burn_rates(session, config, now)),
+        }
+    states, transitions = evaluate(rules, watched, current, now)
     for key in set(current) - set(states):  # pending that recovered before firing
         session.delete(session.get(AlertRow, key))
     for alert in states.values():

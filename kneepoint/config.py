@@ -91,6 +91,7 @@ class Slo(Strict):
     threshold: Duration
     objective: Annotated[float, Field(gt=0.0, lt=1.0)]
     window: Duration = 30 * 86400.0
+    channels: list[str] = []  # where its burn-rate alerts go
 
 
 ChannelType = Literal[
@@ -168,6 +169,10 @@ class Config(Strict):
             for channel in rule.channels:
                 if channel not in known:
                     raise ValueError(f"rules[{index}].channels names unknown channel {channel!r}")
+        for index, slo in enumerate(self.slos):
+            for channel in slo.channels:
+                if channel not in known:
+                    raise ValueError(f"slos[{index}].channels names unknown channel {channel!r}")
         for channel in self.report.channels:
             if channel not in known:
                 raise ValueError(f"report.channels names unknown channel {channel!r}")

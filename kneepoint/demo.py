@@ -66,7 +66,7 @@ def write_config(folder: Path, fleet: Fleet) -> Path:
             {
                 "name": "interactive-ttft",
                 "metric": "ttft",
-                "threshold": "2s",
+                "threshold": "2.5s",  # a bucket bound of vLLM's TTFT histogram
                 "objective": 0.99,
                 "window": "30d",
             },

@@ -281,3 +281,20 @@ def _column(frame: pd.DataFrame, key: str) -> list[float | None]:
 def _mean(values: list[Any]) -> float | None:
     known = [v for v in values if v is not None]
     return sum(known) / len(known) if known else None
+
+
+def fleet_window(session: Session, config: Config, now: float, window: float) -> Window:
+    """The fleet's window over [now − window, now] (its counter increases and histograms),
+    from the same reads and the same merge as the status's fleet numbers."""
+    samples = queries.replica_frame(session, now - window, now, columns=queries.LIGHT_COLUMNS)
+    spans = frame_windows(
+        samples, queries.histogram_layouts(session), _edge_reader(session, samples)
+    )
+    ids = {
+        row.id for name, row in queries.targets(session).items() if name in _replica_names(config)
+    }
+    return merge([w for target_id, w in spans.items() if target_id in ids])
+
+
+def _replica_names(config: Config) -> set[str]:
+    return {t.name for t in config.targets if t.kind == "vllm"}
