@@ -105,3 +105,16 @@ def evaluate_once(session: Session, config: Config, now: float) -> list[Transiti
             )
         )
     return transitions
+
+
+def slo_reports(session: Session, config: Config, now: float) -> list[slo.Report]:
+    """Every SLO's compliance and budget over its window, and its burn rates, for the fleet."""
+    fleet = {
+        seconds: fleet_window(session, config, now, seconds) for seconds in slo.windows_needed()
+    }
+    reports = []
+    for s in config.slos:
+        whole = fleet_window(session, config, now, s.window).histograms.get(s.metric)
+        windows = {seconds: w.histograms.get(s.metric) for seconds, w in fleet.items()}
+        reports.append(slo.report(s, windows, whole))
+    return reports

@@ -62,9 +62,11 @@ def check_threshold(slo: Slo, bounds: tuple[float, ...]) -> None:
 
 def bad_share(slo: Slo, window: Histogram | None) -> float | None:
     """Share of the window's requests slower than the threshold; None with no requests."""
-    if window is None or window.count <= 0:
+    if window is None:
         return None
-    check_threshold(slo, window.bounds)
+    check_threshold(slo, window.bounds)  # even with no requests yet: the SLO is wrong now
+    if window.count <= 0:
+        return None
     index = next(i for i, b in enumerate(window.bounds) if math.isclose(b, slo.threshold))
     return max(0.0, 1.0 - window.counts[index] / window.count)
 
@@ -144,3 +146,22 @@ def burn_values(
 
 def windows_needed() -> list[float]:
     return sorted({s for w in BURN_WINDOWS for s in (w.long, w.short)})
+
+
+@dataclass(frozen=True)
+class Report:
+    """One SLO as the SLOs page shows it."""
+
+    slo: Slo
+    budget: Budget
+    rates: dict[float, float | None]  # burn rate per window length
+    burning: list[BurnWindow]
+    problem: str | None = None
+
+
+def report(slo_: Slo, windows: dict[float, Histogram | None], whole: Histogram | None) -> Report:
+    try:
+        rates = {seconds: burn_rate(slo_, h) for seconds, h in windows.items()}
+        return Report(slo_, budget(slo_, whole), rates, burning(slo_, rates))
+    except ThresholdNotABound as error:
+        return Report(slo_, Budget(None, None), {}, [], str(error))

@@ -11,9 +11,11 @@ import pandas as pd
 import streamlit as st
 from sqlalchemy.orm import Session, sessionmaker
 
+from alerts import evaluate as alert_rounds
 from alerts import silences
 from alerts.outbox import channel_health
 from alerts.silences import Silence
+from alerts.slo import Report
 from kneepoint.config import Config, config_path, load_config
 from kneepoint.knee.detect import Assessment, assess
 from kneepoint.knee.imports import read_all
@@ -238,3 +240,14 @@ def expire_silence(silence_id: int) -> bool:
     _, sessions = store()
     with sessions.begin() as session:
         return silences.expire(session, silence_id, time.time())
+
+
+def slo_reports(now: float) -> list[Report]:
+    return _slo_reports(str(config_path().resolve()), now)
+
+
+@st.cache_data(ttl=30, show_spinner=False)
+def _slo_reports(path: str, now: float) -> list[Report]:
+    config, sessions = _open(path)
+    with sessions() as session:
+        return alert_rounds.slo_reports(session, config, now)

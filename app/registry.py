@@ -21,6 +21,7 @@ class PageSpec:
 PAGES = (
     PageSpec("overview.py", "Overview", ":material/monitoring:", "overview"),
     PageSpec("alerts.py", "Alerts", ":material/notifications_active:", "alerts"),
+    PageSpec("slos.py", "SLOs", ":material/speed:", "slos"),
     PageSpec("capacity.py", "Capacity", ":material/memory:", "capacity"),
     PageSpec("prefix_cache.py", "Prefix cache", ":material/cached:", "prefix-cache"),
     PageSpec("spec_decode.py", "Speculative decoding", ":material/fast_forward:", "spec-decode"),

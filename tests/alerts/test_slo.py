@@ -123,3 +123,31 @@ slos:
         "SLO 'odd': threshold 0.3s is not a bucket bound of the ttft histogram "
         "(nearest: 0.25s and 0.5s)"
     ]
+
+
+def test_the_slos_page_shows_budget_and_burn(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from streamlit.testing.v1 import AppTest
+
+    from app.registry import PAGES_DIR
+    from tests.seed import seed
+
+    config_file = seed(tmp_path, time.time())
+    config_file.write_text(
+        config_file.read_text()
+        + "slos:\n"
+        + "  - {name: ttft, metric: ttft, threshold: 0.25s, objective: 0.99}\n"
+        + "  - {name: odd, metric: ttft, threshold: 0.3s, objective: 0.99}\n"
+    )
+    monkeypatch.setenv("KNEEPOINT_CONFIG", str(config_file))
+    page = AppTest.from_file(str(PAGES_DIR / "slos.py"), default_timeout=60).run()
+    assert not page.exception, [e.value for e in page.exception]
+    headers = [h.value for h in page.subheader]
+    assert headers == [
+        "ttft: ttft ≤ 0.25 s for 99.00% over 30d",
+        "odd: ttft ≤ 0.3 s for 99.00% over 30d",
+    ]
+    assert "not a bucket bound" in page.error[0].value
+    (table,) = [d.value for d in page.dataframe]
+    assert list(table["factor"].round(6)) == [14.4, 6.0, 3.0, 1.0]
