@@ -92,6 +92,17 @@ def test_the_demo_shows_every_replica_and_gpu_within_two_minutes(tmp_path: Path)
             "qwen3-4b-l4-fp8-kv-sweep",
         }
         assert all(r["knee_concurrency"] for r in runs)
+        # The alert job runs on the schedule, SLO burn rates included, without failing.
+        deadline = time.monotonic() + 60
+        while time.monotonic() < deadline:
+            with open_store(settings.database)() as session:
+                health = {row.job_id: row for row in queries.job_health(session)}
+            if "alerts" in health and health["alerts"].runs >= 1:
+                break
+            time.sleep(2)
+        assert health["alerts"].runs >= 1 and health["alerts"].failures == 0, health[
+            "alerts"
+        ].last_error
     finally:
         demo.send_signal(signal.SIGINT)
         try:
