@@ -9,7 +9,7 @@ from sqlalchemy import select
 from sqlalchemy.orm import Session
 
 from alerts import slo
-from alerts.engine import Alert, Transition, evaluate
+from alerts.engine import FIRING, Alert, Transition, evaluate
 from alerts.outbox import enqueue
 from alerts.rules import effective_rules
 from alerts.values import FLEET, values
@@ -87,11 +87,23 @@ def evaluate_once(session: Session, config: Config, now: float) -> list[Transiti
             **slo.burn_values(config.slos, burn_rates(session, config, now)),
         }
     states, transitions = evaluate(rules, watched, current, now)
+    notified = dict(session.execute(select(AlertRow.fingerprint, AlertRow.notified_at)).all())
+    news = {c.alert.fingerprint for c in transitions if c.after == FIRING}
+    reminders = [
+        Transition(alert, FIRING, FIRING)
+        for key, alert in states.items()
+        if alert.state == FIRING
+        and key not in news
+        and config.repeat_interval > 0
+        and (notified.get(key) or alert.fired_at or now) <= now - config.repeat_interval
+    ]
+    news |= {r.alert.fingerprint for r in reminders}
     for key in set(current) - set(states):  # pending that recovered before firing
         session.delete(session.get(AlertRow, key))
-    for alert in states.values():
-        session.merge(AlertRow(**asdict(alert), updated_at=now))
-    enqueue(session, config, rules, transitions, now, states)
+    for key, alert in states.items():
+        sent = now if key in news else notified.get(key)
+        session.merge(AlertRow(**asdict(alert), updated_at=now, notified_at=sent))
+    enqueue(session, config, rules, transitions + reminders, now, states)
     for change in transitions:
         session.add(
             AlertHistoryRow(

@@ -87,6 +87,7 @@ def enqueue(
     active = silences.load(session)
     added = 0
     for change in changes:
+        # Firing (first time or a repeat_interval reminder), or resolved after it fired.
         news = change.after == FIRING or (change.after == RESOLVED and change.before == FIRING)
         rule = by_name.get(change.alert.rule)
         if not news or rule is None:

@@ -149,6 +149,7 @@ class Config(Strict):
     database: str = "sqlite:///kneepoint.db"
     scrape_interval: Duration = 15.0
     evaluation_interval: Duration = 15.0
+    repeat_interval: Duration = 4 * 3600.0  # remind of a firing alert this often (0: never)
     retention: Retention = Retention()
     dashboard_url: str = "http://localhost:8501"
     targets: list[Target] = []

@@ -190,6 +190,7 @@ class AlertRow(Base):
     fired_at: Mapped[float | None] = mapped_column(Float)
     resolved_at: Mapped[float | None] = mapped_column(Float)
     updated_at: Mapped[float] = mapped_column(Float)
+    notified_at: Mapped[float | None] = mapped_column(Float)  # the last firing news sent
 
 
 class AlertHistoryRow(Base):

@@ -132,3 +132,29 @@ def test_silences_are_created_and_expired_on_the_alerts_page(seeded: Path) -> No
     page.text_input[0].input("no equals sign")
     page.button[-1].click().run()
     assert "is not label=value" in page.error[0].value
+
+
+def test_a_firing_alert_is_repeated_every_repeat_interval_and_not_in_between(
+    tmp_path: Path,
+) -> None:
+    from kneepoint.store.models import NotificationRow
+
+    config_file = seed(tmp_path, time.time())
+    config_file.write_text(
+        config_file.read_text()
+        + "repeat_interval: 1h\n"
+        + "channels: [{name: hook, type: webhook, url: 'http://127.0.0.1:9/hook'}]\n"
+        + "rules: [{name: target-down, metric: up, op: '==', threshold: 0, for: 0s,"
+        + " channels: [hook]}]\n"
+    )
+    config = load_config(config_file)
+    sessions = open_store(config.database)
+    now = time.time()
+    sent_after = []
+    for minutes in (0, 30, 59, 61, 90, 122):
+        with sessions.begin() as session:
+            evaluate_once(session, config, now + minutes * 60)
+        with sessions() as session:
+            sent_after.append(session.query(NotificationRow).count())
+    # News at 0, a reminder once an hour has passed (61), and the next at 122.
+    assert sent_after == [1, 1, 1, 2, 2, 3]
