@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import json
 from collections.abc import Callable
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, replace
 
 import httpx
 from sqlalchemy import func, select
@@ -84,8 +84,10 @@ def enqueue(
     per channel of its rule; a silenced or inhibited one is logged as such and not sent.
     Return how many rows will be sent."""
     by_name = {rule.name: rule for rule in rules}
+    configs = {c.name: c for c in config.channels}
     active = silences.load(session)
     added = 0
+    groups: dict[tuple[str, str], list[Notice]] = {}  # (rule, status) -> notices to send
     for change in changes:
         # Firing (first time or a repeat_interval reminder), or resolved after it fired.
         news = change.after == FIRING or (change.after == RESOLVED and change.before == FIRING)
@@ -95,13 +97,29 @@ def enqueue(
         notice = notice_for(change, rule, config, now)
         labels = silences.labels_of(rule.name, notice.replica, rule.severity, dict(rule.labels))
         why = silences.muted(labels, active, states or {}, now)
-        for name in rule.channels:
+        if why is None:
+            groups.setdefault((rule.name, notice.status), []).append(notice)
+            continue
+        for name in rule.channels:  # kept, so the log says why nothing was sent
             row = put(session, name, notice, now)
-            if why is not None:
-                row.state, row.last_error = "muted", why
-            else:
+            row.state, row.last_error = "muted", why
+    for (rule_name, _status), notices in groups.items():
+        for name in by_name[rule_name].channels:
+            spec = configs.get(name)
+            grouped = spec is not None and channel(spec).groups and len(notices) > 1
+            for notice in [group_of(notices)] if grouped else notices:
+                put(session, name, notice, now)
                 added += 1
     return added
+
+
+def group_of(notices: list[Notice]) -> Notice:
+    """One notice for the same rule's news on several replicas."""
+    first = notices[0]
+    members = [
+        {"replica": n.replica, "value": n.value, "fingerprint": n.fingerprint} for n in notices
+    ]
+    return replace(first, members=members, since=min(n.since for n in notices))
 
 
 def put(session: Session, channel_name: str, notice: Notice, now: float) -> NotificationRow:

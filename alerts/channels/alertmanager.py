@@ -10,8 +10,11 @@ class Alertmanager(Channel):
     max_chars = 20000
 
     def request(self, notice: Notice, now: float) -> Outgoing:
-        alert = alert_object(notice)
-        posted = {k: alert[k] for k in ("labels", "annotations", "startsAt", "generatorURL")}
-        if notice.status == "resolved":
-            posted["endsAt"] = alert["endsAt"]
-        return Outgoing(f"{self.url.rstrip('/')}/api/v2/alerts", [posted], self.config.headers)
+        posted = []
+        for one in notice.split():
+            alert = alert_object(one)
+            entry = {k: alert[k] for k in ("labels", "annotations", "startsAt", "generatorURL")}
+            if one.status == "resolved":
+                entry["endsAt"] = alert["endsAt"]
+            posted.append(entry)
+        return Outgoing(f"{self.url.rstrip('/')}/api/v2/alerts", posted, self.config.headers)

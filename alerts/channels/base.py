@@ -4,7 +4,7 @@ and the HTTP request a platform wants."""
 from __future__ import annotations
 
 from abc import ABC, abstractmethod
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from datetime import UTC, datetime
 from typing import Any
 from urllib.parse import urlencode
@@ -30,6 +30,23 @@ class Notice:
     dashboard_url: str = "http://localhost:8501"
     page: str = "overview"
     labels: dict[str, str] = field(default_factory=dict)
+    # A group: the same rule's news for several replicas in one evaluation, one message.
+    members: list[dict[str, Any]] = field(default_factory=list)
+
+    def split(self) -> list[Notice]:
+        """The group's alerts one by one (each with its own replica, value, fingerprint)."""
+        if not self.members:
+            return [self]
+        return [
+            replace(
+                self,
+                replica=m["replica"],
+                value=m["value"],
+                fingerprint=m["fingerprint"],
+                members=[],
+            )
+            for m in self.members
+        ]
 
     @property
     def where(self) -> str:
@@ -39,25 +56,33 @@ class Notice:
     def link(self) -> str:
         """The page, replica and time range that explain it."""
         query: dict[str, str] = {"page": self.page, "range": "1h"}
-        if self.replica:
+        if self.replica and not self.members:
             query["replica"] = self.replica
         return f"{self.dashboard_url.rstrip('/')}/?{urlencode(query)}"
 
     def title(self) -> str:
         mark = "RESOLVED" if self.status == "resolved" else self.severity.upper()
-        return f"[{mark}] {self.rule} on {self.where}"
+        where = f"{len(self.members)} replicas" if self.members else self.where
+        return f"[{mark}] {self.rule} on {where}"
 
     def text(self) -> str:
-        value = "no data" if self.value is None else f"{self.value:.4g}"
         since = datetime.fromtimestamp(self.since, UTC).strftime("%Y-%m-%d %H:%M UTC")
-        lines = [
-            self.title(),
-            f"value {value} (threshold {self.op} {self.threshold:g}), since {since}",
-            self.link,
-        ]
+        if self.members:
+            values = ", ".join(
+                f"{m['replica'] or 'fleet'} {_value(m['value'])}" for m in self.members
+            )
+        else:
+            values = _value(self.value)
+        word = "values" if self.members else "value"
+        detail = f"{word} {values} (threshold {self.op} {self.threshold:g}), since {since}"
+        lines = [self.title(), detail, self.link]
         if self.runbook and self.status == "firing":
             lines.append(f"runbook: {self.runbook}")
         return "\n".join(lines)
+
+
+def _value(value: float | None) -> str:
+    return "no data" if value is None else f"{value:.4g}"
 
 
 @dataclass(frozen=True)
@@ -72,6 +97,7 @@ class Outgoing:
 
 class Channel(ABC):
     max_chars = 4000  # the platform's message size limit, with room for the envelope
+    groups = True  # several alerts of one rule in one message (not where each is an incident)
     per_minute: int | None = None  # the platform's rate limit, when it has one
 
     def __init__(self, config: ChannelConfig) -> None:

@@ -10,6 +10,7 @@ SEVERITY = {"page": "critical", "ticket": "warning", "info": "info"}
 
 class PagerDuty(Channel):
     max_chars = 1024  # payload.summary
+    groups = False  # each alert is its own incident, keyed by its fingerprint
 
     def request(self, notice: Notice, now: float) -> Outgoing:
         if not self.config.routing_key:

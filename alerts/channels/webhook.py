@@ -40,11 +40,18 @@ def alert_object(notice: Notice) -> dict[str, object]:
     }
 
 
+def _common(sets: list[dict[str, str]]) -> dict[str, str]:
+    """What every alert of the group shares."""
+    return {k: v for k, v in sets[0].items() if all(other.get(k) == v for other in sets)}
+
+
 class Webhook(Channel):
     max_chars = 20000
 
     def request(self, notice: Notice, now: float) -> Outgoing:
-        alert = alert_object(notice)
+        alerts = [alert_object(one) for one in notice.split()]
+        common = _common([dict(a["labels"]) for a in alerts])  # type: ignore[call-overload]
+        notes = _common([dict(a["annotations"]) for a in alerts])  # type: ignore[call-overload]
         body = {
             "version": "4",
             "groupKey": notice.fingerprint,
@@ -52,10 +59,10 @@ class Webhook(Channel):
             "status": notice.status,
             "receiver": self.config.name,
             "groupLabels": {"alertname": notice.rule},
-            "commonLabels": alert["labels"],
-            "commonAnnotations": alert["annotations"],
+            "commonLabels": common,
+            "commonAnnotations": notes,
             "externalURL": notice.dashboard_url,
-            "alerts": [alert],
+            "alerts": alerts,
         }
         content = json.dumps(body).encode()
         headers = {"Content-Type": "application/json", **self.config.headers}

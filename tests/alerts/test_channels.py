@@ -386,3 +386,46 @@ def test_a_silence_suppresses_and_a_down_replica_inhibits_its_other_alerts(
         )
     with sessions.begin() as session, pytest.raises(ValueError, match="at least one matcher"):
         silences.create(session, {}, NOW, NOW + 1, "x", "y", NOW)
+
+
+def test_one_rule_firing_on_several_replicas_is_one_message_except_for_pagerduty(
+    tmp_path: Path, receiver: Receiver
+) -> None:
+    from alerts.engine import evaluate
+
+    config = Config.model_validate(
+        {
+            "database": f"sqlite:///{tmp_path / 'k.db'}",
+            "channels": [
+                {"name": "chat", "type": "slack", "url": receiver.url("/slack")},
+                {"name": "hook", "type": "webhook", "url": receiver.url("/hook")},
+                {"name": "pd", "type": "pagerduty", "url": receiver.url("/pd"), "routing_key": "R"},
+            ],
+        }
+    )
+    kv = Rule.model_validate(
+        {
+            "name": "kv",
+            "metric": "kv_cache_occupancy",
+            "op": ">",
+            "threshold": 0.9,
+            "channels": ["chat", "hook", "pd"],
+        }
+    )
+    values = {name: {"kv_cache_occupancy": 0.91 + i / 100} for i, name in enumerate("abc")}
+    states, changes = evaluate([kv], values, {}, NOW)
+    sessions = open_store(config.database)
+    with sessions.begin() as session:
+        assert enqueue(session, config, [kv], changes, NOW, states) == 1 + 1 + 3
+    deliver(sessions, config, NOW)
+    by_path: dict[str, list[dict]] = {}
+    for got in receiver.received:
+        by_path.setdefault(got.path, []).append(json.loads(got.body))
+    (slack,) = by_path["/slack"]
+    assert slack["text"].startswith("[TICKET] kv on 3 replicas")
+    assert "values a 0.91, b 0.92, c 0.93 (threshold > 0.9)" in slack["text"]
+    (hook,) = by_path["/hook"]
+    assert [a["labels"]["replica"] for a in hook["alerts"]] == ["a", "b", "c"]
+    assert hook["commonLabels"] == {"alertname": "kv", "severity": "ticket"}
+    assert len({a["fingerprint"] for a in hook["alerts"]}) == 3
+    assert sorted(p["payload"]["source"] for p in by_path["/pd"]) == ["a", "b", "c"]
