@@ -77,28 +77,22 @@ def test_channel(
     channel_name: Annotated[str, typer.Option("--channel", help="The channel's name.")],
     config: ConfigOption = None,
 ) -> None:
-    """Send a test message to one channel now, through the outbox (so it is retried too)."""
-    from alerts.outbox import deliver_due, http_sender, put, trial_notice
-    from kneepoint.store.models import NotificationRow
+    """Send a test message to one channel now, through the outbox (so it is retried too);
+    the Alerts page has the same button per channel."""
+    from alerts.outbox import send_trial
 
     settings = load_settings(config)
     if channel_name not in {c.name for c in settings.channels}:
         known = ", ".join(c.name for c in settings.channels) or "none configured"
         fail(f"--channel: no channel named {channel_name!r} (channels: {known})", 2)
     sessions = open_sessions(settings)
-    now = clock.system_clock()
-    with sessions.begin() as session:
-        row_id = put(session, channel_name, trial_notice(settings, channel_name, now), now).id
-    with sessions() as session:
-        deliver_due(session, settings, now, http_sender())
-        row = session.get(NotificationRow, row_id)
-        assert row is not None
-        if row.state == "sent":
-            typer.echo(f"{channel_name}: delivered")
-        elif row.state == "pending":
-            fail(f"{channel_name}: not delivered yet, will retry ({row.last_error})", 1)
-        else:
-            fail(f"{channel_name}: refused ({row.last_error})", 1)
+    state, error = send_trial(sessions, settings, channel_name, clock.system_clock())
+    if state == "sent":
+        typer.echo(f"{channel_name}: delivered")
+    elif state == "pending":
+        fail(f"{channel_name}: not delivered yet, will retry ({error})", 1)
+    else:
+        fail(f"{channel_name}: refused ({error})", 1)
 
 
 @alerts_app.command("export")

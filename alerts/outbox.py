@@ -12,7 +12,7 @@ from dataclasses import asdict, dataclass, replace
 
 import httpx
 from sqlalchemy import func, select
-from sqlalchemy.orm import Session
+from sqlalchemy.orm import Session, sessionmaker
 
 from alerts import silences
 from alerts.channels import Notice, Outgoing, channel
@@ -261,3 +261,15 @@ def channel_health(session: Session) -> dict[str, str]:
     for row in rows:
         health[row.channel] = "broken" if row.state == "failed" else "ok"
     return health
+
+
+def send_trial(
+    sessions: sessionmaker[Session], config: Config, channel_name: str, now: float
+) -> tuple[str, str | None]:
+    """A test message to one channel through the outbox, sent now: its state and error."""
+    with sessions.begin() as session:
+        row_id = put(session, channel_name, trial_notice(config, channel_name, now), now).id
+    with sessions() as session:
+        deliver_due(session, config, now, http_sender())
+        row = session.get(NotificationRow, row_id)
+        return (row.state, row.last_error) if row else ("missing", None)

@@ -147,5 +147,23 @@ def effective_rules(config: Config) -> list[Rule]:
                 f"rules[{index}].metric: unknown metric {rule.metric!r}; "
                 f"known: {', '.join(METRICS)}"
             )
-    merged = [own.pop(rule.name, rule) for rule in BUILT_IN]
+    built_in = list(BUILT_IN)
+    budget = config.pricing.budget_per_million_tokens
+    if budget is not None:
+        built_in.append(
+            Rule.model_validate(
+                {
+                    "name": "cost-over-budget",
+                    "metric": "cost_per_million_tokens",
+                    "op": ">",
+                    "threshold": budget,
+                    "for": 60 * MINUTE,
+                    "severity": "ticket",
+                    "scope": "fleet",
+                    "runbook": "A served token costs more than pricing.budget_per_million_tokens:"
+                    " idle GPUs or light load (see Cost: utilization and break-even).",
+                }
+            )
+        )
+    merged = [own.pop(rule.name, rule) for rule in built_in]
     return merged + list(own.values())

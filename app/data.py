@@ -12,7 +12,7 @@ import streamlit as st
 from sqlalchemy.orm import Session, sessionmaker
 
 from alerts import evaluate as alert_rounds
-from alerts import silences
+from alerts import outbox, silences
 from alerts.outbox import channel_health
 from alerts.silences import Silence
 from alerts.slo import Report
@@ -251,3 +251,15 @@ def _slo_reports(path: str, now: float) -> list[Report]:
     config, sessions = _open(path)
     with sessions() as session:
         return alert_rounds.slo_reports(session, config, now)
+
+
+def send_test(channel_name: str) -> str:
+    """A test message to one channel through the outbox; what became of it, in words."""
+    config, sessions = store()
+    state, error = outbox.send_trial(sessions, config, channel_name, time.time())
+    _deliveries.clear()
+    if state == "sent":
+        return "Delivered."
+    if state == "pending":
+        return f"Not delivered yet; it will be retried ({error})."
+    return f"Refused: {error}"

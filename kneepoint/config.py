@@ -83,6 +83,8 @@ class Pricing(Strict):
     replica_gpu_hour: dict[str, Annotated[float, Field(ge=0)]] = {}
     extra_monthly: Annotated[float, Field(ge=0)] = 0.0
     api_reference: ApiReference = ApiReference()
+    # USD per 1M served tokens the fleet should stay under (the `cost-over-budget` alert)
+    budget_per_million_tokens: Annotated[float, Field(gt=0)] | None = None
 
 
 class Slo(Strict):

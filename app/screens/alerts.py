@@ -42,9 +42,10 @@ else:
         column.metric(
             name,
             state,
-            help="broken: its latest message was refused (bad URL, token or signature); "
-            "`kneepoint alerts test --channel NAME` sends a test message.",
+            help="broken: its latest message was refused (bad URL, token or signature).",
         )
+        if column.button("Send a test message", key=f"test-{name}"):
+            column.write(data.send_test(name))
 st.subheader(f"Delivery log, last {view.range_label}")
 if log.empty:
     st.info("Nothing was sent in this time range.")

@@ -328,6 +328,10 @@ def test_the_alerts_page_shows_channel_health_and_the_delivery_log(
     ]
     text = json.loads(next(r for r in receiver.received if r.path == "/oncall").body)["text"]
     assert "target-down on replica-down" in text and "page=health" in text
+    # The page's test button sends through the outbox and says what became of it.
+    page.button(key="test-oncall").click().run()
+    assert "Delivered." in [m.value for m in page.markdown]
+    assert "A test of channel 'oncall'" in json.loads(receiver.received[-1].body)["text"]
 
 
 def test_a_silence_suppresses_and_a_down_replica_inhibits_its_other_alerts(

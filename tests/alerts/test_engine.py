@@ -119,3 +119,17 @@ def test_config_rules_override_built_ins_by_name_and_add_new_ones() -> None:
     )
     with pytest.raises(ConfigError, match=r"rules\[0\]\.metric: unknown metric 'vibes'"):
         effective_rules(broken)
+
+
+def test_a_configured_budget_adds_the_cost_over_budget_rule() -> None:
+    assert "cost-over-budget" not in {r.name for r in effective_rules(Config())}
+    config = Config.model_validate({"pricing": {"budget_per_million_tokens": 0.5}})
+    rules = {r.name: r for r in effective_rules(config)}
+    budget = rules["cost-over-budget"]
+    assert (budget.metric, budget.op, budget.threshold, budget.scope) == (
+        "cost_per_million_tokens",
+        ">",
+        0.5,
+        "fleet",
+    )
+    assert budget.for_ == 3600
