@@ -433,3 +433,40 @@ def test_one_rule_firing_on_several_replicas_is_one_message_except_for_pagerduty
     assert hook["commonLabels"] == {"alertname": "kv", "severity": "ticket"}
     assert len({a["fingerprint"] for a in hook["alerts"]}) == 3
     assert sorted(p["payload"]["source"] for p in by_path["/pd"]) == ["a", "b", "c"]
+
+
+TELEGRAM = {"token": "123:ABC", "chat_id": "-100200"}
+SHAPES = {
+    "slack": ({}, lambda body: body["text"]),
+    "discord": ({}, lambda body: body["content"]),
+    "teams": ({}, lambda body: body["attachments"][0]["content"]["body"][0]["text"]),
+    "feishu": ({}, lambda body: body["content"]["text"]),
+    "dingtalk": ({}, lambda body: body["text"]["content"]),
+    "wecom": ({}, lambda body: body["text"]["content"]),
+    "telegram": (TELEGRAM, lambda body: body["text"]),
+    "pagerduty": ({"routing_key": "R"}, lambda body: body["payload"]["summary"]),
+    "webhook": ({}, lambda body: body["alerts"][0]["labels"]["alertname"]),
+    "alertmanager": ({}, lambda body: body[0]["labels"]["alertname"]),
+}
+
+
+@pytest.mark.parametrize("kind", SHAPES)
+def test_every_channel_delivers_its_platforms_payload(
+    kind: str, tmp_path: Path, receiver: Receiver
+) -> None:
+    extra, text_of = SHAPES[kind]
+    config, rule = setup(tmp_path, receiver, kind, **extra)
+    if kind == "telegram":  # the Bot API's base URL, here the receiver
+        config = config.model_copy(
+            update={"channels": [config.channels[0].model_copy(update={"url": receiver.url("")})]}
+        )
+    sessions = open_store(config.database)
+    fire(sessions, config, rule)
+    assert deliver(sessions, config, NOW)["sent"] == 1
+    (got,) = receiver.received
+    assert "kv-cache-saturated" in text_of(json.loads(got.body))
+    expected_path = {
+        "telegram": "/bot123:ABC/sendMessage",
+        "alertmanager": f"/{kind}/api/v2/alerts",
+    }.get(kind, f"/{kind}")
+    assert got.path == expected_path
