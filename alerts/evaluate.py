@@ -39,6 +39,21 @@ def load_alerts(session: Session) -> dict[str, Alert]:
     }
 
 
+# Burn windows are five minutes and longer: their rates are recomputed once a minute, not at
+# every evaluation (reading up to three days of rows each time). Only the latest is kept.
+_burn_cache: dict[tuple[str, tuple[str, ...], float], dict[str, dict[float, float | None]]] = {}
+
+
+def burn_rates_cached(
+    session: Session, config: Config, now: float
+) -> dict[str, dict[float, float | None]]:
+    key = (config.database, tuple(s.name for s in config.slos), now // 60)
+    if key not in _burn_cache:
+        _burn_cache.clear()
+        _burn_cache[key] = burn_rates(session, config, now)
+    return _burn_cache[key]
+
+
 def burn_rates(
     session: Session, config: Config, now: float
 ) -> dict[str, dict[float, float | None]]:
@@ -84,7 +99,7 @@ def evaluate_once(session: Session, config: Config, now: float) -> list[Transiti
         rules = rules + slo.burn_rules(config.slos)
         watched[FLEET] = {
             **watched[FLEET],
-            **slo.burn_values(config.slos, burn_rates(session, config, now)),
+            **slo.burn_values(config.slos, burn_rates_cached(session, config, now)),
         }
     states, transitions = evaluate(rules, watched, current, now)
     notified = dict(session.execute(select(AlertRow.fingerprint, AlertRow.notified_at)).all())
