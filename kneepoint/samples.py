@@ -7,6 +7,9 @@ from dataclasses import dataclass, field
 # Engine generations a vLLM target can speak (metrics.md section 2).
 GENERATIONS = ("v0", "v1-0.8", "v1-0.10", "v1")
 
+# KV-cache occupancy above which a replica counts as saturated.
+SATURATION = 0.9
+
 # Histogram families whose buckets are stored, so quantiles work over any window.
 HISTOGRAMS = ("ttft", "itl", "e2e", "queue")
 

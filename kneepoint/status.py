@@ -30,9 +30,10 @@ def build_status(
     now: float,
     window: float,
     samples: pd.DataFrame | None = None,
+    spans: dict[int, Window] | None = None,
 ) -> dict[str, Any]:
-    """The status over [now − window, now]; `samples` are that window's replica rows when
-    the caller has read them already."""
+    """The status over [now − window, now]; `samples` are that window's replica rows and
+    `spans` their windows (frame_windows) when the caller has them already."""
     start = now - window
     rows = queries.targets(session)
     if samples is None:
@@ -42,7 +43,8 @@ def build_status(
     gpu_block = [_gpu(frame, config, rows) for _, frame in gpus.groupby("gpu_id", sort=False)]
     replicas, windows, costs = [], [], []
     names = [t.name for t in config.targets if t.kind == "vllm"]
-    spans = frame_windows(samples, layouts, _edge_reader(session, samples))
+    if spans is None:
+        spans = frame_windows(samples, layouts, _edge_reader(session, samples))
     by_target = dict(iter(samples.groupby("target_id", sort=False)))
     for name in names:
         row = rows.get(name)

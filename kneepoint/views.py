@@ -13,12 +13,13 @@ from kneepoint.derived import cost, details, ratios
 from kneepoint.derived.latency import quantiles
 from kneepoint.derived.window import Window, frame_windows
 from kneepoint.knee.detect import assess, knee_for_replica, knee_throughput
+from kneepoint.series import COLUMNS as SERIES_COLUMNS
 from kneepoint.series import gpu_series, replica_series, resample
 from kneepoint.status import build_status
 from kneepoint.store import queries
 from kneepoint.store.runs import load_runs
 
-EVENT_INTERVAL = "5min"
+EVENT_INTERVAL, EVENT_SECONDS = "5min", 300
 
 
 @dataclass
@@ -35,9 +36,10 @@ def build_view(session: Session, config: Config, now: float, window: float) -> V
     """Status over the window plus every page's extra numbers and series."""
     start = now - window
     frame = queries.replica_frame(session, start, now, columns=queries.LIGHT_COLUMNS)
-    status = build_status(session, config, now, window, samples=frame)
-    targets = queries.targets(session)
     layouts = queries.histogram_layouts(session)
+    windows = frame_windows(frame, layouts, lambda keys: queries.replica_rows_at(session, keys))
+    status = build_status(session, config, now, window, samples=frame, spans=windows)
+    targets = queries.targets(session)
     names = {row.id: name for name, row in targets.items()}
     series = replica_series(frame, names)
     coarse = resample(series, _bucket(window))
@@ -47,7 +49,6 @@ def build_view(session: Session, config: Config, now: float, window: float) -> V
         coarse=coarse,
         gpus=gpu_series(queries.gpu_frame(session, start, now)),
     )
-    windows = frame_windows(frame, layouts, lambda keys: queries.replica_rows_at(session, keys))
     by_target = dict(iter(frame.groupby("target_id", sort=False)))
     assessments = [assess(run, config.slos) for run in load_runs(session)]
     for replica in status["replicas"]:
@@ -72,7 +73,13 @@ def build_view(session: Session, config: Config, now: float, window: float) -> V
         view.rows[replica["name"]] = {**numbers, **asdict(money)}
     # Events are found on 5-minute intervals whatever the chart's: a 20-minute storm
     # vanishes in the hourly points of a week's chart.
-    fleet = _fleet_intervals(resample(series, EVENT_INTERVAL))
+    if queries.coarsest_for(window) > EVENT_SECONDS:
+        fine = queries.replica_frame(
+            session, start, now, columns=SERIES_COLUMNS, coarsest=EVENT_SECONDS
+        )
+        fleet = _fleet_intervals(resample(replica_series(fine, names), EVENT_INTERVAL))
+    else:
+        fleet = _fleet_intervals(resample(series, EVENT_INTERVAL))
     view.events = {
         "hit_rate_drops": details.hit_rate_drops(fleet) if len(fleet) else [],
         "prefill_storms": details.prefill_storms(fleet) if len(fleet) else [],
@@ -115,7 +122,12 @@ def _numbers(
         "mean_context_tokens": mean_context,
         "sequence_slots": slots,
         "sequence_slots_left": slots_left,
-        "time_saturated": details.time_saturated(rows.ts, rows.kv_cache_usage.astype(float))
+        "time_saturated": details.time_saturated(
+            rows.ts,
+            rows.kv_cache_usage.astype(float),
+            rows.get("saturated_seconds"),
+            rows.get("ends_saturated"),
+        )
         if len(rows)
         else None,
         "peak_kv_occupancy": float(rows.kv_cache_usage_peak.fillna(rows.kv_cache_usage).max())

@@ -17,6 +17,7 @@ import yaml
 from kneepoint.config import load_config
 from kneepoint.store import queries
 from kneepoint.store.db import open_store
+from kneepoint.store.models import RAW
 from tests.conftest import free_port, wait_until_healthy
 
 pytestmark = pytest.mark.timeout(400)
@@ -71,11 +72,15 @@ def test_the_demo_shows_every_replica_and_gpu_within_two_minutes(tmp_path: Path)
         assert all(g["replica"] and g["power_watts"] for g in gpus)
         output = log.read_text()
         assert f"config:   {config}" in output and str(tmp_path / "demo" / "kneepoint.db") in output
-        # The backfilled week is there: every replica has rows from six to seven days ago.
+        # The backfilled week is there: every replica has rows from six to seven days ago,
+        # and its summaries (what a week's range reads).
         settings = load_config(config)
         with open_store(settings.database)() as session:
-            old = queries.replica_frame(session, time.time() - 7 * 86400, time.time() - 6 * 86400)
+            start, end = time.time() - 7 * 86400, time.time() - 6 * 86400
+            old = queries.replica_frame(session, start, end, coarsest=RAW)
+            hourly = queries.replica_frame(session, start, end, coarsest=3600)
         assert old.target_id.nunique() == 3 and len(old) > 3 * 1000
+        assert hourly.target_id.nunique() == 3 and set(hourly.resolution) > {3600}
         urls = [t["url"] for t in yaml.safe_load(config.read_text())["targets"]]
         # The Knee points page has the twin sweeps to show: one per replica and a what-if.
         knee = subprocess.run(

@@ -10,8 +10,8 @@ import pandas as pd
 
 from kneepoint.derived.ratios import ratio
 from kneepoint.derived.window import Window
+from kneepoint.samples import SATURATION
 
-SATURATION = 0.9  # KV occupancy above which a replica counts as saturated
 FINISH = ("stop", "length", "abort", "error", "repetition")
 
 
@@ -31,15 +31,26 @@ def sequence_slots(
 
 
 def time_saturated(
-    times: pd.Series, occupancy: pd.Series, threshold: float = SATURATION
+    times: pd.Series,
+    occupancy: pd.Series,
+    saturated: pd.Series | None = None,
+    ends_saturated: pd.Series | None = None,
+    threshold: float = SATURATION,
 ) -> float | None:
     """Share of the window's time with KV occupancy above `threshold` (each sample holds
-    until the next one)."""
+    until the next). A summary row's occupancy is its bucket's mean, so it brings its own
+    `saturated` seconds (those since the row before it) and whether its own sample
+    `ends_saturated`, which decides the span after it."""
     if len(times) < 2:
         return None
-    spans = times.diff().shift(-1).iloc[:-1]
-    above = (occupancy.iloc[:-1] > threshold).astype(float)
-    return float((spans * above).sum() / spans.sum()) if spans.sum() > 0 else None
+    above = occupancy > threshold
+    if ends_saturated is not None:
+        above = ends_saturated.astype(float).fillna(above.astype(float)) > 0
+    spans = times.diff().iloc[1:]
+    seconds = spans * above.shift(1).iloc[1:].astype(float)
+    if saturated is not None:
+        seconds = saturated.iloc[1:].astype(float).fillna(seconds)
+    return float(seconds.sum() / spans.sum()) if spans.sum() > 0 else None
 
 
 def requests_finished(window: Window) -> float | None:

@@ -237,3 +237,53 @@ class SilenceRow(Base):
     author: Mapped[str] = mapped_column(String(200))
     comment: Mapped[str] = mapped_column(Text)
     created_at: Mapped[float] = mapped_column(Float)
+
+
+# Summary tiers kept beside the sample rows: one row per 5 minutes and per hour, so a long
+# range reads a few hundred rows per series instead of thousands (store/rollup.py).
+SUMMARY_TIERS = (300, 3600)
+
+
+class ReplicaRollupRow(Base):
+    """A replica's rows thinned to one per bucket of `resolution` seconds: the bucket's last
+    sample (counters exact), gauges as the bucket's mean and peak, plus the seconds it spent
+    saturated. Its columns are those of replica_samples, added below."""
+
+    __tablename__ = "replica_rollups"
+    __table_args__ = ({"sqlite_with_rowid": False},)
+
+    target_id: Mapped[int] = mapped_column(ForeignKey("targets.id"), primary_key=True)
+    resolution: Mapped[int] = mapped_column(Integer, primary_key=True)
+    ts: Mapped[float] = mapped_column(Float, primary_key=True)
+    # Of the time since the previous kept row, the seconds with KV occupancy above the
+    # saturation threshold: the mean of a bucket cannot tell a saturated minute.
+    saturated_seconds: Mapped[float | None] = mapped_column(Float)
+    # Whether the row's own sample was above it: that decides the span to the next row.
+    ends_saturated: Mapped[bool | None] = mapped_column(Boolean)
+
+
+class GpuRollupRow(Base):
+    """A GPU's rows thinned like replica_rollups; its columns are those of gpu_samples."""
+
+    __tablename__ = "gpu_rollups"
+    __table_args__ = ({"sqlite_with_rowid": False},)
+
+    gpu_id: Mapped[int] = mapped_column(ForeignKey("gpus.id"), primary_key=True)
+    resolution: Mapped[int] = mapped_column(Integer, primary_key=True)
+    ts: Mapped[float] = mapped_column(Float, primary_key=True)
+
+
+for _rollup, _samples in ((ReplicaRollupRow, ReplicaSampleRow), (GpuRollupRow, GpuSampleRow)):
+    for _column in _samples.__table__.columns:
+        if _column.name not in _rollup.__table__.columns:
+            setattr(_rollup, _column.name, mapped_column(_column.name, _column.type))
+
+
+class RollupProgressRow(Base):
+    """How far each summary tier reaches: its buckets before `until` are written."""
+
+    __tablename__ = "rollup_progress"
+
+    table_name: Mapped[str] = mapped_column(String(64), primary_key=True)
+    resolution: Mapped[int] = mapped_column(Integer, primary_key=True)
+    until: Mapped[float] = mapped_column(Float)

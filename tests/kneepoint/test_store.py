@@ -53,7 +53,7 @@ def raw_increase_since(points: list[tuple[float, ReplicaSample]], start: float) 
 
 def frame(sessions):  # type: ignore[no-untyped-def]
     with sessions() as session:
-        return queries.replica_frame(session, 0, 1e12)
+        return queries.replica_frame(session, 0, 1e12, coarsest=RAW)
 
 
 def test_migrations_create_every_table_and_sqlite_runs_in_wal_mode(sessions) -> None:  # type: ignore[no-untyped-def]

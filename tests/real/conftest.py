@@ -12,5 +12,5 @@ from tests.real.vllm_server import Vllm, running_vllm
 @pytest.fixture(scope="session")
 def vllm(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Vllm]:
     workdir = tmp_path_factory.mktemp("vllm")
-    with running_vllm(workdir, "--enable-prefix-caching") as url:
-        yield Vllm(url, workdir / "tiny-model", workdir)
+    with running_vllm(workdir, "--enable-prefix-caching") as server:
+        yield server

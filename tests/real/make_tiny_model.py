@@ -1,7 +1,7 @@
 """Build a tiny random-weight Llama model that vLLM's CPU build can serve.
 
 Run with the vLLM environment's Python (it has torch, transformers and tokenizers):
-    python make_tiny_model.py OUTPUT_DIR
+    python make_tiny_model.py OUTPUT_DIR [LAYERS HEADS]
 Nothing is downloaded: the tokenizer is a byte-level BPE trained here on generated text.
 """
 
@@ -16,7 +16,7 @@ CHAT_TEMPLATE = (
 )
 
 
-def main(output: Path) -> None:
+def main(output: Path, layers: int = 2, heads: int = 2) -> None:
     import torch
     from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
     from transformers import LlamaConfig, LlamaForCausalLM, PreTrainedTokenizerFast
@@ -61,10 +61,10 @@ def main(output: Path) -> None:
 
     config = LlamaConfig(
         vocab_size=len(wrapped),
-        hidden_size=128,
-        intermediate_size=256,
-        num_hidden_layers=2,
-        num_attention_heads=2,
+        hidden_size=64 * heads,
+        intermediate_size=128 * heads,
+        num_hidden_layers=layers,
+        num_attention_heads=heads,
         num_key_value_heads=1,
         head_dim=64,
         max_position_embeddings=2048,
@@ -78,4 +78,4 @@ def main(output: Path) -> None:
 
 
 if __name__ == "__main__":
-    main(Path(sys.argv[1]))
+    main(Path(sys.argv[1]), *(int(arg) for arg in sys.argv[2:]))

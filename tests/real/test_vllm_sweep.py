@@ -9,6 +9,7 @@ import random
 import statistics
 import subprocess
 import sys
+from collections.abc import Iterator
 from dataclasses import replace
 from pathlib import Path
 
@@ -18,15 +19,30 @@ from typer.testing import CliRunner
 from kneepoint.cli import app
 from kneepoint.knee.imports import read
 from kneepoint.knee.sweep import CLIENT_SATURATED_CORES, SweepSettings, random_prompt, sweep
-from tests.real.vllm_server import Vllm, off_engine_core, vllm_bench_serve
+from tests.real.vllm_server import (
+    ENGINE_BOUND,
+    Vllm,
+    off_engine_core,
+    running_vllm,
+    vllm_bench_serve,
+)
 
-pytestmark = [pytest.mark.real, pytest.mark.timeout(900)]
+pytestmark = [pytest.mark.real, pytest.mark.timeout(1200)]
 CONCURRENCY, PROMPTS, INPUT, OUTPUT = 16, 192, 256, 128
 # This machine is shared and noisy: two rounds of vllm bench serve against itself differ by up
 # to 30 % here. After a warm-up the tools take turns on the same kind of load, and their
 # medians must agree within 10 %, or, when vllm bench disagrees with itself by more than that,
 # within half the spread of its own rounds (a closer agreement cannot be told apart here).
 ROUNDS = 5
+
+
+@pytest.fixture(scope="module")
+def vllm(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Vllm]:
+    """A server whose engine is the bottleneck, as on a GPU. On the tiny model the API server
+    sets the pace, and it shares its core with the load generator: a heavier client then
+    slows the server it measures (mean TTFT differed by −25 % to +13 % between the tools)."""
+    with running_vllm(tmp_path_factory.mktemp("vllm-bench"), shape=ENGINE_BOUND) as server:
+        yield server
 
 
 def bench_round(vllm: Vllm, folder: Path) -> tuple[dict, Path]:  # type: ignore[type-arg]
@@ -136,14 +152,11 @@ def test_sweep_agrees_with_vllm_bench_serve_and_imports_its_file(
         points.append(point)
     report = f"(rounds: vllm bench {theirs}, kneepoint {ours})"
     print(report)
-    # Throughput agrees within 10 %; mean TTFT (≈50 ms here, a few ms of it client and
-    # tokenizer overhead) only within 30 %: across CI runs its medians differed by −25 % to
-    # +13 %, so 10 % is not met reliably on this machine (said in the README).
-    for index, name, share in ((0, "output throughput (tok/s)", 0.10), (1, "mean TTFT (s)", 0.30)):
+    for index, name in ((0, "output throughput (tok/s)"), (1, "mean TTFT (s)")):
         expected = statistics.median(x[index] for x in theirs)
         measured = statistics.median(x[index] for x in ours)
         own_spread = (max(x[index] for x in theirs) - min(x[index] for x in theirs)) / 2
-        tolerance = max(share * expected, own_spread)
+        tolerance = max(0.10 * expected, own_spread)
         assert abs(measured - expected) <= tolerance, (
             f"{name}: kneepoint sweep {measured:.4g} against vllm bench serve {expected:.4g} "
             f"(allowed ±{tolerance:.3g}) {report}"

@@ -27,17 +27,23 @@ class Vllm:
     workdir: Path
 
 
+# The default model is all overhead: its engine steps are so short that the API server's
+# work (on the core the engine leaves free, with the load generator) sets the pace. A bigger
+# one makes the engine the bottleneck, as a GPU server's is.
+TINY, ENGINE_BOUND = (2, 2), (4, 8)  # (layers, attention heads of 64)
+
+
 @contextmanager
-def running_vllm(workdir: Path, *flags: str) -> Iterator[str]:
-    """Yield the base URL of a vLLM server started with `flags`; stop it afterwards."""
+def running_vllm(workdir: Path, *flags: str, shape: tuple[int, int] = TINY) -> Iterator[Vllm]:
+    """A vLLM server started with `flags` on a model of `shape`; stopped afterwards."""
     if not VLLM_PYTHON.exists():
         require_real(
             f"no vLLM CPU environment at {VLLM_PYTHON.parent.parent} (run scripts/setup-vllm)"
         )
-    model = workdir / "tiny-model"
+    model = workdir / ("tiny-model" if shape == TINY else "model-{}x{}".format(*shape))
     if not model.exists():
         subprocess.run(
-            [str(VLLM_PYTHON), str(MAKE_MODEL), str(model)],
+            [str(VLLM_PYTHON), str(MAKE_MODEL), str(model), *map(str, shape)],
             check=True,
             capture_output=True,
             timeout=300,
@@ -70,7 +76,7 @@ def running_vllm(workdir: Path, *flags: str) -> Iterator[str]:
         wait_until_healthy(
             process, f"{url}/health", STARTUP_SECONDS, lambda: log_path.read_text(errors="replace")
         )
-        yield url
+        yield Vllm(url, model, workdir)
     finally:
         process.terminate()
         try:
