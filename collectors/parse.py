@@ -75,6 +75,9 @@ def parse_exposition(
 
 
 def _add(parsed: ParsedScrape, name: str, labels: dict[str, str], value: float) -> None:
+    # The parser gives an int for a value written without a decimal point ("0", as DCGM and
+    # Prometheus's API write them): every stored number is a float.
+    value = float(value)
     if not math.isfinite(value):
         parsed.dropped += 1
         return

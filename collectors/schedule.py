@@ -18,7 +18,7 @@ from apscheduler.schedulers.base import BaseScheduler
 from apscheduler.triggers.interval import IntervalTrigger
 from sqlalchemy.orm import Session, sessionmaker
 
-from collectors.collect import collect_once
+from collectors.collect import Outcome, collect_once
 from kneepoint.clock import Clock, system_clock
 from kneepoint.config import Config
 from kneepoint.store.models import JobHealthRow
@@ -37,8 +37,20 @@ class Job:
     every: float
 
 
+def collect_round(
+    config: Config, sessions: sessionmaker[Session], clock: Clock = system_clock
+) -> list[Outcome]:
+    """One collection round: scrape the targets, or read them from Prometheus when the
+    config names one (`prometheus:`)."""
+    if config.prometheus is not None:
+        from collectors.prometheus_api import collect_from_prometheus
+
+        return collect_from_prometheus(config, sessions, clock)
+    return collect_once(config, sessions, clock)
+
+
 def scrape_job(config: Config, sessions: sessionmaker[Session], clock: Clock) -> None:
-    for outcome in collect_once(config, sessions, clock):
+    for outcome in collect_round(config, sessions, clock):
         if not outcome.ok:
             log.warning("scrape of %s failed: %s", outcome.target, outcome.error)
 

@@ -37,9 +37,14 @@ def collect(
     settings = load_settings(config)
     sessions = open_sessions(settings)
     if once:
-        from collectors.collect import collect_once
+        from collectors.prometheus_api import PrometheusSourceError
+        from collectors.schedule import collect_round
 
-        for outcome in collect_once(settings, sessions):
+        try:
+            outcomes = collect_round(settings, sessions)
+        except PrometheusSourceError as error:
+            fail(str(error))
+        for outcome in outcomes:
             state = "up" if outcome.ok else f"down: {outcome.error}"
             typer.echo(f"{outcome.target}: {state} ({outcome.seconds * 1000:.0f} ms)")
         return
@@ -49,8 +54,9 @@ def collect(
 
     scheduler = BlockingScheduler()
     install(scheduler, standard_jobs(settings, sessions, system_clock), sessions)
+    source = f" from {settings.prometheus.url}" if settings.prometheus else ""
     typer.echo(
-        f"collecting {len(settings.targets)} targets every "
+        f"collecting {len(settings.targets)} targets{source} every "
         f"{settings.scrape_interval:g}s into {settings.database}",
         err=True,
     )
@@ -124,10 +130,15 @@ def serve(
     config: ConfigOption = None,
     port: Annotated[int, typer.Option(help="Port of the web app.")] = 8501,
     no_browser: Annotated[bool, typer.Option("--no-browser")] = False,
+    no_collect: Annotated[
+        bool, typer.Option("--no-collect", help="Only the app: another process collects.")
+    ] = False,
 ) -> None:
     """Run the collectors and scheduler, and the web app, for the configured targets."""
     settings = load_settings(config)
     sessions = open_sessions(settings)
+    if no_collect:  # several app instances, one `kneepoint collect`, one shared database
+        sys.exit(run_app(config_path(config), port, open_browser=not no_browser))
     from apscheduler.schedulers.background import BackgroundScheduler
 
     from collectors.schedule import install, standard_jobs
@@ -139,6 +150,50 @@ def serve(
         sys.exit(run_app(config_path(config), port, open_browser=not no_browser))
     finally:
         scheduler.shutdown(wait=False)
+
+
+@app.command()
+def health(
+    config: ConfigOption = None,
+    as_json: Annotated[bool, typer.Option("--json", help="Print JSON.")] = False,
+) -> None:
+    """The collector's jobs: last run, last success, last error. Exits 1 when the scrape job
+    has not succeeded within three scrape intervals (a container health check)."""
+    settings = load_settings(config)
+    sessions = open_sessions(settings)
+    from kneepoint.store import queries
+
+    now = system_clock()
+    with sessions() as session:
+        rows = queries.job_health(session)
+    scrape = next((row for row in rows if row.job_id == "scrape"), None)
+    success = scrape.last_success_at if scrape else None
+    healthy = success is not None and now - success <= 3 * settings.scrape_interval
+    if as_json:
+        jobs = [
+            {
+                "job": row.job_id,
+                "last_run_at": row.last_run_at,
+                "last_success_at": row.last_success_at,
+                "last_error": row.last_error,
+                "runs": row.runs,
+                "failures": row.failures,
+            }
+            for row in rows
+        ]
+        typer.echo(json.dumps({"healthy": healthy, "jobs": jobs}, indent=2))
+    else:
+        for row in rows:
+            ago = (
+                "never" if row.last_success_at is None else f"{now - row.last_success_at:.0f}s ago"
+            )
+            error = f" (last error: {row.last_error})" if row.last_error else ""
+            typer.echo(
+                f"{row.job_id}: last success {ago}, {row.runs} runs, {row.failures} failed{error}"
+            )
+        typer.echo("healthy" if healthy else "unhealthy: the scrape job has not succeeded lately")
+    if not healthy:
+        raise typer.Exit(1)
 
 
 @app.command()

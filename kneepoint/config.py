@@ -54,6 +54,8 @@ class Target(Strict):
     url: Annotated[str, Field(pattern=r"^https?://\S+$")]
     gpus: list[str] = []
     headers: dict[str, str] = {}
+    # With `prometheus:` set: the target's `instance` label there (default: URL's host:port).
+    instance: str | None = None
     timeout: Duration = 5.0
     max_bytes: Annotated[int, Field(gt=0)] = 8 * 1024 * 1024
 
@@ -67,9 +69,13 @@ class Target(Strict):
 
 
 class PrometheusSource(Strict):
+    """Read the targets' series from a Prometheus-compatible API instead of scraping them."""
+
     url: Annotated[str, Field(pattern=r"^https?://\S+$")]
-    vllm_selector: str = ""
-    dcgm_selector: str = ""
+    vllm_selector: Annotated[str, Field(pattern=r"^(\{.*\})?$")] = ""
+    dcgm_selector: Annotated[str, Field(pattern=r"^(\{.*\})?$")] = ""
+    headers: dict[str, str] = {}  # e.g. X-Scope-OrgID for Mimir, or an Authorization
+    timeout: Duration = 10.0
 
 
 class ApiReference(Strict):

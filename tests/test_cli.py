@@ -7,6 +7,7 @@ import os
 import subprocess
 import sys
 import time
+from datetime import UTC, datetime
 from pathlib import Path
 
 import pytest
@@ -121,3 +122,33 @@ def test_collect_keeps_scraping_on_its_schedule(config_file: Path, tmp_path: Pat
     finally:
         process.terminate()
         process.wait(timeout=20)
+
+
+def test_health_says_whether_the_collector_is_scraping(config_file: Path) -> None:
+    """The compose stack's health check for the collector container."""
+    from apscheduler.schedulers.background import BackgroundScheduler
+
+    from collectors.schedule import install, standard_jobs
+
+    settings = load_config(config_file)
+    sessions = open_store(settings.database)
+    never = CliRunner().invoke(app, ["health", "--config", str(config_file)])
+    assert never.exit_code == 1 and "unhealthy" in never.output
+    scheduler = BackgroundScheduler()
+    jobs = [job for job in standard_jobs(settings, sessions, time.time) if job.id == "scrape"]
+    install(scheduler, jobs, sessions)
+    scheduler.start()
+    try:
+        scheduler.get_job("scrape").modify(next_run_time=datetime.now(UTC))
+        deadline = time.monotonic() + 20
+        while time.monotonic() < deadline:
+            result = CliRunner().invoke(app, ["health", "--json", "--config", str(config_file)])
+            if result.exit_code == 0:
+                break
+            time.sleep(0.2)
+    finally:
+        scheduler.shutdown()
+    report = json.loads(result.output)
+    assert report["healthy"] is True
+    (scrape,) = [job for job in report["jobs"] if job["job"] == "scrape"]
+    assert scrape["runs"] >= 1 and scrape["last_success_at"] is not None

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import math
 from collections.abc import Sequence
-from typing import cast
+from typing import Any, cast
 
 import pandas as pd
 from sqlalchemy import ColumnElement, Executable, Table, and_, or_, select
@@ -112,8 +112,6 @@ def _tiered(
     frames = []
     for number, (low, high, resolution) in enumerate(pieces):
         table = samples if resolution == RAW else rollups
-        wanted = [*columns, *([c for c in SUMMARY_ONLY if c in table.c])] if columns else None
-        selected = (table.c[key], table.c.ts, *(table.c[c] for c in wanted)) if wanted else (table,)
         closed = number == len(pieces) - 1
         where: list[ColumnElement[bool]] = [
             table.c[key].in_(keys),
@@ -124,16 +122,50 @@ def _tiered(
             where.append(table.c.resolution == resolution)
         # The keys lead the (key, ts) primary key, so each key's rows are one range search;
         # by time alone the whole table would be scanned.
-        query = select(*selected).where(*where).order_by(table.c[key], table.c.ts)
-        frames.append(read_frame(session, query))
-    frame = (
-        frames[0]
-        if len(frames) == 1
-        else pd.concat([f for f in frames if len(f)] or frames[:1], ignore_index=True)
-    )
+        query = select(*_selected(table, key, columns)).where(*where)
+        frames.append(read_frame(session, query).assign(summary=resolution != RAW))
+    filled = [f for f in frames if len(f)] or frames[:1]
+    frame = pd.concat(filled, ignore_index=True) if len(filled) > 1 else filled[0]
     if len(frames) > 1:
-        frame = frame.sort_values([key, "ts"], kind="stable", ignore_index=True)
-    return frame
+        frame = _from_first_sample(session, samples, key, columns, start, frame)
+    return frame.drop(columns="summary")
+
+
+def _selected(table: Table, key: str, columns: Sequence[str] | None) -> tuple[Any, ...]:
+    if not columns:
+        return (table,)
+    wanted = [*columns, *(c for c in SUMMARY_ONLY if c in table.c)]
+    return (table.c[key], table.c.ts, *(table.c[c] for c in wanted))
+
+
+def _from_first_sample(
+    session: Session,
+    samples: Table,
+    key: str,
+    columns: Sequence[str] | None,
+    start: float,
+    frame: pd.DataFrame,
+) -> pd.DataFrame:
+    """Order the pieces' rows by key and time, and start each series at its first sample:
+    a summary row stands for its whole bucket, so where a series' first row is one (no
+    finer row came before it), the samples from `start` up to it are read in its place."""
+    frame = frame.sort_values([key, "ts"], kind="stable", ignore_index=True)
+    firsts = frame.groupby(key, sort=False).head(1)
+    late = firsts[firsts.summary.astype(bool)]
+    if late.empty:
+        return frame
+    query = select(*_selected(samples, key, columns)).where(
+        or_(
+            *(
+                and_(samples.c[key] == k, samples.c.ts >= start, samples.c.ts <= ts)
+                for k, ts in zip(late[key].astype(int), late.ts.astype(float), strict=True)
+            )
+        )
+    )
+    head = read_frame(session, query).assign(summary=False)
+    frame = pd.concat([head, frame], ignore_index=True)
+    frame = frame.sort_values([key, "ts", "summary"], kind="stable", ignore_index=True)
+    return frame.drop_duplicates([key, "ts"], keep="first", ignore_index=True)
 
 
 def replica_frame(

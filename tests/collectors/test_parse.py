@@ -5,6 +5,7 @@ import math
 import pytest
 
 from collectors.parse import ScrapeFormatError, parse_exposition
+from tests.conftest import VLLM_032, read
 
 
 def everything(_: str) -> bool:
@@ -63,3 +64,21 @@ def test_it_renames_before_filtering() -> None:
     )
     assert parsed.series("vllm:x") == [({}, 1.0)]
     assert not math.isnan(parsed.series("vllm:x")[0][1])
+
+
+def test_values_written_as_integers_are_floats() -> None:
+    """DCGM and Prometheus's API write "0", not "0.0": a histogram's sum must still encode."""
+    from collectors.vllm import parse_vllm
+    from kneepoint.store.codec import encode_histogram
+
+    text = read(VLLM_032)
+    integral = (
+        "\n".join(
+            line.rsplit(" ", 1)[0] + " 0" if "time_to_first_token_seconds_sum" in line else line
+            for line in text.splitlines()
+        )
+        + "\n"
+    )
+    ttft = parse_vllm(integral).histograms["ttft"]
+    assert ttft is not None and isinstance(ttft.total, float)
+    encode_histogram(1, ttft)  # raised AttributeError on an int total

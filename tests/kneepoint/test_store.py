@@ -1,7 +1,6 @@
 from __future__ import annotations
 
 import copy
-from pathlib import Path
 
 import pytest
 from hypothesis import given, settings
@@ -34,8 +33,8 @@ def sample(generated: float, running: float = 1.0, usage: float = 0.5) -> Replic
 
 
 @pytest.fixture
-def sessions(tmp_path: Path):  # type: ignore[no-untyped-def]
-    return open_store(f"sqlite:///{tmp_path / 'store.db'}")
+def sessions(fresh_url):  # type: ignore[no-untyped-def]
+    return open_store(fresh_url())
 
 
 def write(sessions, points: list[tuple[float, ReplicaSample]]) -> int:  # type: ignore[no-untyped-def]
@@ -69,6 +68,8 @@ def test_migrations_create_every_table_and_sqlite_runs_in_wal_mode(sessions) -> 
         "job_health",
         "alembic_version",
     } <= tables
+    if engine.dialect.name != "sqlite":
+        return
     with engine.connect() as connection:
         assert connection.execute(text("PRAGMA journal_mode")).scalar() == "wal"
         assert connection.execute(text("PRAGMA busy_timeout")).scalar() >= 5000
@@ -160,8 +161,8 @@ def test_rollup_leaves_recent_rows_raw_and_is_idempotent(sessions) -> None:  # t
 
 @settings(max_examples=30, deadline=None)
 @given(st.lists(st.tuples(st.integers(0, 50), st.booleans()), min_size=2, max_size=120))
-def test_rollup_never_changes_a_counter_s_increase(tmp_path_factory, steps) -> None:  # type: ignore[no-untyped-def]
-    sessions = open_store(f"sqlite:///{tmp_path_factory.mktemp('h') / 's.db'}")
+def test_rollup_never_changes_a_counter_s_increase(fresh_url, steps) -> None:  # type: ignore[no-untyped-def]
+    sessions = open_store(fresh_url())
     value, points = 0.0, []
     for index, (delta, restart) in enumerate(steps):
         value = float(delta) if restart else value + delta
@@ -188,11 +189,11 @@ def test_target_rows_keep_the_replica_s_cache_configuration(sessions) -> None:  
     assert target.generation == "v1" and target.up is True
 
 
-def test_the_app_reads_while_the_collector_writes(tmp_path: Path) -> None:
+def test_the_app_reads_while_the_collector_writes(fresh_url) -> None:  # type: ignore[no-untyped-def]
     """WAL and the busy timeout: a reader and a writer on one file never see 'locked'."""
     import threading
 
-    url = f"sqlite:///{tmp_path / 'shared.db'}"
+    url = fresh_url()
     writer_sessions, reader_sessions = open_store(url), open_store(url)
     target = write(writer_sessions, [(0.0, BASE)])
     errors: list[BaseException] = []
@@ -221,14 +222,14 @@ def test_the_app_reads_while_the_collector_writes(tmp_path: Path) -> None:
     assert len(frame(reader_sessions)) == 200
 
 
-def test_the_migrations_build_exactly_the_models_schema(tmp_path: Path) -> None:
+def test_the_migrations_build_exactly_the_models_schema(fresh_url) -> None:  # type: ignore[no-untyped-def]
     from alembic.autogenerate import compare_metadata
     from alembic.migration import MigrationContext
 
     from kneepoint.store.db import make_engine, migrate
     from kneepoint.store.models import Base
 
-    engine = make_engine(f"sqlite:///{tmp_path / 'migrated.db'}")
+    engine = make_engine(fresh_url())
     migrate(engine)
     with engine.connect() as connection:
         assert compare_metadata(MigrationContext.configure(connection), Base.metadata) == []

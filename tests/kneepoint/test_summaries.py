@@ -5,12 +5,12 @@ from __future__ import annotations
 
 import copy
 import math
+from collections.abc import Callable
 from itertools import pairwise
-from pathlib import Path
 
 import pandas as pd
 import pytest
-from hypothesis import Phase, given, settings
+from hypothesis import Phase, example, given, settings
 from hypothesis import strategies as st
 from sqlalchemy import select
 from sqlalchemy.orm import Session, sessionmaker
@@ -29,6 +29,7 @@ from kneepoint.store.writer import ensure_targets, record_gpus, record_replica
 from tests.conftest import DCGM_T4, VLLM_032, read
 
 BASE = parse_vllm(read(VLLM_032))
+Fresh = Callable[[], str]  # the fresh_url fixture (conftest): an empty store of each kind
 HOUR = 3600.0
 
 
@@ -54,9 +55,8 @@ def series(seed: int, hours: float, restart_at: int | None) -> list[tuple[float,
     return points
 
 
-def store_of(tmp_path: Path, points: list[tuple[float, ReplicaSample]]) -> sessionmaker[Session]:
-    tmp_path.mkdir(parents=True, exist_ok=True)
-    sessions = open_store(f"sqlite:///{tmp_path / 'store.db'}")
+def store_of(url: str, points: list[tuple[float, ReplicaSample]]) -> sessionmaker[Session]:
+    sessions = open_store(url)
     with sessions.begin() as session:
         target = ensure_targets(session, [("r", "vllm", "http://x/metrics")])["r"]
         for ts, point in points:
@@ -103,9 +103,9 @@ def assert_same(summarized: dict[str, object], raw: dict[str, object]) -> None:
     assert summarized["saturated"] == pytest.approx(raw["saturated"], rel=1e-12)
 
 
-def test_a_long_range_reads_summary_rows_and_gets_the_samples_numbers(tmp_path: Path) -> None:
+def test_a_long_range_reads_summary_rows_and_gets_the_samples_numbers(fresh_url: Fresh) -> None:
     points = series(seed=3, hours=30, restart_at=240 * 11 + 37)
-    sessions = store_of(tmp_path, points)
+    sessions = store_of(fresh_url(), points)
     end = points[-1][0]
     with sessions.begin() as session:
         result = rollup(session, end + 120, Retention())
@@ -124,7 +124,11 @@ def test_a_long_range_reads_summary_rows_and_gets_the_samples_numbers(tmp_path: 
 
 
 # Each example writes hours of samples: shrinking a failure would take many minutes.
-@settings(max_examples=8, deadline=None, phases=(Phase.explicit, Phase.generate))
+@settings(max_examples=12, deadline=None, phases=(Phase.explicit, Phase.generate))
+# A range whose first whole bucket begins before its first sample (found by this test).
+@example(seed=566, restart=None, edges=(0.2071547, 0.8078447), coarsest=3600, settle=247.6)
+# A range that starts exactly on an hour: no finer rows before the first hourly one.
+@example(seed=1, restart=100, edges=(4400 / 19785, 0.9), coarsest=3600, settle=0.0)
 @given(
     seed=st.integers(0, 1000),
     restart=st.one_of(st.none(), st.integers(1, 240 * 5)),
@@ -133,7 +137,7 @@ def test_a_long_range_reads_summary_rows_and_gets_the_samples_numbers(tmp_path: 
     settle=st.floats(0, 2 * HOUR),
 )
 def test_any_range_through_the_tiers_equals_the_samples(
-    tmp_path_factory: pytest.TempPathFactory,
+    fresh_url: Fresh,
     seed: int,
     restart: int | None,
     edges: tuple[float, float],
@@ -141,7 +145,7 @@ def test_any_range_through_the_tiers_equals_the_samples(
     settle: float,
 ) -> None:
     points = series(seed, hours=5.5, restart_at=restart)
-    sessions = store_of(tmp_path_factory.mktemp("tiers"), points)
+    sessions = store_of(fresh_url(), points)
     first, last = points[0][0], points[-1][0]
     # Summaries written up to some time inside the data: the rest is read from the samples.
     with sessions.begin() as session:
@@ -152,9 +156,9 @@ def test_any_range_through_the_tiers_equals_the_samples(
         assert_same(numbers(session, start, end, coarsest), numbers(session, start, end, RAW))
 
 
-def test_summaries_written_bit_by_bit_equal_those_written_at_once(tmp_path: Path) -> None:
+def test_summaries_written_bit_by_bit_equal_those_written_at_once(fresh_url: Fresh) -> None:
     points = series(seed=5, hours=4, restart_at=500)
-    once, steps = store_of(tmp_path / "once", points), store_of(tmp_path / "steps", points)
+    once, steps = store_of(fresh_url(), points), store_of(fresh_url(), points)
     end = points[-1][0] + 300
     with once.begin() as session:
         summarize(session, REPLICA_SHAPE, end)
@@ -172,9 +176,9 @@ def test_summaries_written_bit_by_bit_equal_those_written_at_once(tmp_path: Path
     pd.testing.assert_frame_equal(rows(steps), expected)
 
 
-def test_summaries_expire_with_their_tier_s_retention(tmp_path: Path) -> None:
+def test_summaries_expire_with_their_tier_s_retention(fresh_url: Fresh) -> None:
     points = series(seed=1, hours=3, restart_at=None)
-    sessions = store_of(tmp_path, points)
+    sessions = store_of(fresh_url(), points)
     end = points[-1][0]
     with sessions.begin() as session:
         rollup(session, end + 120, Retention())
@@ -222,8 +226,8 @@ def test_plan_pieces_are_contiguous_aligned_and_within_reach(
             assert math.remainder(low, resolution) == 0 and math.remainder(high, resolution) == 0
 
 
-def test_gpu_readings_read_through_the_tiers_keep_energy_and_identity(tmp_path: Path) -> None:
-    sessions = open_store(f"sqlite:///{tmp_path / 'store.db'}")
+def test_gpu_readings_read_through_the_tiers_keep_energy_and_identity(fresh_url: Fresh) -> None:
+    sessions = open_store(fresh_url())
     gpus = parse_dcgm(read(DCGM_T4), default_host="node")
     with sessions.begin() as session:
         target = ensure_targets(session, [("node", "dcgm", "http://x/m")])["node"]

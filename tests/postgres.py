@@ -1,0 +1,64 @@
+"""A real PostgreSQL (Debian's package) for the store tests: a throwaway cluster on a free
+port, started once per test session, with a fresh database for every store."""
+
+from __future__ import annotations
+
+import glob
+import itertools
+import os
+import shutil
+import subprocess
+import tempfile
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
+
+from tests.conftest import free_port, require_real
+
+
+def _binaries() -> str | None:
+    found = sorted(glob.glob("/usr/lib/postgresql/*/bin/initdb"))
+    if found:
+        return os.path.dirname(found[-1])
+    initdb = shutil.which("initdb")
+    return os.path.dirname(initdb) if initdb else None
+
+
+@contextmanager
+def running_postgres() -> Iterator[Callable[[], str]]:
+    """Yield a function that creates an empty database and returns its SQLAlchemy URL."""
+    import psycopg
+
+    bin_dir = _binaries()
+    if bin_dir is None:
+        require_real("no PostgreSQL server (apt-get install postgresql; scripts/setup does it)")
+    assert bin_dir is not None
+    # PostgreSQL refuses to run as root: as root, the cluster belongs to `postgres`.
+    as_user = ["runuser", "-u", "postgres", "--"] if os.geteuid() == 0 else []
+    folder = tempfile.mkdtemp(prefix="kneepoint-pg-")
+    if as_user:
+        shutil.chown(folder, "postgres")
+    data, port = os.path.join(folder, "data"), free_port()
+
+    def run(*command: str) -> None:
+        done = subprocess.run([*as_user, *command], capture_output=True, text=True, check=False)
+        if done.returncode != 0:
+            raise RuntimeError(f"{command[0]} failed: {done.stdout[-2000:]}{done.stderr[-2000:]}")
+
+    run(f"{bin_dir}/initdb", "-D", data, "-U", "kneepoint", "--auth=trust", "-E", "UTF8")
+    options = f"-p {port} -k {folder} -c listen_addresses=127.0.0.1 -c fsync=off"
+    run(f"{bin_dir}/pg_ctl", "-D", data, "-o", options, "-l", f"{folder}/log", "-w", "start")
+    numbers = itertools.count()
+
+    def fresh() -> str:
+        name = f"store_{next(numbers)}"
+        with psycopg.connect(
+            f"host=127.0.0.1 port={port} user=kneepoint dbname=postgres", autocommit=True
+        ) as connection:
+            connection.execute(f"CREATE DATABASE {name}")
+        return f"postgresql+psycopg://kneepoint@127.0.0.1:{port}/{name}"
+
+    try:
+        yield fresh
+    finally:
+        run(f"{bin_dir}/pg_ctl", "-D", data, "-m", "immediate", "stop")
+        shutil.rmtree(folder, ignore_errors=True)
