@@ -131,6 +131,9 @@ def test_kneepoint_reports_what_vllm_counted_over_the_window(vllm_url: str, tmp_
     assert stored["prefix_cache_queries"] == vllm_delta("vllm:prefix_cache_queries_total")
     assert stored["prefix_cache_hits"] == vllm_delta("vllm:prefix_cache_hits_total")
     assert stored["prefix_cache_hits"] > 0, "agent steps re-send their prefix: some must hit"
+    assert replica["prefix_cache_hit_rate"] == pytest.approx(
+        vllm_delta("vllm:prefix_cache_hits_total") / vllm_delta("vllm:prefix_cache_queries_total")
+    ), "prefix-cache hit rate"
     assert stored["requests_finished_length"] == requests
     with sessions() as session:
         layouts = queries.histogram_layouts(session)
