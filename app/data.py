@@ -29,6 +29,8 @@ from kneepoint.store.db import open_store
 from kneepoint.store.runs import delete_run as remove_run
 from kneepoint.store.runs import load_runs, save_run
 from kneepoint.views import View, build_view
+from reports.render import html_report, markdown
+from reports.weekly import WeeklyReport, build_report
 
 
 def store() -> tuple[Config, sessionmaker[Session]]:
@@ -263,3 +265,16 @@ def send_test(channel_name: str) -> str:
     if state == "pending":
         return f"Not delivered yet; it will be retried ({error})."
     return f"Refused: {error}"
+
+
+def weekly_report(now: float) -> tuple[WeeklyReport, str, str]:
+    """The weekly review as of `now`: the report, its HTML and its Markdown."""
+    return _weekly_report(str(config_path().resolve()), now)
+
+
+@st.cache_data(ttl=300, show_spinner="Building the weekly review…")
+def _weekly_report(path: str, now: float) -> tuple[WeeklyReport, str, str]:
+    config, sessions = _open(path)
+    with sessions() as session:
+        report = build_report(session, config, now, 7 * 86400.0)
+    return report, html_report(report), markdown(report)

@@ -5,7 +5,7 @@ from __future__ import annotations
 import logging
 from collections.abc import Callable
 from dataclasses import dataclass
-from datetime import datetime
+from datetime import UTC, datetime
 
 from apscheduler.events import (
     EVENT_JOB_ERROR,
@@ -15,6 +15,7 @@ from apscheduler.events import (
     JobEvent,
 )
 from apscheduler.schedulers.base import BaseScheduler
+from apscheduler.triggers.cron import CronTrigger
 from apscheduler.triggers.interval import IntervalTrigger
 from sqlalchemy.orm import Session, sessionmaker
 
@@ -34,7 +35,8 @@ class Job:
 
     id: str
     func: Callable[[], object]
-    every: float
+    every: float = 0.0  # seconds between runs…
+    cron: str | None = None  # …or a crontab line (UTC) instead
 
 
 def collect_round(
@@ -75,7 +77,16 @@ def standard_jobs(config: Config, sessions: sessionmaker[Session], clock: Clock)
         Job("scrape", lambda: scrape_job(config, sessions, clock), config.scrape_interval),
         Job("rollup", lambda: rollup_job(config, sessions, clock), ROLLUP_EVERY),
         Job("alerts", lambda: alerts_job(config, sessions, clock), config.evaluation_interval),
+        Job("report", lambda: report_job(config, sessions, clock), cron=config.report.schedule),
     ]
+
+
+def report_job(config: Config, sessions: sessionmaker[Session], clock: Clock) -> None:
+    from reports.deliver import send_report
+
+    with sessions.begin() as session:
+        page, queued = send_report(session, config, clock())
+    log.info("weekly report written to %s, %d messages queued", page, queued)
 
 
 def install(
@@ -86,6 +97,18 @@ def install(
 ) -> None:
     """Add jobs (one instance each, coalesced) and record every run's outcome as health."""
     for job in jobs:
+        if job.cron:  # on its schedule only: a restart must not send another report
+            scheduler.add_job(
+                job.func,
+                CronTrigger.from_crontab(job.cron, timezone=UTC),
+                id=job.id,
+                name=job.id,
+                replace_existing=True,
+                coalesce=True,
+                max_instances=1,
+                misfire_grace_time=3600,
+            )
+            continue
         scheduler.add_job(
             job.func,
             IntervalTrigger(seconds=job.every),

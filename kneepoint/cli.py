@@ -15,7 +15,7 @@ import typer
 from rich.console import Console
 from rich.table import Table
 
-from kneepoint.cliutil import ConfigOption, fail, load_settings, open_sessions
+from kneepoint.cliutil import AtOption, ConfigOption, fail, load_settings, moment, open_sessions
 from kneepoint.clock import system_clock
 from kneepoint.config import ConfigError, config_path
 from kneepoint.durations import parse_duration
@@ -69,6 +69,7 @@ def status(
     config: ConfigOption = None,
     as_json: Annotated[bool, typer.Option("--json", help="Print the JSON contract.")] = False,
     window: Annotated[str, typer.Option(help="Window for rates: 5m, 1h, …")] = "5m",
+    at: AtOption = None,
 ) -> None:
     """The numbers per replica, fleet and GPU."""
     try:
@@ -82,7 +83,7 @@ def status(
     from kneepoint.status import build_status
 
     with sessions() as session:
-        report = build_status(session, settings, system_clock(), seconds)
+        report = build_status(session, settings, moment(at, system_clock()), seconds)
     if as_json:
         typer.echo(json.dumps(report, indent=2))
         return
@@ -150,6 +151,38 @@ def serve(
         sys.exit(run_app(config_path(config), port, open_browser=not no_browser))
     finally:
         scheduler.shutdown(wait=False)
+
+
+@app.command()
+def report(
+    config: ConfigOption = None,
+    since: Annotated[
+        str, typer.Option(help="The period: this long, against the one before.")
+    ] = "7d",
+    out: Annotated[str | None, typer.Option(help="Folder (default: report.output_dir).")] = None,
+    at: AtOption = None,
+) -> None:
+    """The weekly capacity review: a self-contained HTML report and a Markdown summary."""
+    try:
+        seconds = parse_duration(since)
+    except ValueError as error:
+        fail(f"--since: {error}", 2)
+    if seconds <= 0:
+        fail("--since must be positive", 2)
+    settings = load_settings(config)
+    sessions = open_sessions(settings)
+    from reports.write import write_report
+
+    with sessions() as session:
+        written, page, summary = write_report(
+            session,
+            settings,
+            moment(at, system_clock()),
+            seconds,
+            Path(out or settings.report.output_dir),
+        )
+    typer.echo(f"report:  {page}\nsummary: {summary}")
+    typer.echo(f"{len(written.recommendations)} recommendations")
 
 
 @app.command()

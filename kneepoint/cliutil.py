@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from datetime import datetime
 from typing import Annotated, NoReturn
 
 import typer
@@ -13,6 +14,32 @@ from kneepoint.config import Config, ConfigError, load_config
 ConfigOption = Annotated[
     str | None, typer.Option("--config", help="kneepoint.yaml (else $KNEEPOINT_CONFIG).")
 ]
+
+
+AtOption = Annotated[
+    str | None,
+    typer.Option(
+        "--at",
+        help="End of the window: ISO 8601 (2026-11-30T09:00Z) or Unix seconds; now if unset.",
+    ),
+]
+
+
+def moment(at: str | None, now: float) -> float:
+    """The --at option as Unix seconds (bad input: exit 2)."""
+    if at is None:
+        return now
+    try:
+        return float(at)
+    except ValueError:
+        pass
+    try:
+        parsed = datetime.fromisoformat(at.replace("Z", "+00:00"))
+    except ValueError:
+        fail(f"--at: {at!r} is neither ISO 8601 nor Unix seconds", 2)
+    if parsed.tzinfo is None:
+        fail(f"--at: {at!r} needs a time zone (Z or +01:00)", 2)
+    return parsed.timestamp()
 
 
 def fail(message: str, code: int = 1) -> NoReturn:

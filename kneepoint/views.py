@@ -134,6 +134,9 @@ def _numbers(
         if len(rows)
         else None,
         "peak_waiting": float(waiting.max()) if waiting is not None and len(waiting) else None,
+        "peak_running": float(rows.requests_running_peak.fillna(rows.requests_running).max())
+        if len(rows) and rows.requests_running.notna().any()
+        else None,
         "queue_seconds": quantiles(window.histograms.get("queue")),
         "requests_per_second": ratios.ratio(finished, seconds),
         "finish_reasons": details.finish_reasons(window),

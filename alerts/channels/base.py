@@ -11,6 +11,8 @@ from urllib.parse import urlencode
 
 from kneepoint.config import Channel as ChannelConfig
 
+REPORT = "report"  # a Notice's status when it carries a scheduled report, not an alert
+
 
 @dataclass(frozen=True)
 class Notice:
@@ -61,11 +63,15 @@ class Notice:
         return f"{self.dashboard_url.rstrip('/')}/?{urlencode(query)}"
 
     def title(self) -> str:
+        if self.status == REPORT:
+            return f"[REPORT] {self.rule}"
         mark = "RESOLVED" if self.status == "resolved" else self.severity.upper()
         where = f"{len(self.members)} replicas" if self.members else self.where
         return f"[{mark}] {self.rule} on {where}"
 
     def text(self) -> str:
+        if self.status == REPORT:  # a scheduled report: its summary and the page's link
+            return "\n".join([self.title(), self.runbook, self.link])
         since = datetime.fromtimestamp(self.since, UTC).strftime("%Y-%m-%d %H:%M UTC")
         if self.members:
             values = ", ".join(

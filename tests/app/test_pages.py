@@ -8,6 +8,7 @@ from pathlib import Path
 import pytest
 from streamlit.testing.v1 import AppTest
 
+import alerts.evaluate  # noqa: F401  the package: AppTest puts app/screens (with alerts.py) first
 from app.registry import PAGES, PAGES_DIR
 from tests.seed import seed
 

@@ -40,7 +40,7 @@ def test_jobs_run_on_schedule_and_record_their_health(
         raise RuntimeError("report template missing")
 
     scheduler = BackgroundScheduler()
-    jobs = [*standard_jobs(config, sessions, time.time), Job("report", broken, 60)]
+    jobs = [*standard_jobs(config, sessions, time.time), Job("flaky", broken, 60)]
     install(scheduler, jobs, sessions)
     scheduler.start()
     try:
@@ -55,13 +55,13 @@ def test_jobs_run_on_schedule_and_record_their_health(
 
         def health_recorded() -> bool:
             with sessions() as session:
-                return session.get(JobHealthRow, "report") is not None
+                return session.get(JobHealthRow, "flaky") is not None
 
         assert wait_for(health_recorded)
     finally:
         scheduler.shutdown(wait=True)
     with sessions() as session:
-        report = session.get(JobHealthRow, "report")
+        report = session.get(JobHealthRow, "flaky")
         scrape = session.get(JobHealthRow, "scrape")
         assert report is not None and scrape is not None
         assert report.failures >= 1

@@ -22,7 +22,7 @@ from tests.conftest import free_port
 from tests.real.prometheus_server import running_prometheus
 
 pytestmark = [pytest.mark.real, pytest.mark.timeout(600)]
-WARM_UP_SECONDS, WINDOW_SECONDS = 12.0, 120.0
+WARM_UP_SECONDS, TRAFFIC_SECONDS, DRAIN_SECONDS = 20.0, 150.0, 20.0
 # Window numbers that must agree within 2 %: rates, ratios, quantiles, cost, energy.
 REPLICA_KEYS = (
     "generation_tokens_per_second",
@@ -96,21 +96,27 @@ def test_prometheus_mode_shows_what_direct_scraping_shows(tmp_path: Path) -> Non
                 )
                 for model, peak in LIVE_PEAKS.items()
             ]
-            # Steady traffic throughout; the window compared starts once Prometheus has been
-            # scraping a while (it finds its targets about 5 s after starting). The two
-            # stores differ only by where each scraper's samples fell at the window's edges.
-            traffic = Traffic(groups, pause_scale=0.2, shape=lambda _t: 0.6).start()
-            window_start = began + WARM_UP_SECONDS
-            window_end = window_start + WINDOW_SECONDS
+            # The window compared holds all the traffic, with quiet at both ends: Prometheus
+            # is scraping before the traffic starts (it finds its targets about 5 s after it
+            # starts) and the engines are idle again before the window ends. Both stores then
+            # hold the same increases; they differ only by where each scraper's first and
+            # last samples fell, about a second each way in a window of three minutes.
+            window_start = began + WARM_UP_SECONDS - 5
+            stop_at = began + WARM_UP_SECONDS + TRAFFIC_SECONDS
+            window_end = stop_at + DRAIN_SECONDS
             tick = 0
             while time.time() < window_end + 3:
+                if traffic is None and time.time() >= began + WARM_UP_SECONDS:
+                    traffic = Traffic(groups, pause_scale=0.2, shape=lambda _t: 0.6).start()
+                if traffic is not None and time.time() >= stop_at:
+                    traffic.stop()
                 collect_round(direct, direct_store)
                 if tick % 5 == 0:
                     collect_round(through, through_store)
                 tick += 1
                 time.sleep(max(0.0, began + tick - time.time()))
             collect_round(through, through_store)
-        window = WINDOW_SECONDS
+        window = window_end - window_start
         with direct_store() as session:
             expected = build_status(session, direct, window_end, window)
         with through_store() as session:
