@@ -29,8 +29,8 @@ from kneepoint.store.db import open_store
 from kneepoint.store.runs import delete_run as remove_run
 from kneepoint.store.runs import load_runs, save_run
 from kneepoint.views import View, build_view
-from reports.render import html_report, markdown
-from reports.weekly import WeeklyReport, build_report
+from review.render import html_report, markdown
+from review.weekly import WeeklyReport, build_report
 
 
 def store() -> tuple[Config, sessionmaker[Session]]:

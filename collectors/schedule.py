@@ -82,7 +82,7 @@ def standard_jobs(config: Config, sessions: sessionmaker[Session], clock: Clock)
 
 
 def report_job(config: Config, sessions: sessionmaker[Session], clock: Clock) -> None:
-    from reports.deliver import send_report
+    from review.deliver import send_report
 
     with sessions.begin() as session:
         page, queued = send_report(session, config, clock())

@@ -171,7 +171,7 @@ def report(
         fail("--since must be positive", 2)
     settings = load_settings(config)
     sessions = open_sessions(settings)
-    from reports.write import write_report
+    from review.write import write_report
 
     with sessions() as session:
         written, page, summary = write_report(

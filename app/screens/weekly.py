@@ -5,7 +5,7 @@ from __future__ import annotations
 import streamlit as st
 
 from app import data, filters
-from reports.render import figures
+from review.render import figures
 
 filters.current(data.replica_names())
 st.title("Weekly review")

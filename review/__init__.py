@@ -1,0 +1,1 @@
+"""The weekly capacity review: numbers, recommendations, HTML and Markdown, scheduling."""

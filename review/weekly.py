@@ -1,0 +1,180 @@
+"""The weekly capacity review's numbers: per replica and fleet, this week against last week,
+from the kernel the pages and `kneepoint status` use (views.build_view), so none can differ."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any
+
+import pandas as pd
+from sqlalchemy.orm import Session
+
+from alerts.evaluate import slo_reports
+from alerts.slo import Report as SloReport
+from kneepoint.config import Config
+from kneepoint.derived import details
+from kneepoint.derived.latency import histogram_quantile, window_histogram
+from kneepoint.knee.detect import assess, knee_for_replica
+from kneepoint.store import queries
+from kneepoint.store.runs import load_runs
+from kneepoint.views import View, build_view
+
+# What the report shows per replica: key, label, unit ("%" for fractions), and what it means.
+ROWS: tuple[tuple[str, str, str, str], ...] = (
+    ("peak_kv_occupancy", "Peak KV occupancy", "%", "highest KV-cache use seen"),
+    ("p95_kv_occupancy", "p95 KV occupancy", "%", "95th percentile of the chart's points"),
+    ("time_saturated", "Time saturated", "%", "share of time with KV above 90 %"),
+    ("queue_p99_seconds", "Waiting time p99", "s", "queue time before a slot, p99"),
+    ("preemptions", "Preemptions", "", "sequences evicted and recomputed"),
+    ("recompute_share_of_prefill", "Recompute share", "%", "prefill work redone after eviction"),
+    ("prefix_cache_hit_rate", "Prefix hit rate", "%", "prompt tokens served from cache"),
+    ("generation_tokens_per_second", "Throughput", "tok/s", "generated tokens per second"),
+    ("peak_running", "Peak concurrency", "", "most sequences running at once"),
+    ("knee_concurrency", "Knee", "", "concurrency where more load stops paying"),
+    ("headroom", "Headroom to knee", "", "knee − peak concurrency"),
+    ("spec_verdict", "Speculative decoding", "", "paying off, marginal or slowing down"),
+    ("utilization", "Utilization", "%", "throughput ÷ knee throughput"),
+    ("idle_gpu_hours", "Idle GPU-hours", "h", "GPU time with the engine idle"),
+    ("cost_per_million_tokens", "True $/1M tokens", "$", "GPU cost ÷ tokens served"),
+    ("nominal_cost_per_million_generated_tokens", "Nominal $/1M generated", "$", "at the knee"),
+    ("break_even_utilization", "Break-even vs API", "%", "below it the API is cheaper"),
+    ("joules_per_million_tokens", "Energy / 1M tokens", "J", "GPU energy ÷ tokens served"),
+)
+REPLICA_KEYS = (
+    "prefix_cache_hit_rate",
+    "preemptions",
+    "generation_tokens_per_second",
+    "cost_per_million_tokens",
+    "cost_per_million_generated_tokens",
+)
+VIEW_KEYS = (
+    "peak_kv_occupancy",
+    "time_saturated",
+    "recompute_share_of_prefill",
+    "peak_running",
+    "peak_waiting",
+    "spec_verdict",
+    "spec_expected_speedup",
+    "utilization",
+    "idle_gpu_hours",
+    "nominal_cost_per_million_generated_tokens",
+    "break_even_utilization",
+    "joules_per_million_tokens",
+    "energy_kwh",
+)
+
+
+@dataclass
+class Period:
+    start: float
+    end: float
+    view: View
+    replicas: dict[str, dict[str, Any]]
+    fleet: dict[str, Any]
+    slos: list[SloReport]
+    intervals: dict[str, pd.DataFrame] = field(default_factory=dict)  # per replica, hourly
+
+
+@dataclass
+class WeeklyReport:
+    generated_at: float
+    since: float
+    this: Period
+    last: Period
+    recommendations: list[Any] = field(default_factory=list)  # recommend.Recommendation
+
+
+def build_report(session: Session, config: Config, now: float, since: float) -> WeeklyReport:
+    from review.recommend import recommend
+
+    this = period(session, config, now, since)
+    last = period(session, config, now - since, since)
+    report = WeeklyReport(now, since, this, last)
+    report.recommendations = recommend(report)
+    return report
+
+
+def period(session: Session, config: Config, end: float, window: float) -> Period:
+    view = build_view(session, config, end, window)
+    assessments = [assess(run, config.slos) for run in load_runs(session)]
+    targets = queries.targets(session)
+    replicas: dict[str, dict[str, Any]] = {}
+    for replica in view.status["replicas"]:
+        name = replica["name"]
+        rows = view.rows.get(name, {})
+        numbers = {key: replica.get(key) for key in REPLICA_KEYS}
+        numbers.update({key: rows.get(key) for key in VIEW_KEYS})
+        occupancy = view.series.loc[view.series.replica == name, "kv_cache_occupancy"].dropna()
+        numbers["p95_kv_occupancy"] = float(occupancy.quantile(0.95)) if len(occupancy) else None
+        running = view.series.loc[view.series.replica == name, "requests_running"].dropna()
+        numbers["running_at_cap_share"] = (
+            float((running >= 0.95 * running.max()).mean())
+            if len(running) and running.max() > 0
+            else None
+        )
+        queue = rows.get("queue_seconds") or {}
+        numbers["queue_p99_seconds"] = queue.get("p99")
+        knee = knee_for_replica(name, replica["model_names"] or [], assessments)
+        numbers["knee_concurrency"] = knee.knee_concurrency if knee else None
+        peak = numbers["peak_running"]
+        numbers["headroom"] = (
+            None if knee is None or peak is None else knee.knee_concurrency - peak  # type: ignore[operator]
+        )
+        numbers["itl_p99_seconds"] = (replica.get("itl_seconds") or {}).get("p99")
+        numbers["ttft_p99_seconds"] = (replica.get("ttft_seconds") or {}).get("p99")
+        replicas[name] = numbers
+    rates = {name: numbers["prefix_cache_hit_rate"] for name, numbers in replicas.items()}
+    fleet = {
+        key: view.status["fleet"].get(key)
+        for key in (
+            "generation_tokens_per_second",
+            "prefix_cache_hit_rate",
+            "cost_per_million_tokens",
+            "cost_per_million_generated_tokens",
+            "preemptions",
+        )
+    }
+    fleet["hit_rate_divergence"] = details.divergence(rates)
+    result = Period(end - window, end, view, replicas, fleet, slo_reports(session, config, end))
+    ids = {name: row.id for name, row in targets.items()}
+    for name in replicas:
+        if name in ids:
+            result.intervals[name] = intervals(session, ids[name], end - window, end)
+    return result
+
+
+def intervals(session: Session, target_id: int, start: float, end: float) -> pd.DataFrame:
+    """Per stored interval of one replica: its mean prompt length and its ITL p99 (from the
+    histogram's increase), the evidence for an admission cap on prompt length."""
+    frame = queries.replica_frame(
+        session,
+        start,
+        end,
+        [target_id],
+        columns=("hist_itl", "request_prompt_tokens_sum", "request_prompt_tokens_count"),
+    )
+    if len(frame) < 2:
+        return pd.DataFrame(columns=["ts", "mean_prompt_tokens", "itl_p99_seconds"])
+    layouts = queries.histogram_layouts(session)
+    itl = queries.histograms(frame.hist_itl, layouts)
+    rows = []
+    for index in range(1, len(frame)):
+        count = (
+            frame.request_prompt_tokens_count.iloc[index]
+            - frame.request_prompt_tokens_count.iloc[index - 1]
+        )
+        tokens = (
+            frame.request_prompt_tokens_sum.iloc[index]
+            - frame.request_prompt_tokens_sum.iloc[index - 1]
+        )
+        histogram = window_histogram([itl[index - 1], itl[index]])
+        rows.append(
+            {
+                "ts": float(frame.ts.iloc[index]),
+                "mean_prompt_tokens": tokens / count
+                if count and count > 0 and tokens >= 0
+                else None,
+                "itl_p99_seconds": histogram_quantile(0.99, histogram),
+            }
+        )
+    return pd.DataFrame(rows)
