@@ -15,10 +15,17 @@ import typer
 from rich.console import Console
 from rich.table import Table
 
-from kneepoint.cliutil import AtOption, ConfigOption, fail, load_settings, moment, open_sessions
+from kneepoint.cliutil import (
+    AtOption,
+    ConfigOption,
+    fail,
+    load_settings,
+    moment,
+    open_sessions,
+    positive_duration,
+)
 from kneepoint.clock import system_clock
 from kneepoint.config import ConfigError, config_path
-from kneepoint.durations import parse_duration
 
 app = typer.Typer(
     add_completion=False,
@@ -72,12 +79,7 @@ def status(
     at: AtOption = None,
 ) -> None:
     """The numbers per replica, fleet and GPU."""
-    try:
-        seconds = parse_duration(window)
-    except ValueError as error:
-        fail(f"--window: {error}", 2)
-    if seconds <= 0:
-        fail("--window must be positive", 2)
+    seconds = positive_duration("--window", window)
     settings = load_settings(config)
     sessions = open_sessions(settings)
     from kneepoint.status import build_status
@@ -163,12 +165,7 @@ def report(
     at: AtOption = None,
 ) -> None:
     """The weekly capacity review: a self-contained HTML report and a Markdown summary."""
-    try:
-        seconds = parse_duration(since)
-    except ValueError as error:
-        fail(f"--since: {error}", 2)
-    if seconds <= 0:
-        fail("--since must be positive", 2)
+    seconds = positive_duration("--since", since)
     settings = load_settings(config)
     sessions = open_sessions(settings)
     from review.write import write_report

@@ -42,6 +42,19 @@ def moment(at: str | None, now: float) -> float:
     return parsed.timestamp()
 
 
+def positive_duration(option: str, text: str) -> float:
+    """A duration option (5m, 7d) in seconds; bad or not positive: exit 2 naming it."""
+    from kneepoint.durations import parse_duration
+
+    try:
+        seconds = parse_duration(text)
+    except ValueError as error:
+        fail(f"{option}: {error}", 2)
+    if seconds <= 0:
+        fail(f"{option} must be positive", 2)
+    return seconds
+
+
 def fail(message: str, code: int = 1) -> NoReturn:
     """Say what went wrong in one sentence on stderr and exit: 2 for bad input, 1 else."""
     Console(stderr=True, soft_wrap=True).print(

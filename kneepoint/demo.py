@@ -102,6 +102,22 @@ def sweep_runs(fleet: Fleet) -> list[Run]:
     return runs
 
 
+def live_groups(fleet: Fleet) -> list[Group]:
+    """The demo's live agent traffic: per model, its replicas and peak sessions."""
+    return [
+        Group(
+            model,
+            [
+                fleet.url(r.name)
+                for r in fleet.spec.replicas
+                if fleet.replicas[r.name].served_name == model
+            ],
+            peak,
+        )
+        for model, peak in LIVE_PEAKS.items()
+    ]
+
+
 def run_demo(
     folder: Path | None, port: int, open_browser: bool, say: Callable[[str], None] = print
 ) -> int:
@@ -141,20 +157,11 @@ def run_demo(
         say(
             f"knee:     {len(runs)} twin sweeps in virtual time: {', '.join(r.label for r in runs)}"
         )
-        groups = [
-            Group(
-                model,
-                [
-                    fleet.url(r.name)
-                    for r in fleet.spec.replicas
-                    if fleet.replicas[r.name].served_name == model
-                ],
-                peak,
-            )
-            for model, peak in LIVE_PEAKS.items()
-        ]
         traffic = Traffic(
-            groups, day_seconds=LIVE_DAY_SECONDS, pause_scale=0.5, deploy_every=LIVE_DAY_SECONDS
+            live_groups(fleet),
+            day_seconds=LIVE_DAY_SECONDS,
+            pause_scale=0.5,
+            deploy_every=LIVE_DAY_SECONDS,
         ).start()
         install(scheduler, standard_jobs(config, sessions, time.time), sessions)
         scheduler.start()

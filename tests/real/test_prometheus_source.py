@@ -11,13 +11,13 @@ import pytest
 
 from collectors.schedule import collect_round
 from kneepoint.config import Config, PrometheusSource, Target
-from kneepoint.demo import FLEET, LIVE_PEAKS
+from kneepoint.demo import FLEET, live_groups
 from kneepoint.status import build_status
 from kneepoint.store import queries
 from kneepoint.store.db import open_store
 from kneepoint.store.models import RAW
 from kneepoint.twin.fleet import Fleet, FleetSpec
-from kneepoint.twin.traffic import Group, Traffic
+from kneepoint.twin.traffic import Traffic
 from tests.conftest import free_port
 from tests.real.prometheus_server import running_prometheus
 
@@ -84,18 +84,7 @@ def test_prometheus_mode_shows_what_direct_scraping_shows(tmp_path: Path) -> Non
             )
             direct_store, through_store = open_store(direct.database), open_store(through.database)
             began = time.time()
-            groups = [
-                Group(
-                    model,
-                    [
-                        fleet.url(r.name)
-                        for r in fleet.spec.replicas
-                        if fleet.replicas[r.name].served_name == model
-                    ],
-                    peak,
-                )
-                for model, peak in LIVE_PEAKS.items()
-            ]
+            groups = live_groups(fleet)
             # The window compared holds all the traffic, with quiet at both ends: Prometheus
             # is scraping before the traffic starts (it finds its targets about 5 s after it
             # starts) and the engines are idle again before the window ends. Both stores then
