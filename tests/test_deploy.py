@@ -113,6 +113,9 @@ def test_the_mounted_config_validates_and_points_at_the_stack() -> None:
     assert replica.gpus == [f"{host}/0"]
     assert SERVICES["dcgm-exporter"]["hostname"].startswith("${GPU_HOST")
     assert config.channels[0].url == environment_example()["SLACK_WEBHOOK_URL"]
+    # The weekly review lands on the database's volume and goes to the on-call channel.
+    assert config.report.output_dir.startswith("/var/lib/kneepoint/")
+    assert config.report.channels == [config.channels[0].name]
 
 
 def test_the_dockerfile_installs_the_package_and_runs_unprivileged() -> None:
