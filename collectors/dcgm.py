@@ -2,12 +2,15 @@
 
 from __future__ import annotations
 
-from collectors.parse import ParsedScrape, ScrapeFormatError, parse_exposition
+from collectors.parse import MAX_SERIES, ParsedScrape, ScrapeFormatError, parse_exposition
 from kneepoint.samples import GpuSample
 
 # DCGM writes "blank" (no reading) as huge sentinel values, e.g. DCGM_FP64_BLANK = 1.4e26
 # and DCGM_INT64_BLANK = 9223372036854775792: anything this large is not a measurement.
 SENTINEL_FLOOR = 9.2e18
+# GPU indices accepted from the `gpu` label: the largest NVLink domains hold 72 GPUs per rack
+# and a host far fewer; a bigger number is a broken label, not a GPU.
+MAX_GPU_INDEX = 1023
 
 # GpuSample field -> (DCGM field, scale). Ratios stay 0..1; GPU_UTIL is a percentage.
 FIELDS: dict[str, tuple[str, float]] = {
@@ -26,9 +29,9 @@ FIELDS: dict[str, tuple[str, float]] = {
 }
 
 
-def parse_dcgm(text: str, default_host: str) -> list[GpuSample]:
+def parse_dcgm(text: str, default_host: str, max_series: int = MAX_SERIES) -> list[GpuSample]:
     """Parse one dcgm-exporter body; `default_host` names GPUs whose series carry no host."""
-    parsed = parse_exposition(text, lambda name: name.startswith("DCGM_FI_"))
+    parsed = parse_exposition(text, lambda name: name.startswith("DCGM_FI_"), max_series=max_series)
     return normalize_dcgm(parsed, default_host)
 
 
@@ -58,7 +61,10 @@ def _gpu(
     if "gpu" not in labels:
         return None
     host = labels.get("Hostname") or labels.get("hostname") or default_host
-    key = (host, int(labels["gpu"]))
+    text = labels["gpu"]
+    if not text.isdigit() or int(text) > MAX_GPU_INDEX:
+        raise ScrapeFormatError(f"gpu={text!r} is not a GPU index (0 to {MAX_GPU_INDEX})")
+    key = (host, int(text))
     gpu = gpus.get(key)
     if gpu is None:
         gpu = gpus[key] = GpuSample(host=host, index=key[1])

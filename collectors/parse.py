@@ -11,6 +11,10 @@ from dataclasses import dataclass, field
 from prometheus_client.parser import text_string_to_metric_families
 
 _METRIC_NAME = re.compile(r"[a-zA-Z_:][a-zA-Z0-9_:]*")
+# Series one target may expose (every sample line, kept or not): a misbehaving exporter with a
+# label per request or per user would otherwise cost a round's time and memory. Targets can
+# set their own (`max_series:`).
+MAX_SERIES = 20_000
 
 
 class ScrapeFormatError(ValueError):
@@ -41,6 +45,7 @@ def parse_exposition(
     text: str,
     wanted: Callable[[str], bool],
     rename: Callable[[str], str] = lambda name: name,
+    max_series: int = MAX_SERIES,
 ) -> ParsedScrape:
     """Parse `text`, keeping samples whose (renamed) name `wanted` accepts.
 
@@ -48,15 +53,22 @@ def parse_exposition(
     of a scrape, and a vLLM capture is two thirds series nobody reads (`_created`, buckets
     of histograms we keep only as sum and count, process and HTTP metrics). Every line's
     name is still checked, so an HTML page or garbage is an error, not an empty scrape.
+    A body with more than `max_series` sample lines is refused before anything is parsed.
     """
     if not text.strip():
         raise ScrapeFormatError("the response body is empty")
     if not text.endswith("\n"):
         raise ScrapeFormatError("the response ends mid-line (truncated body)")
     kept: list[str] = []
+    count = 0
     for number, line in enumerate(text.split("\n"), start=1):
         if not line or line[0] == "#":
             continue
+        count += 1
+        if count > max_series:
+            raise ScrapeFormatError(
+                f"more than {max_series} series (max_series); a label per request or user?"
+            )
         name = line.partition(" ")[0].partition("{")[0]
         canonical = rename(name)
         if wanted(canonical):

@@ -3,13 +3,17 @@ VictoriaMetrics), read back what it scraped through its HTTP API (prometheus-api
 instead of scraping the targets a second time.
 
 Each round asks for every raw sample since the last one stored, with a range selector, so
-every scrape Prometheus made comes back with its own timestamp. The samples of one scrape
-are rebuilt into the text exposition the target served and go through the same parsers and
-writer as a direct scrape: both modes store the same canonical samples.
+every scrape Prometheus made comes back with its own timestamp. Only the series kneepoint
+stores are asked for, never further back than `prometheus.lookback` (default 1 h: an outage
+longer than that leaves a gap, logged), in range queries of at most `prometheus.chunk`
+(default 10 min), so a catch-up never grows into a query Prometheus refuses. The samples of
+one scrape are rebuilt into the text exposition the target served and go through the same
+parsers and writer as a direct scrape: both modes store the same canonical samples.
 """
 
 from __future__ import annotations
 
+import logging
 import math
 from collections.abc import Iterable
 from dataclasses import dataclass
@@ -22,13 +26,25 @@ from sqlalchemy import select
 from sqlalchemy.orm import Session, sessionmaker
 
 from collectors.collect import Outcome, store_fetched
+from collectors.dcgm import FIELDS
 from collectors.scrape import Fetched
+from collectors.vllm import WANTED
 from kneepoint.clock import Clock, system_clock
 from kneepoint.config import Config, PrometheusSource, Target
 from kneepoint.store.models import TargetRow
 
-# The families each kind of target exposes (metrics.md): the name matcher of its selector.
-FAMILIES = {"vllm": "vllm:.+", "dcgm": "DCGM_.+"}
+log = logging.getLogger(__name__)
+
+
+def _names(kind: str) -> str:
+    """The name matcher of the series a kind's normalizer reads (and no others): vLLM's
+    in both spellings (`vllm:` and Ray's `vllm_`), DCGM's fields."""
+    if kind == "vllm":
+        return "vllm[:_](" + "|".join(sorted(n.removeprefix("vllm:") for n in WANTED)) + ")"
+    return "(" + "|".join(sorted(name for name, _ in FIELDS.values())) + ")"
+
+
+FAMILIES = {kind: _names(kind) for kind in ("vllm", "dcgm")}
 FIRST_LOOKBACK = 300.0  # seconds read back for a target nothing is stored for yet
 
 
@@ -109,11 +125,22 @@ class PrometheusReader:
             ) from None
 
     def scrapes(self, kind: str, since: dict[str, float], now: float) -> list[Scrape]:
-        """Every scrape of the kind's instances after `since` (per instance), up to `now`."""
-        oldest = min(since.values(), default=now - FIRST_LOOKBACK)
-        seconds = max(1, math.ceil(now - oldest))
+        """Every scrape of the kind's instances after `since` (per instance), up to `now`,
+        and no older than the source's lookback, read in chunks oldest first."""
+        floor = now - self.source.lookback
+        after = {instance: max(ts, floor) for instance, ts in since.items()}
+        start = min(after.values(), default=max(now - FIRST_LOOKBACK, floor))
         base = self.source.vllm_selector if kind == "vllm" else self.source.dcgm_selector
-        return rebuild(self._query(f"{selector(base, kind)}[{seconds}s]", now), since)
+        step = max(1, math.ceil(self.source.chunk))
+        found: list[Scrape] = []
+        while start < now:
+            end = min(start + step, now)
+            query = f"{selector(base, kind)}[{max(1, math.ceil(end - start))}s]"
+            for scrape in rebuild(self._query(query, end), after):
+                found.append(scrape)
+                after[scrape.instance] = max(after.get(scrape.instance, -math.inf), scrape.ts)
+            start = end
+        return found
 
     def health(self, kind: str, now: float) -> dict[str, float]:
         """The latest `up` of each instance Prometheus scrapes for the kind."""
@@ -147,6 +174,15 @@ def collect_from_prometheus(
             instance: stored.get(target.name, now - FIRST_LOOKBACK)
             for instance, target in targets.items()
         }
+        for instance, ts in since.items():
+            if ts < now - config.prometheus.lookback:
+                log.warning(
+                    "%s: scrapes from %.0f s to %.0f s ago are older than prometheus.lookback "
+                    "and are not read back",
+                    targets[instance].name,
+                    now - ts,
+                    config.prometheus.lookback,
+                )
         up = reader.health(kind, now)
         fresh: set[str] = set()
         for scrape in reader.scrapes(kind, since, now):

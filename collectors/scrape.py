@@ -5,6 +5,7 @@ from __future__ import annotations
 import asyncio
 import time
 from dataclasses import dataclass
+from urllib.parse import urlsplit
 
 import httpx
 
@@ -25,26 +26,35 @@ class Fetched:
     error: str | None
 
 
+def shown(url: str) -> str:
+    """A target's URL as errors and logs may show it: no user, password or query (where
+    tokens travel)."""
+    parts = urlsplit(url)
+    host = parts.hostname or ""
+    if parts.port is not None:
+        host = f"{host}:{parts.port}"
+    return f"{parts.scheme}://{host}{parts.path}"
+
+
 async def fetch(client: httpx.AsyncClient, target: Target) -> str:
     """Return the body of one target's /metrics, or raise ScrapeError."""
+    where = shown(target.url)
     try:
         async with asyncio.timeout(target.timeout):
             async with client.stream(
                 "GET", target.url, headers=target.headers, timeout=target.timeout
             ) as response:
                 if response.status_code != 200:
-                    raise ScrapeError(f"HTTP {response.status_code} from {target.url}")
+                    raise ScrapeError(f"HTTP {response.status_code} from {where}")
                 content_type = response.headers.get("content-type", "")
                 if "html" in content_type:
-                    raise ScrapeError(f"{target.url} answered with an HTML page, not metrics")
+                    raise ScrapeError(f"{where} answered with an HTML page, not metrics")
                 chunks: list[bytes] = []
                 size = 0
                 async for chunk in response.aiter_bytes():
                     size += len(chunk)
                     if size > target.max_bytes:
-                        raise ScrapeError(
-                            f"response from {target.url} exceeds {target.max_bytes} bytes"
-                        )
+                        raise ScrapeError(f"response from {where} exceeds {target.max_bytes} bytes")
                     chunks.append(chunk)
                 return b"".join(chunks).decode(response.encoding or "utf-8", errors="replace")
     except TimeoutError:
@@ -52,9 +62,10 @@ async def fetch(client: httpx.AsyncClient, target: Target) -> str:
     except httpx.TimeoutException:
         raise ScrapeError(f"timed out after {target.timeout:g}s") from None
     except httpx.ConnectError as error:
-        raise ScrapeError(f"cannot connect to {target.url}: {_reason(error)}") from None
+        raise ScrapeError(f"cannot connect to {where}: {_reason(error)}") from None
     except httpx.HTTPError as error:
-        raise ScrapeError(f"{type(error).__name__} from {target.url}: {_reason(error)}") from None
+        reason = _reason(error).replace(target.url, where)
+        raise ScrapeError(f"{type(error).__name__} from {where}: {reason}") from None
 
 
 async def fetch_all(targets: list[Target], clock: Clock = system_clock) -> list[Fetched]:
@@ -70,6 +81,9 @@ async def _timed(client: httpx.AsyncClient, target: Target, clock: Clock) -> Fet
         return Fetched(target, started_at, time.perf_counter() - began, body, None)
     except ScrapeError as error:
         return Fetched(target, started_at, time.perf_counter() - began, None, str(error))
+    except Exception as error:  # anything else still costs this target only, never the round
+        why = f"{type(error).__name__}: {_reason(error)}".replace(target.url, shown(target.url))
+        return Fetched(target, started_at, time.perf_counter() - began, None, why)
 
 
 def _reason(error: BaseException) -> str:

@@ -9,7 +9,13 @@ from __future__ import annotations
 from collections import defaultdict
 from collections.abc import Iterable
 
-from collectors.parse import ParsedScrape, ScrapeFormatError, Series, parse_exposition
+from collectors.parse import (
+    MAX_SERIES,
+    ParsedScrape,
+    ScrapeFormatError,
+    Series,
+    parse_exposition,
+)
 from kneepoint.samples import CacheConfig, Histogram, ReplicaSample
 
 GAUGES: dict[str, tuple[str, ...]] = {
@@ -61,6 +67,10 @@ LABELLED_COUNTERS: dict[str, tuple[str, str, str]] = {
     },
 }
 ACCEPTED_PER_POSITION = "vllm:spec_decode_num_accepted_tokens_per_pos_total"
+# Draft positions kept per replica: vLLM drafts a handful of tokens (EAGLE and n-gram
+# configurations stop well below this); a larger `position` label is a broken exporter, and
+# building a list up to it would cost memory in proportion to the label's value.
+MAX_POSITIONS = 64
 
 HISTOGRAMS: dict[str, tuple[str, ...]] = {
     "ttft": ("vllm:time_to_first_token_seconds",),
@@ -99,9 +109,11 @@ def canonical_name(name: str) -> str:
     return "vllm:" + name[5:] if name[:5] == "vllm_" else name
 
 
-def parse_vllm(text: str) -> ReplicaSample:
+def parse_vllm(text: str, max_series: int = MAX_SERIES) -> ReplicaSample:
     """Parse and normalize one vLLM /metrics body; raise ScrapeFormatError if it is not one."""
-    return normalize_vllm(parse_exposition(text, WANTED.__contains__, canonical_name))
+    return normalize_vllm(
+        parse_exposition(text, WANTED.__contains__, canonical_name, max_series=max_series)
+    )
 
 
 def normalize_vllm(parsed: ParsedScrape) -> ReplicaSample:
@@ -191,11 +203,21 @@ def _histograms(parsed: ParsedScrape) -> dict[str, Histogram]:
         base = name.removesuffix("_bucket")
         counts: dict[float, float] = defaultdict(float)
         for labels, value in parsed.series(name):
-            counts[float(labels["le"])] += value
+            counts[_bucket_bound(name, labels)] += value
         bounds = tuple(sorted(counts))
         total = sum(value for _, value in parsed.series(f"{base}_sum"))
         histograms[field] = Histogram(bounds, tuple(counts[b] for b in bounds), total)
     return histograms
+
+
+def _bucket_bound(name: str, labels: dict[str, str]) -> float:
+    text = labels.get("le")
+    if text is None:
+        raise ScrapeFormatError(f"a bucket of {name} has no le label")
+    try:
+        return float(text)
+    except ValueError:
+        raise ScrapeFormatError(f"a bucket of {name} has le={text!r}: not a number") from None
 
 
 def _per_position(series: Series) -> list[float] | None:
@@ -203,7 +225,13 @@ def _per_position(series: Series) -> list[float] | None:
         return None
     by_position: dict[int, float] = defaultdict(float)
     for labels, value in series:
-        by_position[int(labels["position"])] += value
+        text = labels.get("position", "")
+        if not text.isdigit() or int(text) >= MAX_POSITIONS:
+            raise ScrapeFormatError(
+                f"{ACCEPTED_PER_POSITION} has position={text!r}: "
+                f"not a draft position below {MAX_POSITIONS}"
+            )
+        by_position[int(text)] += value
     return [by_position[position] for position in range(max(by_position) + 1)]
 
 

@@ -6,7 +6,7 @@ import json
 from collections.abc import Iterable
 from typing import cast
 
-from sqlalchemy import Table, bindparam, insert, select, update
+from sqlalchemy import Table, bindparam, func, insert, select, update
 from sqlalchemy.orm import Session
 
 from kneepoint.samples import GpuSample, ReplicaSample
@@ -43,6 +43,27 @@ def ensure_targets(session: Session, targets: Iterable[tuple[str, str, str]]) ->
         row.kind, row.url = kind, url
     session.flush()
     return {name: row.id for name, row in rows.items()}
+
+
+def last_stored(session: Session) -> dict[int, float]:
+    """Per target id: the time of the newest sample stored for it."""
+    rows = session.execute(
+        select(_TARGETS.c.id, _TARGETS.c.last_success_at).where(
+            _TARGETS.c.last_success_at.is_not(None)
+        )
+    )
+    return {target_id: ts for target_id, ts in rows}
+
+
+def record_refused(session: Session, target_id: int, reason: str) -> None:
+    """A sample refused for its time (not newer than the last stored): counted, and the
+    reason shown, but the target's up/down is left as it is (it answered)."""
+    session.execute(
+        update(_TARGETS)
+        .where(_TARGET_BY_ID)
+        .values(samples_refused=func.coalesce(_TARGETS.c.samples_refused, 0) + 1),
+        [{"target_id": target_id, "last_error": reason[:_ERROR_LIMIT]}],
+    )
 
 
 def record_failure(session: Session, target_id: int, ts: float, error: str) -> None:

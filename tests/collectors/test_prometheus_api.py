@@ -3,6 +3,7 @@ target's own body. (Against a real Prometheus: tests/real/test_prometheus_source
 
 from __future__ import annotations
 
+import re
 from pathlib import Path
 from typing import Any
 
@@ -11,8 +12,8 @@ from prometheus_client.parser import text_string_to_metric_families
 from typer.testing import CliRunner
 
 from collectors.dcgm import parse_dcgm
-from collectors.prometheus_api import instance_of, rebuild, selector
-from collectors.vllm import parse_vllm
+from collectors.prometheus_api import FAMILIES, instance_of, rebuild, selector
+from collectors.vllm import WANTED, parse_vllm
 from kneepoint.cli import app
 from kneepoint.config import ConfigError, Target, parse_config
 from tests.conftest import DCGM_T4, VLLM_032, free_port, read
@@ -62,9 +63,27 @@ def test_label_values_that_need_escaping_survive() -> None:
     assert family.samples[0].labels == {"m": value}
 
 
-def test_the_selector_adds_the_kind_s_families() -> None:
-    assert selector('{job="vllm"}', "vllm") == '{job="vllm", __name__=~"vllm:.+"}'
-    assert selector("", "dcgm") == '{__name__=~"DCGM_.+"}'
+def test_the_selector_asks_only_for_the_series_kneepoint_stores() -> None:
+    assert selector('{job="vllm"}', "vllm") == '{job="vllm", __name__=~"' + FAMILIES["vllm"] + '"}'
+    assert selector("", "dcgm") == '{__name__=~"' + FAMILIES["dcgm"] + '"}'
+    vllm, dcgm = (re.compile(FAMILIES[kind]) for kind in ("vllm", "dcgm"))  # PromQL anchors
+    assert all(vllm.fullmatch(name) for name in WANTED)
+    assert vllm.fullmatch("vllm_num_requests_running")  # Ray's spelling
+    assert not vllm.fullmatch("vllm:request_params_n_bucket")
+    assert not vllm.fullmatch("vllm:num_requests_running_created")
+    assert dcgm.fullmatch("DCGM_FI_DEV_GPU_UTIL")
+    assert not dcgm.fullmatch("DCGM_FI_DEV_PCIE_REPLAY_COUNTER")
+    for body, parse in (
+        (read(VLLM_032), parse_vllm),
+        (read(DCGM_T4), lambda t: parse_dcgm(t, "x")),
+    ):
+        kept = "".join(
+            line + "\n"
+            for line in body.splitlines()
+            if line.startswith("#")
+            or any(m.fullmatch(line.split("{")[0].split(" ")[0]) for m in (vllm, dcgm))
+        )
+        assert parse(kept) == parse(body)  # nothing a normalizer reads is left out
 
 
 def test_a_target_is_the_instance_at_its_address_unless_named() -> None:

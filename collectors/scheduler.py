@@ -1,0 +1,53 @@
+"""APScheduler 3's schedulers, made safe against the wall clock stepping back.
+
+APScheduler 3 keeps each job's next run as a wall-clock time. When the clock steps back
+(NTP correcting a drifted host, a VM restored from a snapshot), an interval job whose next
+run was 15 s away is suddenly an hour away, and scraping, evaluation and delivery stall for
+that hour. An interval job's next run is never legitimately more than one interval ahead,
+so whenever one is (by more than a little slack), it is pulled back to now.
+"""
+
+from __future__ import annotations
+
+import logging
+from datetime import datetime, timedelta
+from typing import Any
+
+from apscheduler.schedulers.background import BackgroundScheduler
+from apscheduler.schedulers.base import BaseScheduler
+from apscheduler.schedulers.blocking import BlockingScheduler
+from apscheduler.triggers.interval import IntervalTrigger
+
+log = logging.getLogger(__name__)
+SLACK = timedelta(seconds=1)
+
+
+def pull_back_stepped_jobs(scheduler: BaseScheduler, now: datetime) -> list[str]:
+    """Move every interval job that is more than one interval away to `now`; return their
+    ids."""
+    moved = []
+    for job in scheduler.get_jobs():
+        trigger, due = job.trigger, job.next_run_time
+        if not isinstance(trigger, IntervalTrigger) or due is None:
+            continue
+        if due - now > trigger.interval + SLACK:
+            job.modify(next_run_time=now)
+            moved.append(job.id)
+    if moved:
+        log.warning("the clock stepped back: jobs %s run now", ", ".join(moved))
+    return moved
+
+
+class _StepSafe:
+    def _process_jobs(self) -> Any:
+        scheduler: BaseScheduler = self  # type: ignore[assignment]
+        pull_back_stepped_jobs(scheduler, datetime.now(scheduler.timezone))
+        return super()._process_jobs()  # type: ignore[misc]
+
+
+class StepSafeBlockingScheduler(_StepSafe, BlockingScheduler):
+    """`kneepoint collect`'s scheduler."""
+
+
+class StepSafeBackgroundScheduler(_StepSafe, BackgroundScheduler):
+    """`kneepoint serve`'s and the demo's scheduler."""
