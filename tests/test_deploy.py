@@ -3,9 +3,12 @@ here, so its structure is checked, and what it mounts is validated by the real t
 
 from __future__ import annotations
 
+import ast
+import os
 import re
 import shutil
 import subprocess
+import sys
 from pathlib import Path
 from typing import Any
 
@@ -15,7 +18,8 @@ from typer.testing import CliRunner
 
 from kneepoint.cli import app
 from kneepoint.config import load_config
-from tests.conftest import require_real
+from tests.conftest import MetricsServer, Route, require_real
+from tests.dockerfile import Ignore, context_files, included_packages, install_tree, parse
 
 ROOT = Path(__file__).resolve().parent.parent
 COMPOSE = yaml.safe_load((ROOT / "docker-compose.yaml").read_text())
@@ -118,14 +122,186 @@ def test_the_mounted_config_validates_and_points_at_the_stack() -> None:
     assert config.report.channels == [config.channels[0].name]
 
 
-def test_the_dockerfile_installs_the_package_and_runs_unprivileged() -> None:
-    dockerfile = (ROOT / "Dockerfile").read_text()
-    (base,) = re.findall(r"^FROM (\S+)", dockerfile, re.MULTILINE)
-    assert PINNED.match(base), base
-    for package in ("kneepoint", "collectors", "alerts", "dashboards", "app"):
-        assert f"COPY {package} ./{package}" in dockerfile
-    assert "pip install --no-cache-dir ." in dockerfile
-    assert re.search(r"^USER kneepoint$", dockerfile, re.MULTILINE)
+IMAGE = parse((ROOT / "Dockerfile").read_text())
+
+
+def test_the_dockerfile_installs_the_project_and_runs_unprivileged() -> None:
+    assert PINNED.match(IMAGE.base), IMAGE.base
+    assert IMAGE.install_dirs == ["/opt/kneepoint"], "one `pip install .` of the copied tree"
+    assert "pip install --no-cache-dir ." in (ROOT / "Dockerfile").read_text()
+    assert IMAGE.user == "kneepoint"
+    assert IMAGE.workdir == "/var/lib/kneepoint"  # the data volume, not the source tree
+    assert IMAGE.cmd[:2] == ["kneepoint", "serve"]
+
+
+def test_every_package_pyproject_includes_is_in_what_the_image_installs() -> None:
+    """Each file of each package setuptools' packages.find includes reaches the folder the
+    image's `pip install .` runs in (the COPY lines, less .dockerignore)."""
+    tree = install_tree(ROOT, IMAGE)
+    packages = included_packages(ROOT)
+    assert {"kneepoint", "collectors", "alerts", "dashboards", "app", "review"} <= set(packages)
+    assert {"pyproject.toml", "README.md"} <= set(tree), "the metadata pip builds from"
+    for package in packages:
+        for path in (ROOT / package).rglob("*"):
+            relative = path.relative_to(ROOT).as_posix()
+            if path.is_file() and "__pycache__" not in path.parts and path.suffix != ".pyc":
+                assert relative in tree, f"{relative} is not in the image"
+    # And none of the checkout's tests, tools, environment, history or secrets.
+    tops = {path.split("/")[0] for path in tree}
+    assert not tops & {"tests", "bench", "scripts", "deploy", "examples", ".git", ".venv"}
+    secrets = [p for p in tree if Path(p).name == ".env" or Path(p).suffix.startswith(".db")]
+    assert not secrets, secrets
+
+
+def test_every_first_party_import_is_an_installed_package() -> None:
+    """A module of an installed package importing a top-level folder of the checkout that is
+    not installed (tests, bench, a new package left out of pyproject) would fail in the
+    image; every such import must name an included package."""
+    packages = set(included_packages(ROOT))
+    first_party = {p.name for p in ROOT.iterdir() if p.is_dir() and p.name.isidentifier()}
+    first_party |= {p.stem for p in ROOT.glob("*.py")}
+    imported: dict[str, str] = {}
+    for package in packages:
+        for path in (ROOT / package).rglob("*.py"):
+            for node in ast.walk(ast.parse(path.read_text(), str(path))):
+                if isinstance(node, ast.Import):
+                    names = [alias.name for alias in node.names]
+                elif isinstance(node, ast.ImportFrom) and node.level == 0 and node.module:
+                    names = [node.module]
+                else:
+                    continue
+                for name in names:
+                    imported.setdefault(name.split(".")[0], str(path.relative_to(ROOT)))
+    assert "review" in imported  # the import that once went missing (app/data.py)
+    missing = {top: where for top, where in imported.items() if top in first_party - packages}
+    assert not missing, f"imported but not installed: {missing}"
+
+
+def test_dockerignore_keeps_secrets_state_and_tests_out_of_the_context(
+    tmp_path: Path,
+) -> None:
+    (tmp_path / ".dockerignore").write_text((ROOT / ".dockerignore").read_text())
+    for relative in (
+        ".env",
+        ".git/config",
+        ".venv/bin/python",
+        "kneepoint.db",
+        "deep/down/kneepoint.db-wal",
+        "kneepoint/__pycache__/cli.cpython-311.pyc",
+        "kneepoint.egg-info/PKG-INFO",
+        "tests/test_x.py",
+        "reports/weekly.html",
+        "sub/.env",
+        "newpackage/__init__.py",
+        "kneepoint/store/db.py",
+        "pyproject.toml",
+    ):
+        (tmp_path / relative).parent.mkdir(parents=True, exist_ok=True)
+        (tmp_path / relative).write_text("x")
+    assert context_files(tmp_path) == [
+        "kneepoint/store/db.py",
+        "newpackage/__init__.py",
+        "pyproject.toml",
+    ]
+
+
+@pytest.mark.parametrize(
+    ("patterns", "path", "excluded"),
+    [
+        ("**/*.db", "a/b/c.db", True),
+        ("**/*.db", "c.db", True),
+        ("*.db", "a/c.db", False),  # `*` stays within one folder
+        ("docs\n!docs/keep.md", "docs/keep.md", False),  # the last matching pattern wins
+        ("docs\n!docs/keep.md", "docs/other.md", True),
+        ("build", "build/lib/x.py", True),  # a folder excludes what is under it
+        ("/build", "build/x", True),
+        ("b?ild", "build", True),
+    ],
+)
+def test_dockerignore_patterns_follow_docker_s_rules(
+    tmp_path: Path, patterns: str, path: str, excluded: bool
+) -> None:
+    (tmp_path / ".dockerignore").write_text(patterns)
+    assert Ignore.read(tmp_path).excludes(path) is excluded
+
+
+def test_the_dockerfile_parser_places_copies_as_docker_does() -> None:
+    image = parse(
+        "FROM python:3.11\nWORKDIR /opt/x\nCOPY pyproject.toml README.md ./\n"
+        "COPY kneepoint ./kneepoint\nRUN pip install \\\n    --no-cache-dir . && true\n"
+        'WORKDIR /data\nCMD ["kneepoint", "serve"]\n'
+    )
+    assert image.install_dirs == ["/opt/x"] and image.workdir == "/data"
+    tree = install_tree(ROOT, image)
+    assert tree["pyproject.toml"] == "pyproject.toml"
+    assert tree["kneepoint/cli.py"] == "kneepoint/cli.py"
+    assert not any(path.startswith(("app/", "review/")) for path in tree)
+    with pytest.raises(ValueError, match="multi-stage"):
+        parse("FROM a:1 AS build\nFROM b:2\n")
+
+
+def test_the_app_health_check_runs_the_pages_imports_not_only_the_server() -> None:
+    """Streamlit's /_stcore/health stays green while every page fails to import; the app's
+    check also imports what the pages import (deploy/app_health.py, mounted)."""
+    app_service = SERVICES["kneepoint-app"]
+    test = app_service["healthcheck"]["test"]
+    assert test[:2] == ["CMD", "python"] and "_stcore/health" not in " ".join(test)
+    script = test[2]
+    assert mounts("kneepoint-app")[script] == "./deploy/app_health.py"
+    assert (ROOT / "deploy" / "app_health.py").is_file()
+    port = app_service["command"][app_service["command"].index("--port") + 1]
+    assert test[3:] == [f"http://127.0.0.1:{port}"]
+
+
+def run_app_health(url: str, pythonpath: Path | None = None) -> subprocess.CompletedProcess[str]:
+    env = {**os.environ}
+    if pythonpath is not None:
+        env["PYTHONPATH"] = str(pythonpath)
+    return subprocess.run(
+        [sys.executable, str(ROOT / "deploy" / "app_health.py"), url],
+        capture_output=True,
+        text=True,
+        timeout=120,
+        env=env,
+        cwd=ROOT / "deploy",
+    )
+
+
+def test_the_app_health_check_passes_on_a_serving_app_with_every_import(
+    metrics_server: MetricsServer,
+) -> None:
+    metrics_server.routes["/_stcore/health"] = Route(b"ok")
+    checked = run_app_health(metrics_server.url(""))
+    assert checked.returncode == 0, checked.stderr
+    assert checked.stdout.strip() == "healthy"
+    assert metrics_server.hits["/_stcore/health"] == 1
+
+
+def test_the_app_health_check_fails_when_the_server_does_not_answer(
+    metrics_server: MetricsServer,
+) -> None:
+    metrics_server.routes["/_stcore/health"] = Route(b"starting", status=503)
+    checked = run_app_health(metrics_server.url(""))
+    assert checked.returncode == 1
+    assert "does not answer" in checked.stderr and "503" in checked.stderr
+
+
+def test_the_app_health_check_fails_when_a_page_cannot_import(
+    metrics_server: MetricsServer, tmp_path: Path
+) -> None:
+    """An installed app whose pages import a package the image lacks: the server answers,
+    the check does not pass."""
+    metrics_server.routes["/_stcore/health"] = Route(b"ok")
+    (tmp_path / "app" / "screens").mkdir(parents=True)
+    (tmp_path / "app" / "__init__.py").write_text("")
+    (tmp_path / "app" / "main.py").write_text("from app import data\n")
+    (tmp_path / "app" / "data.py").write_text("import json\n")
+    (tmp_path / "app" / "screens" / "weekly.py").write_text(
+        "from missing_package.render import html\n"
+    )
+    checked = run_app_health(metrics_server.url(""), pythonpath=tmp_path)
+    assert checked.returncode == 1
+    assert "No module named 'missing_package'" in checked.stderr, checked.stderr
 
 
 @pytest.mark.real
