@@ -1,7 +1,20 @@
 """An alert's lifecycle, as a pure function of its rule, the value now and its last state:
 inactive → pending (breaching, waiting out `for:`) → firing → resolved. A firing alert with a
 `resolve_threshold` resolves only once the value is back past it (hysteresis), so a value
-hovering at the threshold does not flap."""
+hovering at the threshold does not flap.
+
+No value (no data: the target stopped answering, scraping stopped, nothing in the window)
+is never read as "all is well". The rule's `no_data` decides:
+
+- `keep` (the default): the alert holds its state. A firing alert stays firing, and the
+  evaluation where its data went missing is reported (a firing → firing transition with no
+  value, which the history and the message show as "no data"); a pending alert keeps its
+  `pending_since`, so a gap does not restart `for:` (but it fires only on a breaching value).
+- `resolve`: no data counts as recovered; the resolution carries no value ("no data").
+- `alert`: no data counts as a breach, and fires after `for:` like one.
+
+Every transition carries the value seen at that evaluation (None: no data), never an older
+one."""
 
 from __future__ import annotations
 
@@ -12,7 +25,7 @@ from dataclasses import dataclass, replace
 
 from kneepoint.config import Rule
 
-PENDING, FIRING, RESOLVED = "pending", "firing", "resolved"
+PENDING, FIRING, RESOLVED, INACTIVE = "pending", "firing", "resolved", "inactive"
 COMPARE: dict[str, Callable[[float, float], bool]] = {
     ">": operator.gt,
     ">=": operator.ge,
@@ -38,9 +51,13 @@ class Alert:
 
 @dataclass(frozen=True)
 class Transition:
-    alert: Alert
+    alert: Alert  # its `value` is the one seen at this evaluation (None: no data)
     before: str | None  # None: the alert did not exist
     after: str
+
+    @property
+    def no_data(self) -> bool:
+        return self.alert.value is None
 
 
 def fingerprint(rule: Rule, replica: str) -> str:
@@ -53,9 +70,10 @@ def fingerprint(rule: Rule, replica: str) -> str:
 
 def breaching(rule: Rule, value: float | None, firing: bool) -> bool:
     """Is the value on the bad side? Once firing, it must cross the resolve threshold (when
-    one is set) to count as recovered. No value (no data) is not a breach."""
+    one is set) to count as recovered. No value (no data) is a breach only for a rule with
+    `no_data: alert` (`keep` never gets here: step() holds the state instead)."""
     if value is None:
-        return False
+        return rule.no_data == "alert"
     compare = COMPARE[rule.op]
     if firing and rule.resolve_threshold is not None:
         return compare(value, rule.resolve_threshold)
@@ -66,6 +84,10 @@ def step(
     rule: Rule, replica: str, value: float | None, last: Alert | None, now: float
 ) -> Alert | None:
     """The alert's state after this evaluation (None: inactive and nothing to keep)."""
+    if value is None and rule.no_data == "keep":
+        # Hold whatever state there was: a firing alert stays firing, a pending one keeps
+        # its pending_since (it fires once a breaching value comes back after `for:`).
+        return None if last is None else replace(last, value=None)
     firing = last is not None and last.state == FIRING
     bad = breaching(rule, value, firing)
     if firing:
@@ -103,9 +125,20 @@ def evaluate(
             value = values.get(replica, {}).get(rule.metric)
             new = step(rule, replica, value, last, now)
             before = None if last is None else last.state
-            after = None if new is None else new.state
+            after = INACTIVE if new is None else new.state
             if new is not None:
                 states[key] = new
-            if after != before and not (before is None and after == RESOLVED):
-                transitions.append(Transition(new or last, before, after or "inactive"))  # type: ignore[arg-type]
+            changed = after != (before or INACTIVE) and not (before is None and after == RESOLVED)
+            # A firing alert held through missing data says so, once, when the data goes.
+            went_missing = (
+                before == after == FIRING
+                and value is None
+                and last is not None
+                and last.value is not None
+            )
+            if changed or went_missing:
+                # The value seen now, also for an alert that has just become inactive.
+                seen = new or (last and replace(last, value=value))
+                assert seen is not None  # a change has a state before or after
+                transitions.append(Transition(seen, before, after))
     return states, transitions

@@ -12,7 +12,7 @@ from alerts import slo
 from alerts.engine import FIRING, Alert, Transition, evaluate
 from alerts.outbox import enqueue
 from alerts.rules import effective_rules
-from alerts.values import FLEET, values
+from alerts.values import FLEET, monitor_values, values
 from kneepoint.config import Config
 from kneepoint.status import build_status, fleet_window
 from kneepoint.store.models import AlertHistoryRow, AlertRow
@@ -95,6 +95,7 @@ def evaluate_once(session: Session, config: Config, now: float) -> list[Transiti
     baseline = build_status(session, config, now, BASELINE)
     current = load_alerts(session)
     watched = values(view, baseline)
+    watched[FLEET] = {**watched[FLEET], **monitor_values(session, config, now)}
     if config.slos:
         rules = rules + slo.burn_rules(config.slos)
         watched[FLEET] = {
@@ -128,7 +129,7 @@ def evaluate_once(session: Session, config: Config, now: float) -> list[Transiti
                 ts=now,
                 before=change.before,
                 after=change.after,
-                value=change.alert.value,
+                value=change.alert.value,  # the value seen now (None: no data)
             )
         )
     return transitions

@@ -1,5 +1,9 @@
-"""The built-in rules (domain.md's signals for agent serving) and the config's own, which
-are added to them or override one by name."""
+"""The built-in rules (domain.md's signals for agent serving, and kneepoint watching itself)
+and the config's own, which are added to them or override one by name.
+
+Every rule has `no_data` (kneepoint.config.Rule): what an evaluation without a value does.
+The default, `keep`, holds the alert's state, so a firing alert never resolves because its
+data went missing: it stays firing and says "no data". The built-ins keep that default."""
 
 from __future__ import annotations
 
@@ -20,8 +24,11 @@ METRICS = {
     "cost_per_million_tokens": "true cost per 1M served tokens (USD)",
     "ttft_p99_seconds": "p99 time to first token over the window (s)",
     "itl_p99_seconds": "p99 inter-token latency over the window (s)",
-    "up": "1 if the last scrape succeeded, 0 if it failed",
+    "up": "1 if the last scrape succeeded, 0 if it failed (no data once the target is stale)",
     "xid_errors": "GPUs of the replica reporting an XID error",
+    "stale_targets": "targets (fleet) not scraped for over 2 scrape intervals plus a grace",
+    "alert_pipeline_problems": "fleet: alerts or deliver job failing or overdue, plus one if "
+    "a notification was refused for good in the last hour",
 }
 
 MINUTE = 60.0
@@ -124,6 +131,33 @@ BUILT_IN = tuple(
             "for": 1 * MINUTE,
             "severity": "page",
             "runbook": "kneepoint cannot scrape the replica (see Collector health).",
+        },
+        {
+            # The scrape job stopped, is stuck, or cannot write: every other rule is
+            # watching old numbers (kneepoint.status.is_stale).
+            "name": "collector-stale",
+            "metric": "stale_targets",
+            "op": ">",
+            "threshold": 0,
+            "severity": "page",
+            "scope": "fleet",
+            "runbook": "kneepoint has not scraped some targets for over twice the scrape "
+            "interval: the collector is stopped, stuck or cannot write its database (see "
+            "Collector health, `kneepoint health`).",
+        },
+        {
+            # Evaluation or delivery is failing, or a channel refuses messages. When the
+            # alerts job itself is dead this rule cannot run: the heartbeat covers that.
+            "name": "alert-pipeline-failing",
+            "metric": "alert_pipeline_problems",
+            "op": ">",
+            "threshold": 0,
+            "for": 1 * MINUTE,
+            "severity": "page",
+            "scope": "fleet",
+            "runbook": "Alerts may not reach you: the alerts or deliver job fails or has not "
+            "run lately, or a channel refused a message (see Alerts: channel health and "
+            "the delivery log, and `kneepoint health`).",
         },
         {
             "name": "gpu-xid-error",

@@ -5,9 +5,18 @@ from __future__ import annotations
 
 from typing import Any
 
+from sqlalchemy import func, select
+from sqlalchemy.orm import Session
+
+from kneepoint.config import Config
+from kneepoint.health import check_jobs
+from kneepoint.status import stale_targets
+from kneepoint.store.models import NotificationRow
 from kneepoint.views import View
 
 FLEET = ""  # the fleet's "replica" in an alert's identity
+PIPELINE_JOBS = ("alerts", "deliver")  # evaluation and delivery of notifications
+FAILED_WITHIN = 3600.0  # notifications refused for good this recently count as a problem
 
 
 def _p99(block: dict[str, float | None] | None) -> float | None:
@@ -24,7 +33,9 @@ def replica_values(
     gpus: list[dict[str, Any]],
     baseline: dict[str, Any] | None,
 ) -> dict[str, float | None]:
-    up = replica.get("up")
+    # A stale target's `up` is no data, not a failed scrape: `collector-stale` says that
+    # kneepoint stopped watching, `target-down` stays for targets that refuse.
+    up = None if replica.get("stale") else replica.get("up")
     return {
         "kv_cache_occupancy": replica["kv_cache_occupancy"],
         "requests_waiting": replica["requests_waiting"],
@@ -67,3 +78,22 @@ def values(view: View, baseline: dict[str, Any]) -> dict[str, dict[str, float | 
         "recompute_share_of_prefill": max(known_shares) if known_shares else None,
     }
     return out
+
+
+def monitor_values(session: Session, config: Config, now: float) -> dict[str, float]:
+    """The fleet's numbers about kneepoint itself: `stale_targets`, how many configured
+    targets have not been scraped lately (kneepoint.status.is_stale), and
+    `alert_pipeline_problems`, how many of these hold: the alerts job failing or overdue,
+    the deliver job failing or overdue (each only once it has run: kneepoint.health), and
+    notifications refused for good in the last hour."""
+    checks = {c.job: c for c in check_jobs(session, config, now)}
+    problems = sum(1 for job in PIPELINE_JOBS if job in checks and not checks[job].ok)
+    failed = session.scalar(
+        select(func.count())
+        .select_from(NotificationRow)
+        .where(NotificationRow.state == "failed", NotificationRow.created_at >= now - FAILED_WITHIN)
+    )
+    return {
+        "stale_targets": float(len(stale_targets(session, config, now))),
+        "alert_pipeline_problems": float(problems + (1 if failed else 0)),
+    }

@@ -23,7 +23,7 @@ from kneepoint.knee.passive import ProductionCurve, replica_curve
 from kneepoint.knee.runs import Run
 from kneepoint.series import COLUMNS as SERIES_COLUMNS
 from kneepoint.series import replica_series
-from kneepoint.status import build_status
+from kneepoint.status import build_status, is_stale
 from kneepoint.store import queries
 from kneepoint.store.db import open_store
 from kneepoint.store.runs import delete_run as remove_run
@@ -90,14 +90,16 @@ def health(start: float, end: float) -> tuple[pd.DataFrame, pd.DataFrame, pd.Dat
 
 @st.cache_data(ttl=10, show_spinner=False)
 def _health(path: str, start: float, end: float) -> tuple[pd.DataFrame, pd.DataFrame, pd.DataFrame]:
-    _, sessions = _open(path)
+    config, sessions = _open(path)
     with sessions() as session:
         targets = pd.DataFrame(
             [
                 {
                     "target": row.name,
                     "kind": row.kind,
-                    "up": row.up,
+                    # A stale target (not scraped lately) is down, as in `kneepoint status`.
+                    "up": False if is_stale(row.last_scrape_at, config, end) else row.up,
+                    "stale": is_stale(row.last_scrape_at, config, end),
                     "url": row.url,
                     "last scrape": _when(row.last_scrape_at),
                     "last error": row.last_error,
@@ -199,6 +201,8 @@ def _alerts(path: str, start: float, end: float) -> tuple[pd.DataFrame, pd.DataF
         for column in columns:
             frame[column] = pd.to_datetime(frame[column], unit="s", utc=True)
         frame["replica"] = frame["replica"].replace("", "fleet")
+        # No value is "no data" (a firing alert held while its data is missing), not a blank.
+        frame["value"] = ["no data" if pd.isna(v) else f"{v:.4g}" for v in frame["value"]]
     return current, history
 
 

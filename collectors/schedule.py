@@ -20,6 +20,7 @@ from apscheduler.triggers.interval import IntervalTrigger
 from sqlalchemy.orm import Session, sessionmaker
 
 from collectors.collect import Outcome, collect_once
+from collectors.heartbeat import heartbeat_job
 from kneepoint.clock import Clock, system_clock
 from kneepoint.config import Config
 from kneepoint.store.models import JobHealthRow
@@ -73,12 +74,16 @@ def alerts_job(config: Config, sessions: sessionmaker[Session], clock: Clock) ->
 
 
 def standard_jobs(config: Config, sessions: sessionmaker[Session], clock: Clock) -> list[Job]:
-    return [
+    jobs = [
         Job("scrape", lambda: scrape_job(config, sessions, clock), config.scrape_interval),
         Job("rollup", lambda: rollup_job(config, sessions, clock), ROLLUP_EVERY),
         Job("alerts", lambda: alerts_job(config, sessions, clock), config.evaluation_interval),
         Job("report", lambda: report_job(config, sessions, clock), cron=config.report.schedule),
     ]
+    if config.heartbeat is not None:  # the dead-man's switch: collectors/heartbeat.py
+        beat = config.heartbeat.interval
+        jobs.append(Job("heartbeat", lambda: heartbeat_job(config, sessions, clock), beat))
+    return jobs
 
 
 def report_job(config: Config, sessions: sessionmaker[Session], clock: Clock) -> None:

@@ -187,41 +187,55 @@ def health(
     config: ConfigOption = None,
     as_json: Annotated[bool, typer.Option("--json", help="Print JSON.")] = False,
 ) -> None:
-    """The collector's jobs: last run, last success, last error. Exits 1 when the scrape job
-    has not succeeded within three scrape intervals (a container health check)."""
+    """Every scheduled job recorded (scrape, rollup, alerts, deliver, heartbeat, report) and
+    the database: each job's last run, success and error, and whether it is failing or
+    overdue (kneepoint/health.py). Exits 1 when any job is failing or overdue, the scrape
+    job never ran, or the database does not answer (a container health check)."""
     settings = load_settings(config)
     sessions = open_sessions(settings)
-    from kneepoint.store import queries
+    from kneepoint.health import check_database, check_jobs
 
     now = system_clock()
-    with sessions() as session:
-        rows = queries.job_health(session)
-    scrape = next((row for row in rows if row.job_id == "scrape"), None)
-    success = scrape.last_success_at if scrape else None
-    healthy = success is not None and now - success <= 3 * settings.scrape_interval
+    database = check_database(sessions)
+    checks = []
+    if database is None:
+        with sessions() as session:
+            checks = check_jobs(session, settings, now)
+    problems = [f"{c.job}: {c.problem}" for c in checks if c.problem]
+    if database is not None:
+        problems.insert(0, f"database: {database}")
+    healthy = not problems
     if as_json:
         jobs = [
             {
-                "job": row.job_id,
-                "last_run_at": row.last_run_at,
-                "last_success_at": row.last_success_at,
-                "last_error": row.last_error,
-                "runs": row.runs,
-                "failures": row.failures,
+                "job": c.job,
+                "ok": c.ok,
+                "problem": c.problem,
+                "every_seconds": c.every,
+                "last_run_at": c.last_run_at,
+                "last_success_at": c.last_success_at,
+                "last_error": c.last_error,
+                "runs": c.runs,
+                "failures": c.failures,
             }
-            for row in rows
+            for c in checks
         ]
-        typer.echo(json.dumps({"healthy": healthy, "jobs": jobs}, indent=2))
+        report = {
+            "healthy": healthy,
+            "database": {"ok": database is None, "error": database},
+            "jobs": jobs,
+        }
+        typer.echo(json.dumps(report, indent=2))
     else:
-        for row in rows:
-            ago = (
-                "never" if row.last_success_at is None else f"{now - row.last_success_at:.0f}s ago"
-            )
-            error = f" (last error: {row.last_error})" if row.last_error else ""
+        typer.echo("database: ok" if database is None else f"database: {database}")
+        for c in checks:
+            ago = "never" if c.last_success_at is None else f"{now - c.last_success_at:.0f}s ago"
+            error = f" (last error: {c.last_error})" if c.last_error else ""
+            state = "ok" if c.ok else c.problem
             typer.echo(
-                f"{row.job_id}: last success {ago}, {row.runs} runs, {row.failures} failed{error}"
+                f"{c.job}: {state}; last success {ago}, {c.runs} runs, {c.failures} failed{error}"
             )
-        typer.echo("healthy" if healthy else "unhealthy: the scrape job has not succeeded lately")
+        typer.echo("healthy" if healthy else "unhealthy: " + "; ".join(problems))
     if not healthy:
         raise typer.Exit(1)
 

@@ -128,6 +128,14 @@ class Channel(Strict):
 
 
 class Rule(Strict):
+    """An alert rule: `metric` `op` `threshold` held for `for:` fires (alerts/engine.py).
+
+    `no_data` says what an evaluation without a value (the target stopped answering,
+    scraping stopped, nothing in the window) does, since "no data" is not "all is well":
+    `keep` (default) holds the alert's state: a firing alert stays firing, its history and
+    messages say "no data", and a pending one keeps its `for:` clock; `resolve` resolves it,
+    saying "no data"; `alert` counts no data as a breach, so it fires after `for:`."""
+
     name: str
     metric: str
     op: Literal[">", ">=", "<", "<=", "==", "!="]
@@ -139,6 +147,26 @@ class Rule(Strict):
     labels: dict[str, str] = {}
     runbook: str = ""
     channels: list[str] = []
+    no_data: Literal["keep", "resolve", "alert"] = "keep"
+
+
+class Heartbeat(Strict):
+    """A dead-man's switch (collectors/heartbeat.py): `url` is requested every `interval`
+    while scraping, evaluation and the database are healthy, and not while they are not,
+    so a service watching for the requests (healthchecks.io, Alertmanager's Watchdog
+    receiver) notices a dead, stuck or full-disk kneepoint. The URL is a secret (its path is
+    the check's key): it is never printed whole."""
+
+    url: str
+    interval: Annotated[float, Field(gt=0), BeforeValidator(parse_duration)] = 60.0
+
+    @field_validator("url")
+    @classmethod
+    def _requestable(cls, url: str) -> str:
+        problem = url_problem(url)
+        if problem:
+            raise ValueError(problem)
+        return url
 
 
 class Report(Strict):
@@ -167,6 +195,7 @@ class Config(Strict):
     channels: list[Channel] = []
     rules: list[Rule] = []
     report: Report = Report()
+    heartbeat: Heartbeat | None = None
 
     @model_validator(mode="after")
     def _references(self) -> Config:

@@ -40,7 +40,11 @@ def build_status(
         samples = queries.replica_frame(session, start, now, columns=queries.LIGHT_COLUMNS)
     layouts = queries.histogram_layouts(session)
     gpus = queries.gpu_frame(session, start, now)
-    gpu_block = [_gpu(frame, config, rows) for _, frame in gpus.groupby("gpu_id", sort=False)]
+    by_gpu = list(gpus.groupby("gpu_id", sort=False))
+    gpu_block = [_gpu(frame, config, rows) for _, frame in by_gpu]
+    # Each GPU's busy share averaged over the window (a point reading swings 0..1 between
+    # scrapes, and a 6-hour `gpu-idle` rule must see the level, not the last instant).
+    busy = [_busy_mean(frame) for _, frame in by_gpu]
     replicas, windows, costs = [], [], []
     names = [t.name for t in config.targets if t.kind == "vllm"]
     if spans is None:
@@ -58,7 +62,9 @@ def build_status(
                 config.pricing, name, [g["model"] for g in mine], span.seconds, len(names)
             )
         )
-        replicas.append(_replica(name, row, frame, span, mine, cost))
+        busy_now = _mean([b for g, b in zip(gpu_block, busy, strict=True) if g["replica"] == name])
+        stale = row is not None and is_stale(row.last_scrape_at, config, now)
+        replicas.append(_replica(name, row, frame, span, mine, cost, busy_now, stale))
         windows.append(span)
         costs.append(cost)
     return {
@@ -120,12 +126,16 @@ def _replica(
     window: Window,
     gpus: list[dict[str, Any]],
     cost: float | None,
+    gpu_utilization: float | None,
+    stale: bool,
 ) -> dict[str, Any]:
     latest = frame.iloc[-1] if len(frame) else None
     generation = row.generation if row else None
     result: dict[str, Any] = {
         "name": name,
-        "up": None if row is None else row.up,
+        # A stale target is down: its last answer is too old to vouch for it.
+        "up": None if row is None else (False if stale else row.up),
+        "stale": stale,
         "last_scrape_at": iso(row.last_scrape_at) if row and row.last_scrape_at else None,
         "last_error": row.last_error if row else None,
         "engine_generation": generation,
@@ -141,7 +151,7 @@ def _replica(
         "preemptions_per_second": _per_second(window, "preemptions"),
         "prompt_tokens_per_second": _per_second(window, "prompt_tokens"),
         "generation_tokens_per_second": _per_second(window, "generation_tokens"),
-        "gpu_utilization": _mean([_busy(g) for g in gpus]),
+        "gpu_utilization": gpu_utilization,
     }
     result.update(derived(window, generation, cost, _value(latest, "prefix_cache_hit_rate_gauge")))
     return result
@@ -162,6 +172,7 @@ def _fleet(
     fleet: dict[str, Any] = {
         "name": "fleet",
         "up": all(r["up"] for r in replicas) if replicas else None,
+        "stale": any(r["stale"] for r in replicas),
         "last_scrape_at": max(scraped) if scraped else None,
         "last_error": next(iter(values("last_error")), None),
         "engine_generation": generations.pop()
@@ -246,9 +257,39 @@ def _per_second(window: Window, counter: str) -> float | None:
     return increase_ / window.seconds
 
 
-def _busy(gpu: dict[str, Any]) -> float | None:
-    # GPU_UTIL only says a kernel ran; GR_ENGINE_ACTIVE is work done, where DCGM has it.
-    return gpu["gr_engine_active"] if gpu["gr_engine_active"] is not None else gpu["utilization"]
+def _busy_mean(frame: pd.DataFrame) -> float | None:
+    """A GPU's mean busy share over the window's readings. GPU_UTIL only says a kernel ran;
+    GR_ENGINE_ACTIVE is work done, where DCGM has it."""
+    busy = _column(frame, "gr_engine_active")
+    if not any(v is not None for v in busy):
+        busy = _column(frame, "utilization")
+    return _mean(busy)
+
+
+# Staleness: a target whose last scrape (successful or not) is older than twice the scrape
+# interval plus a grace (the interval itself, at most a minute) is no longer being watched.
+STALE_GRACE_MAX = 60.0
+
+
+def stale_after(config: Config) -> float:
+    """Seconds after its last scrape at which a target counts as stale."""
+    return 2 * config.scrape_interval + min(STALE_GRACE_MAX, config.scrape_interval)
+
+
+def is_stale(last_scrape_at: float | None, config: Config, now: float) -> bool:
+    """Was the target scraped, but not within stale_after? (Never scraped: not stale, its
+    `up` is unknown.)"""
+    return last_scrape_at is not None and now - last_scrape_at > stale_after(config)
+
+
+def stale_targets(session: Session, config: Config, now: float) -> list[str]:
+    """The configured targets, of every kind, that are stale now."""
+    rows = queries.targets(session)
+    return [
+        t.name
+        for t in config.targets
+        if t.name in rows and is_stale(rows[t.name].last_scrape_at, config, now)
+    ]
 
 
 def replica_of(config: Config, hosts: set[str], index: int) -> str | None:

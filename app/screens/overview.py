@@ -28,7 +28,9 @@ def tiles() -> None:
         with columns[index % len(columns)].container(border=True):
             state = {True: ":green[● up]", False: ":red[● down]", None: ":gray[● never scraped]"}
             st.markdown(f"**{replica['name']}** {state[replica['up']]}")
-            if replica["up"] is False and replica["last_error"]:
+            if replica.get("stale"):
+                st.caption(f"stale: not scraped since {replica['last_scrape_at']}")
+            elif replica["up"] is False and replica["last_error"]:
                 st.caption(replica["last_error"])
             left, right = st.columns(2)
             left.metric("KV occupancy", _fmt(replica["kv_cache_occupancy"], "{:.0%}"))

@@ -51,10 +51,30 @@ CASES = {
         [(0, 0.95), (60, 0.95), (70, 0.1), (80, 0.95), (140, 0.95)],
         [PENDING, FIRING, RESOLVED, PENDING, FIRING],
     ),
-    "no data is not a breach, and resolves a firing alert": (
+    "no data is not a breach, and keeps a firing alert firing (no_data: keep)": (
         rule(**{"for": 0}),
-        [(0, None), (10, 0.95), (20, None)],
-        ["-", FIRING, RESOLVED],
+        [(0, None), (10, 0.95), (20, None), (30, None), (40, 0.5)],
+        ["-", FIRING, FIRING, FIRING, RESOLVED],
+    ),
+    "no data keeps a pending alert pending, and for: keeps counting from its start": (
+        rule(),
+        [(0, 0.95), (30, None), (45, None), (60, 0.95)],
+        [PENDING, PENDING, PENDING, FIRING],
+    ),
+    "no data alone never completes for: under keep": (
+        rule(),
+        [(0, 0.95), (30, None), (120, None)],
+        [PENDING, PENDING, PENDING],
+    ),
+    "no_data: resolve resolves a firing alert and drops a pending one": (
+        rule(no_data="resolve", **{"for": 0}),
+        [(0, 0.95), (10, None), (20, 0.95)],
+        [FIRING, RESOLVED, FIRING],
+    ),
+    "no_data: alert counts no data as a breach and fires after for:": (
+        rule(no_data="alert"),
+        [(0, None), (30, None), (60, None), (70, 0.5)],
+        [PENDING, PENDING, FIRING, RESOLVED],
     ),
     "a below-threshold rule fires on low values": (
         rule(op="<", threshold=0.3, **{"for": 0}),
@@ -133,3 +153,54 @@ def test_a_configured_budget_adds_the_cost_over_budget_rule() -> None:
         "fleet",
     )
     assert budget.for_ == 3600
+
+
+def history(the_rule: Rule, series: list[tuple[float, float | None]]) -> list[tuple]:  # type: ignore[type-arg]
+    """Every transition as (time, before, after, value carried)."""
+    alerts: dict = {}
+    seen = []
+    for now, value in series:
+        alerts, changes = evaluate([the_rule], {"r": {the_rule.metric: value}}, alerts, now)
+        seen += [(now, c.before, c.after, c.alert.value) for c in changes]
+    return seen
+
+
+def test_a_transition_carries_the_value_seen_then_not_the_one_before() -> None:
+    # gpu-idle's shape: below 0.3 is bad. The value that ended the pending state is 0.9,
+    # and that is what the history must say (it used to repeat the earlier 0.1).
+    idle = rule(metric="gpu_utilization", op="<", threshold=0.3)
+    assert history(idle, [(0, 0.1), (15, 0.2), (30, 0.9)]) == [
+        (0, None, PENDING, 0.1),
+        (30, PENDING, "inactive", 0.9),
+    ]
+    assert history(idle, [(0, 0.1), (15, None)]) == [(0, None, PENDING, 0.1)]
+    assert history(rule(no_data="resolve"), [(0, 0.95), (15, None)]) == [
+        (0, None, PENDING, 0.95),
+        (15, PENDING, "inactive", None),
+    ]
+
+
+def test_a_firing_alert_whose_data_goes_missing_says_no_data_once() -> None:
+    changes = history(
+        rule(**{"for": 0}), [(0, 0.95), (10, None), (20, None), (30, 0.95), (40, None)]
+    )
+    assert changes == [
+        (0, None, FIRING, 0.95),
+        (10, FIRING, FIRING, None),  # the data went: said once, not at every evaluation
+        (40, FIRING, FIRING, None),
+    ]
+
+
+def test_a_gap_does_not_restart_for() -> None:
+    alerts: dict = {}
+    kv = rule()
+    for now, value in [(0, 0.95), (20, None), (40, 0.95)]:
+        alerts, _ = evaluate([kv], {"r": {"kv_cache_occupancy": value}}, alerts, now)
+    (alert,) = alerts.values()
+    assert (alert.state, alert.pending_since, alert.value) == (PENDING, 0, 0.95)
+
+
+def test_no_data_must_be_keep_resolve_or_alert() -> None:
+    assert rule().no_data == "keep"
+    with pytest.raises(ValueError, match="no_data"):
+        rule(no_data="ignore")

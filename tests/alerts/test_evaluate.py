@@ -4,10 +4,12 @@ from __future__ import annotations
 
 import json
 import time
+from dataclasses import replace
 from pathlib import Path
 
 import pytest
 from sqlalchemy import select
+from sqlalchemy.orm import Session, sessionmaker
 from streamlit.testing.v1 import AppTest
 from typer.testing import CliRunner
 
@@ -16,11 +18,16 @@ from alerts.evaluate import evaluate_once
 from app import data
 from app.format import show
 from app.registry import PAGES_DIR
+from collectors.dcgm import parse_dcgm
+from collectors.vllm import parse_vllm
 from kneepoint import clock
 from kneepoint.cli import app
-from kneepoint.config import load_config
+from kneepoint.config import Config, load_config
+from kneepoint.store import queries
 from kneepoint.store.db import open_store
 from kneepoint.store.models import AlertHistoryRow
+from kneepoint.store.writer import ensure_targets, record_failure, record_gpus, record_replica
+from tests.conftest import DCGM_T4, VLLM_032, read
 from tests.seed import seed
 
 WATCH = """
@@ -78,11 +85,19 @@ def test_the_page_the_cli_and_the_alert_engine_show_the_same_value(
     assert fleet == show(engine[("cost-watch", None)], "$") != "–"
 
 
+def still_refused(sessions: sessionmaker[Session], ts: float) -> None:
+    """The collector goes on scraping the dead replica (else it would be stale: no data)."""
+    with sessions.begin() as session:
+        target = queries.targets(session)["replica-down"].id
+        record_failure(session, target, ts, "cannot connect: connection refused")
+
+
 def test_a_dead_replica_pages_after_a_minute_and_history_is_kept(seeded: Path) -> None:
     config = load_config(seeded)
     sessions = open_store(config.database)
     now = time.time()
     for offset in (0, 30, 61):
+        still_refused(sessions, now + offset)
         with sessions.begin() as session:
             evaluate_once(session, config, now + offset)
     with sessions() as session:
@@ -152,9 +167,66 @@ def test_a_firing_alert_is_repeated_every_repeat_interval_and_not_in_between(
     now = time.time()
     sent_after = []
     for minutes in (0, 30, 59, 61, 90, 122):
+        still_refused(sessions, now + minutes * 60)
         with sessions.begin() as session:
             evaluate_once(session, config, now + minutes * 60)
         with sessions() as session:
             sent_after.append(session.query(NotificationRow).count())
     # News at 0, a reminder once an hour has passed (61), and the next at 122.
     assert sent_after == [1, 1, 1, 2, 2, 3]
+
+
+BURSTY = """
+database: sqlite:///{db}
+scrape_interval: 5s
+targets:
+  - {{name: replica-a, kind: vllm, url: "http://127.0.0.1:9/a", gpus: ["cp-bm14r7/0"]}}
+  - {{name: gpu-node, kind: dcgm, url: "http://127.0.0.1:9/gpus"}}
+rules:
+  - {{name: gpu-idle, metric: gpu_utilization, op: "<", threshold: 0.3, for: 5m}}
+"""
+
+
+def bursty_store(folder: Path, start: float, minutes: int) -> tuple[Config, sessionmaker[Session]]:
+    """A GPU mostly idle (0.05) with a busy instant (0.9) every fifth scrape, as DCGM shows
+    a lightly used GPU: its level is 0.22, under gpu-idle's 0.3, but a single reading is
+    sometimes far over it."""
+    config_file = folder / "kneepoint.yaml"
+    config_file.write_text(BURSTY.format(db=folder / "kneepoint.db"))
+    config = load_config(config_file)
+    sessions = open_store(config.database)
+    base = parse_vllm(read(VLLM_032))
+    (gpu,) = parse_dcgm(read(DCGM_T4), default_host="gpu-node")
+    with sessions.begin() as session:
+        ids = ensure_targets(session, [(t.name, t.kind, t.url) for t in config.targets])
+        for step in range(minutes * 12):
+            ts = start + step * 5
+            record_replica(session, ids["replica-a"], ts, base)
+            busy = 0.9 if step % 5 == 4 else 0.05
+            record_gpus(session, ids["gpu-node"], ts, [replace(gpu, gr_engine_active=busy)])
+    return config, sessions
+
+
+def test_a_held_breach_of_a_bursty_gauge_reaches_firing_and_history_says_what_was_seen(
+    tmp_path: Path,
+) -> None:
+    # The demo's gpu-idle went pending -> inactive -> pending every 15-45 s and never fired:
+    # the rule read the GPU's latest instant, and one busy scrape in five ended the pending
+    # state; the history then showed the value from before (under the threshold).
+    start = 1_800_000_000.0
+    config, sessions = bursty_store(tmp_path, start, minutes=12)
+    for k in range(14):  # every 30 s from minute 5 to 11.5: the latest reading cycles
+        with sessions.begin() as session:
+            evaluate_once(session, config, start + 300 + 30 * k)
+    with sessions() as session:
+        changes = [
+            (row.before, row.after, row.value)
+            for row in session.scalars(select(AlertHistoryRow).order_by(AlertHistoryRow.id))
+            if row.rule == "gpu-idle" and row.replica == "replica-a"
+        ]
+    assert [(before, after) for before, after, _ in changes] == [
+        (None, "pending"),
+        ("pending", "firing"),
+    ]
+    # What was recorded is the window's level the rule compared, under the threshold.
+    assert all(value is not None and 0.2 < value < 0.3 for _, _, value in changes)

@@ -1,7 +1,9 @@
 from __future__ import annotations
 
 import copy
+import json
 import re
+import time
 from pathlib import Path
 
 import pytest
@@ -9,7 +11,7 @@ import pytest
 from collectors.dcgm import parse_dcgm
 from collectors.vllm import parse_vllm
 from kneepoint.config import Config, Target
-from kneepoint.status import build_status
+from kneepoint.status import build_status, stale_after, stale_targets
 from kneepoint.store.db import open_store
 from kneepoint.store.writer import ensure_targets, record_failure, record_gpus, record_replica
 from tests.conftest import DCGM_T4, OWN_FIXTURES, ROOT, VLLM_032, read
@@ -123,3 +125,64 @@ def test_gpus_join_their_replica_and_report_energy_over_the_window(status: dict)
     assert gpu["xid_error"] is None and gpu["memory_temperature_c"] is None
     # The replica's utilization is work done (GR_ENGINE_ACTIVE), not GPU_UTIL's 91 %.
     assert status["replicas"][0]["gpu_utilization"] == pytest.approx(0.156205)
+
+
+def test_a_target_not_scraped_for_two_intervals_and_a_grace_is_stale_and_down(
+    config: Config, status: dict
+) -> None:
+    # Scrapes at 1030 (a), 1020 (b), 1025 (down, failed); interval 15 s, grace 15 s: stale
+    # after 45 s.
+    assert stale_after(config) == 45.0
+    assert stale_after(config.model_copy(update={"scrape_interval": 300.0})) == 660.0  # grace ≤ 60
+    sessions = open_store(config.database)
+    with sessions() as session:
+        at_45 = build_status(session, config, now=1065.0, window=300.0)
+        fresh = build_status(session, config, now=1066.0, window=300.0)
+        later = build_status(session, config, now=1075.5, window=300.0)
+        stale_now = stale_targets(session, config, 1075.5)
+    assert [(r["name"], r["up"], r["stale"]) for r in fresh["replicas"]] == [
+        ("a", True, False),
+        ("b", False, True),  # 46 s since its scrape
+        ("down", False, False),  # 41 s: down because it failed, not stale
+    ]
+    assert [(r["name"], r["up"], r["stale"]) for r in later["replicas"]] == [
+        ("a", False, True),
+        ("b", False, True),
+        ("down", False, True),
+    ]
+    assert at_45["replicas"][1]["stale"] is False  # 45 s is not over 45 s
+    assert later["fleet"]["stale"] is True and fresh["fleet"]["up"] is False
+    assert stale_now == ["a", "b", "down", "node"]  # the DCGM exporter too (1030)
+
+
+def test_status_json_says_stale_and_down_and_the_pages_show_it_down(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from streamlit.testing.v1 import AppTest
+    from typer.testing import CliRunner
+
+    from app.registry import PAGES_DIR
+    from kneepoint.cli import app
+    from tests.seed import seed
+
+    now = time.time()
+    config_file = seed(tmp_path, now - 600, minutes=15)  # its last scrapes ten minutes ago
+    monkeypatch.setenv("KNEEPOINT_CONFIG", str(config_file))
+    result = CliRunner().invoke(app, ["status", "--json", "--config", str(config_file)])
+    assert result.exit_code == 0, result.output
+    replicas = {r["name"]: r for r in json.loads(result.output)["replicas"]}
+    assert replicas["replica-a"]["up"] is False and replicas["replica-a"]["stale"] is True
+    at = str(now - 600)  # when they were fresh
+    result = CliRunner().invoke(app, ["status", "--json", "--at", at, "--config", str(config_file)])
+    fresh = {r["name"]: r for r in json.loads(result.output)["replicas"]}
+    assert fresh["replica-a"]["up"] is True and fresh["replica-a"]["stale"] is False
+
+    overview = AppTest.from_file(str(PAGES_DIR / "overview.py"), default_timeout=60).run()
+    assert not overview.exception, [e.value for e in overview.exception]
+    tiles = [m.value for m in overview.markdown]
+    assert "**replica-a** :red[● down]" in tiles
+    assert any(c.value.startswith("stale: not scraped since") for c in overview.caption)
+    health = AppTest.from_file(str(PAGES_DIR / "health.py"), default_timeout=60).run()
+    assert not health.exception, [e.value for e in health.exception]
+    targets = health.dataframe[0].value.set_index("target")
+    assert bool(targets.loc["replica-a", "stale"]) and not bool(targets.loc["replica-a", "up"])
