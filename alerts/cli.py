@@ -61,7 +61,7 @@ def evaluate(
         with sessions() as session:
             counts = deliver_due(session, settings, clock.system_clock(), http_sender())
         if any(counts.values()):
-            typer.echo("notifications: " + ", ".join(f"{n} {k}" for k, n in counts.items()))
+            typer.echo("notifications: " + ", ".join(f"{n} {k}" for k, n in counts.items() if n))
 
     round_()
     if once:

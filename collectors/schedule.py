@@ -28,6 +28,7 @@ from kneepoint.store.rollup import rollup
 
 log = logging.getLogger(__name__)
 ROLLUP_EVERY = 300.0
+DELIVER_EVERY = 5.0  # seconds between delivery rounds of the outbox
 
 
 @dataclass(frozen=True)
@@ -64,13 +65,21 @@ def rollup_job(config: Config, sessions: sessionmaker[Session], clock: Clock) ->
 
 
 def alerts_job(config: Config, sessions: sessionmaker[Session], clock: Clock) -> None:
+    """Evaluate the rules; what they send goes to the outbox, for `deliver_job` (so no
+    receiver, however slow, ever holds evaluation up)."""
     from alerts.evaluate import evaluate_once
-    from alerts.outbox import deliver_due, http_sender
 
     with sessions.begin() as session:
         evaluate_once(session, config, clock())
+
+
+def deliver_job(config: Config, sessions: sessionmaker[Session], clock: Clock) -> None:
+    from alerts.outbox import deliver_due, http_sender
+
     with sessions() as session:
-        deliver_due(session, config, clock(), http_sender())
+        counts = deliver_due(session, config, clock(), http_sender())
+    if any(counts.values()):
+        log.info("notifications: %s", ", ".join(f"{n} {k}" for k, n in counts.items() if n))
 
 
 def standard_jobs(config: Config, sessions: sessionmaker[Session], clock: Clock) -> list[Job]:
@@ -78,6 +87,7 @@ def standard_jobs(config: Config, sessions: sessionmaker[Session], clock: Clock)
         Job("scrape", lambda: scrape_job(config, sessions, clock), config.scrape_interval),
         Job("rollup", lambda: rollup_job(config, sessions, clock), ROLLUP_EVERY),
         Job("alerts", lambda: alerts_job(config, sessions, clock), config.evaluation_interval),
+        Job("deliver", lambda: deliver_job(config, sessions, clock), DELIVER_EVERY),
         Job("report", lambda: report_job(config, sessions, clock), cron=config.report.schedule),
     ]
     if config.heartbeat is not None:  # the dead-man's switch: collectors/heartbeat.py

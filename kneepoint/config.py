@@ -125,6 +125,44 @@ class Channel(Strict):
     chat_id: str | None = None
     routing_key: str | None = None
     headers: dict[str, str] = {}
+    # A firing message not delivered within this long is dropped as stale (state "expired");
+    # resolutions and reports are never dropped.
+    max_age: Annotated[float, Field(gt=0), BeforeValidator(parse_duration)] = 3600.0
+
+    @field_validator("url")
+    @classmethod
+    def _sendable(cls, url: str | None) -> str | None:
+        # A channel URL is a secret (its path or query is the token): the error never
+        # quotes it, only what is wrong with it.
+        if url is not None:
+            problem = url_problem(url)
+            if problem:
+                raise ValueError(problem)
+        return url
+
+
+_HOST = re.compile(r"^[A-Za-z0-9._-]+$|^[0-9A-Fa-f:.]+$")
+
+
+def url_problem(url: str) -> str | None:
+    """Why httpx could not send to `url` (None: it can), in words that do not quote it."""
+    import httpx
+
+    try:
+        parsed = httpx.URL(url)
+    except (httpx.InvalidURL, ValueError, TypeError) as error:
+        reason = str(error).split("'")[0].rstrip(" ,:.") or type(error).__name__
+        return f"is not a valid URL ({reason})"
+    if not parsed.scheme:
+        return "has no scheme: it must start with https:// or http://"
+    if parsed.scheme not in ("http", "https"):
+        return "must be an http:// or https:// URL (its scheme is not supported)"
+    host = parsed.raw_host.decode("ascii", "replace")
+    if not host:
+        return "has no host"
+    if not _HOST.match(host):
+        return "has a host name that cannot be looked up (a space or bracket in it?)"
+    return None
 
 
 class Rule(Strict):

@@ -223,6 +223,16 @@ class NotificationRow(Base):
     last_error: Mapped[str | None] = mapped_column(Text)
     created_at: Mapped[float] = mapped_column(Float)
     sent_at: Mapped[float | None] = mapped_column(Float)
+    # The lease of the sender that took the row (alerts/outbox.py): no one else sends it
+    # before `claimed_until`; an expired lease (a sender that died) is taken over.
+    claimed_by: Mapped[str | None] = mapped_column(String(64))
+    claimed_until: Mapped[float | None] = mapped_column(Float)
+    # Set when a sender takes the row, cleared when an answer says it was not delivered:
+    # still set at the next claim, the receiver may have it already (a crash, a timeout).
+    maybe_sent: Mapped[bool | None] = mapped_column(Boolean, default=False)
+    resends: Mapped[int | None] = mapped_column(Integer, default=0)  # possible duplicates
+    # The fingerprints of the alerts it carries, space-separated (a group carries several).
+    alert_keys: Mapped[str | None] = mapped_column(Text)
 
 
 class SilenceRow(Base):
