@@ -339,7 +339,7 @@ def _claim_due(
             NotificationRow.channel,
             NotificationRow.fingerprint,
             NotificationRow.alert_keys,
-        ).where(NotificationRow.id > first)
+        ).where(NotificationRow.id > first, NotificationRow.channel.in_({r.channel for r in mine}))
     ):
         for key in _keys(fingerprint, keys):
             newest[(name, key)] = max(newest.get((name, key), 0), row_id)

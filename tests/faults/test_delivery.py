@@ -310,6 +310,7 @@ def test_a_round_starts_no_send_after_two_deadlines(sink: Sink, tmp_path: Path) 
     # The rest were given back untried: no lease, no possible duplicate.
     assert len(untried) == 10 - slow_sent
     assert {(r.claimed_by, r.maybe_sent) for r in untried} == {(None, False)}
+    sink.modes["/slow"] = "ok"
     for later in range(1, 20):  # the next rounds send them (a minute apart: past any backoff)
         if deliver(sessions, config, NOW + 60 * later) == dict.fromkeys(COUNTS, 0):
             break
