@@ -40,11 +40,21 @@ class Retention(Strict):
     raw: Duration = 48 * 3600.0
     minute: Duration = 35 * 86400.0
     hour: Duration = 400 * 86400.0
+    # The logs beside the samples, pruned by the rollup job: settled notifications (every
+    # state but pending) by their creation, alert state changes, silences after they ended,
+    # and scrape errors.
+    notifications: Duration = 30 * 86400.0
+    alert_history: Duration = 90 * 86400.0
+    silences: Duration = 30 * 86400.0
+    scrape_errors: Duration = 7 * 86400.0
 
     @model_validator(mode="after")
     def _tiers_grow(self) -> Retention:
         if not self.raw <= self.minute <= self.hour:
             raise ValueError("raw, minute and hour retention must not shrink from tier to tier")
+        for name in ("notifications", "alert_history", "silences", "scrape_errors"):
+            if getattr(self, name) <= 0:
+                raise ValueError(f"{name} retention must be positive")
         return self
 
 
@@ -58,6 +68,7 @@ class Target(Strict):
     instance: str | None = None
     timeout: Duration = 5.0
     max_bytes: Annotated[int, Field(gt=0)] = 8 * 1024 * 1024
+    max_series: Annotated[int, Field(gt=0)] = 20_000  # more: the target is down, with why
 
     @field_validator("gpus")
     @classmethod
@@ -76,6 +87,11 @@ class PrometheusSource(Strict):
     dcgm_selector: Annotated[str, Field(pattern=r"^(\{.*\})?$")] = ""
     headers: dict[str, str] = {}  # e.g. X-Scope-OrgID for Mimir, or an Authorization
     timeout: Duration = 10.0
+    # After an outage, read back at most this far (older scrapes are skipped, and the gap
+    # logged), in range queries of at most `chunk` each: a Prometheus refuses a query that
+    # loads too many samples, and one unbounded catch-up would then fail every round.
+    lookback: Annotated[float, Field(gt=0), BeforeValidator(parse_duration)] = 3600.0
+    chunk: Annotated[float, Field(gt=0), BeforeValidator(parse_duration)] = 600.0
 
 
 class ApiReference(Strict):

@@ -122,16 +122,15 @@ def run_demo(
     folder: Path | None, port: int, open_browser: bool, say: Callable[[str], None] = print
 ) -> int:
     """Run until Ctrl-C or SIGTERM; return the exit status."""
-    from apscheduler.schedulers.background import BackgroundScheduler
-
     from collectors.schedule import install, standard_jobs
+    from collectors.scheduler import StepSafeBackgroundScheduler
     from kneepoint.cli import app_process
 
     folder = Path(folder) if folder else Path(tempfile.mkdtemp(prefix="kneepoint-demo-"))
     folder.mkdir(parents=True, exist_ok=True)
     fleet = Fleet(FleetSpec.model_validate(FLEET)).start()
     traffic: Traffic | None = None
-    scheduler = BackgroundScheduler()
+    scheduler = StepSafeBackgroundScheduler()
     app: subprocess.Popen[bytes] | None = None
     stop = threading.Event()
     for signum in (signal.SIGINT, signal.SIGTERM):  # Ctrl-C, or a service manager's stop

@@ -33,6 +33,8 @@ class TargetRow(Base):
     last_success_at: Mapped[float | None] = mapped_column(Float)
     last_error: Mapped[str | None] = mapped_column(Text)
     consecutive_failures: Mapped[int] = mapped_column(Integer, default=0)
+    # Samples refused for not being newer than the last stored one (a clock stepped back).
+    samples_refused: Mapped[int | None] = mapped_column(Integer, default=0)
     generation: Mapped[str | None] = mapped_column(String(16))
     engines: Mapped[int | None] = mapped_column(Integer)
     model_names: Mapped[str | None] = mapped_column(Text)
