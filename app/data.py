@@ -25,7 +25,7 @@ from kneepoint.series import COLUMNS as SERIES_COLUMNS
 from kneepoint.series import replica_series
 from kneepoint.status import build_status, is_stale
 from kneepoint.store import queries
-from kneepoint.store.db import open_store
+from kneepoint.store.db import SchemaError, connect_store
 from kneepoint.store.runs import delete_run as remove_run
 from kneepoint.store.runs import load_runs, save_run
 from kneepoint.views import View, build_view
@@ -40,8 +40,13 @@ def store() -> tuple[Config, sessionmaker[Session]]:
 
 @st.cache_resource
 def _open(path: str) -> tuple[Config, sessionmaker[Session]]:
+    """The store as it is: the app never migrates; behind, every page says what to run."""
     config = load_config(path)
-    return config, open_store(config.database)
+    try:
+        return config, connect_store(config.database)
+    except SchemaError as error:
+        st.error(f"{error}: run `kneepoint migrate --config {path}`, then reload this page.")
+        st.stop()
 
 
 def replica_names() -> list[str]:

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import logging
+import threading
 from collections.abc import Callable
 from dataclasses import dataclass
 from datetime import UTC, datetime
@@ -23,8 +24,9 @@ from collectors.collect import Outcome, collect_once
 from collectors.heartbeat import heartbeat_job
 from kneepoint.clock import Clock, system_clock
 from kneepoint.config import Config
+from kneepoint.store.errors import StorageError, describe, is_storage_error
 from kneepoint.store.models import JobHealthRow
-from kneepoint.store.rollup import rollup
+from kneepoint.store.rollup import rollup_in_slices
 
 log = logging.getLogger(__name__)
 ROLLUP_EVERY = 300.0
@@ -60,8 +62,9 @@ def scrape_job(config: Config, sessions: sessionmaker[Session], clock: Clock) ->
 
 
 def rollup_job(config: Config, sessions: sessionmaker[Session], clock: Clock) -> None:
-    with sessions.begin() as session:
-        rollup(session, clock(), config.retention)
+    """Roll up, expire and prune, committing slice by slice (the scrape writes between)."""
+    result = rollup_in_slices(sessions, clock(), config.retention)
+    log.debug("rollup: %s", result)
 
 
 def alerts_job(config: Config, sessions: sessionmaker[Session], clock: Clock) -> None:
@@ -114,7 +117,7 @@ def install(
     for job in jobs:
         if job.cron:  # on its schedule only: a restart must not send another report
             scheduler.add_job(
-                job.func,
+                guarded(job),
                 CronTrigger.from_crontab(job.cron, timezone=UTC),
                 id=job.id,
                 name=job.id,
@@ -125,7 +128,7 @@ def install(
             )
             continue
         scheduler.add_job(
-            job.func,
+            guarded(job),
             IntervalTrigger(seconds=job.every),
             id=job.id,
             name=job.id,
@@ -141,26 +144,71 @@ def install(
     )
 
 
+def guarded(job: Job) -> Callable[[], object]:
+    """The job's function, a database failure in it logged in one line and raised again as
+    a StorageError carrying only that line (SQLAlchemy's own message holds the statement
+    and its parameters, which logs and job_health must not)."""
+
+    def run() -> object:
+        try:
+            return job.func()
+        except Exception as error:
+            if not is_storage_error(error) or isinstance(error, StorageError):
+                raise
+            log.error("%s job: storage error: %s", job.id, describe(error))
+            raise StorageError(describe(error)) from None
+
+    return run
+
+
+# Job outcomes that could not be written (the database locked, full, read-only or gone):
+# runs and failures by job, and the last error; added to the next outcome that is written.
+_unrecorded: dict[str, tuple[int, int, str | None]] = {}
+_unrecorded_lock = threading.Lock()
+
+
 def record_job_event(sessions: sessionmaker[Session], event: JobEvent, clock: Clock) -> None:
-    """A job's success or error lands in job_health instead of dying in a log."""
+    """A job's success or error lands in job_health instead of dying in a log. When the
+    database cannot take it, it is logged, kept in memory and counted into the next outcome
+    that can be written, so failed runs during a storage fault still show as failures."""
     error = getattr(event, "exception", None)
     skipped = {
         EVENT_JOB_MISSED: "missed its run time",
         EVENT_JOB_MAX_INSTANCES: "skipped: its previous run was still going",
     }.get(event.code)
+    failed = error is not None or skipped is not None
+    message = skipped or (describe(error) if error is not None else None)
     now = clock()
-    with sessions.begin() as session:
-        row = session.get(JobHealthRow, event.job_id)
-        if row is None:
-            row = JobHealthRow(job_id=event.job_id, runs=0, failures=0)
-            session.add(row)
-        row.last_run_at = now
-        row.runs = (row.runs or 0) + 1
-        if error is not None or skipped:
-            row.failures = (row.failures or 0) + 1
-            row.last_error = skipped or f"{type(error).__name__}: {error}"
-        else:
-            row.last_success_at, row.last_error = now, None
+    with _unrecorded_lock:
+        runs, failures, last_error = _unrecorded.pop(event.job_id, (0, 0, None))
+    runs, failures = runs + 1, failures + failed
+    last_error = message if failed else last_error
+    try:
+        with sessions.begin() as session:
+            row = session.get(JobHealthRow, event.job_id)
+            if row is None:
+                row = JobHealthRow(job_id=event.job_id, runs=0, failures=0)
+                session.add(row)
+            row.last_run_at = now
+            row.runs = (row.runs or 0) + runs
+            row.failures = (row.failures or 0) + failures
+            if failed:
+                row.last_error = message
+            else:
+                row.last_success_at, row.last_error = now, None
+    except Exception as problem:  # the store is down: keep the outcome for the next write
+        with _unrecorded_lock:
+            more_runs, more_failures, newer = _unrecorded.pop(event.job_id, (0, 0, None))
+            _unrecorded[event.job_id] = (
+                runs + more_runs,
+                failures + more_failures,
+                newer or last_error,
+            )
+        log.warning(
+            "%s job: its outcome could not be recorded (%s); kept for the next record",
+            event.job_id,
+            describe(problem),
+        )
 
 
 def _now(scheduler: BaseScheduler) -> datetime:

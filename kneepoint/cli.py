@@ -72,6 +72,30 @@ def collect(
 
 
 @app.command()
+def migrate(config: ConfigOption = None) -> None:
+    """Create the database or bring its schema up to date; the one command that migrates
+    (under a lock on PostgreSQL, so two at once are safe). Run it before collect and serve
+    the first time and after each upgrade of kneepoint."""
+    settings = load_settings(config)
+    from kneepoint.cliutil import shown_url
+    from kneepoint.store.db import make_engine
+    from kneepoint.store.db import migrate as upgrade
+
+    where = shown_url(settings.database)
+    engine = None
+    try:
+        engine = make_engine(settings.database)
+        before, after = upgrade(engine)
+    except Exception as error:  # the URL, the file, the server: one sentence, exit 1
+        fail(f"cannot migrate database {where}: {str(error).strip().splitlines()[0]}")
+    finally:
+        if engine is not None:
+            engine.dispose()
+    change = "already at" if before == after else f"migrated from {before or 'empty'} to"
+    typer.echo(f"database {where}: {change} schema revision {after}")
+
+
+@app.command()
 def status(
     config: ConfigOption = None,
     as_json: Annotated[bool, typer.Option("--json", help="Print the JSON contract.")] = False,

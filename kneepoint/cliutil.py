@@ -3,13 +3,14 @@
 from __future__ import annotations
 
 from datetime import datetime
+from pathlib import Path
 from typing import Annotated, NoReturn
 
 import typer
 from rich.console import Console
 from sqlalchemy.orm import Session, sessionmaker
 
-from kneepoint.config import Config, ConfigError, load_config
+from kneepoint.config import Config, ConfigError, config_path, load_config
 
 ConfigOption = Annotated[
     str | None, typer.Option("--config", help="kneepoint.yaml (else $KNEEPOINT_CONFIG).")
@@ -63,17 +64,44 @@ def fail(message: str, code: int = 1) -> NoReturn:
     raise typer.Exit(code)
 
 
+# The config file this command loaded: what `kneepoint migrate --config …` must be given.
+_loaded_from: Path | None = None
+
+
 def load_settings(path: str | None) -> Config:
+    global _loaded_from
     try:
-        return load_config(path)
+        config = load_config(path)
     except ConfigError as error:
         fail(str(error), 2)
+    _loaded_from = config_path(path)
+    return config
+
+
+def migrate_hint() -> str:
+    """The command that brings this command's database to the schema it needs."""
+    given = f" --config {_loaded_from}" if _loaded_from is not None else ""
+    return f"kneepoint migrate{given}"
 
 
 def open_sessions(config: Config) -> sessionmaker[Session]:
-    from kneepoint.store.db import open_store
+    """The store, without migrating it: behind (or missing), exit 2 saying what to run."""
+    from kneepoint.store.db import SchemaError, connect_store
 
     try:
-        return open_store(config.database)
+        return connect_store(config.database)
+    except SchemaError as error:
+        fail(f"{error}: run `{migrate_hint()}`", 2)
     except Exception as error:  # the database URL or file is unusable: say which
-        fail(f"cannot open database {config.database}: {error}", 1)
+        fail(f"cannot open database {shown_url(config.database)}: {error}", 1)
+
+
+def shown_url(url: str) -> str:
+    """A database URL as it may be shown: its password masked."""
+    from sqlalchemy import make_url
+    from sqlalchemy.exc import ArgumentError
+
+    try:
+        return make_url(url).render_as_string(hide_password=True)
+    except ArgumentError:
+        return "(a database URL that cannot be parsed)"

@@ -35,6 +35,18 @@ def require_real(reason: str) -> None:
     pytest.skip(reason)
 
 
+def migrated(config: Path) -> Path:
+    """Create `config`'s database at the newest schema with `kneepoint migrate`, as a user
+    does before the first collect (no other command migrates)."""
+    from typer.testing import CliRunner
+
+    from kneepoint.cli import app
+
+    result = CliRunner().invoke(app, ["migrate", "--config", str(config)])
+    assert result.exit_code == 0, result.output
+    return config
+
+
 @dataclass
 class Route:
     """What the test server answers on one path."""

@@ -18,7 +18,7 @@ from kneepoint.cli import app
 from kneepoint.config import load_config
 from kneepoint.store.db import open_store
 from kneepoint.store.models import ReplicaSampleRow
-from tests.conftest import DCGM_T4, VLLM_032, MetricsServer, Route, free_port
+from tests.conftest import DCGM_T4, VLLM_032, MetricsServer, Route, free_port, migrated
 
 
 @pytest.fixture
@@ -32,7 +32,7 @@ targets:
   - {{name: node, kind: dcgm, url: "{metrics_server.url("/g")}"}}
   - {{name: dead, kind: vllm, url: "http://127.0.0.1:{free_port()}/metrics", timeout: 1s}}
 """)
-    return path
+    return migrated(path)
 
 
 def run(*args: str) -> subprocess.CompletedProcess[str]:

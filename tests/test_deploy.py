@@ -46,12 +46,16 @@ def test_the_stack_has_every_service_and_each_image_is_pinned() -> None:
     assert set(SERVICES) == {
         "vllm",
         "dcgm-exporter",
+        "kneepoint-migrate",
         "kneepoint-collector",
         "kneepoint-app",
         "prometheus",
     }
     for name, service in SERVICES.items():
         assert PINNED.match(service["image"]), f"{name}: {service['image']} is not pinned"
+        if name == "kneepoint-migrate":  # a one-shot: it runs to completion, then the rest
+            assert service["restart"] == "no" and service["command"] == ["kneepoint", "migrate"]
+            continue
         assert service["restart"] == "unless-stopped", name
         assert "healthcheck" in service and service["healthcheck"]["test"], (
             f"{name}: no health check"
@@ -98,6 +102,10 @@ def test_collector_and_app_share_one_image_config_and_database_volume() -> None:
     assert app["command"][:3] == ["kneepoint", "serve", "--no-collect"]
     assert "8501:8501" in app["ports"]
     assert collector["healthcheck"]["test"] == ["CMD", "kneepoint", "health"]
+    for service in (collector, app):  # neither migrates: the migrate service has, before
+        assert service["depends_on"]["kneepoint-migrate"] == {
+            "condition": "service_completed_successfully"
+        }
     for service in ("kneepoint-collector", "kneepoint-app"):
         volumes = mounts(service)
         assert volumes["/var/lib/kneepoint"] == "kneepoint-data", "the database is on a volume"

@@ -1,56 +1,113 @@
-"""The one engine and session factory: SQLite in WAL mode by default, any SQLAlchemy URL."""
+"""The one engine and session factory: SQLite in WAL mode by default, any SQLAlchemy URL.
+
+Migrations run in one place, `kneepoint migrate` (`migrate`), serialized by a lock so that two
+at once are safe. Every other process opens the store with `connect_store`, which only checks
+the schema and says what to run when it is behind. `open_store` migrates then opens: for a
+database a process creates for itself (the demo, tests, benches).
+
+A SQLite file is opened for reading and writing but never created by a process that only
+connects, and each pooled connection is checked against the file at every checkout: when the
+file was deleted, replaced or made read-only (or writable again) since the connection was
+opened, the connection is dropped and a new one opened, so a fault surfaces as an error of
+the round instead of writes into a deleted file or a read-only connection kept after the
+fault cleared.
+"""
 
 from __future__ import annotations
 
+import os
+import sqlite3
+import zlib
 from pathlib import Path
+from typing import Any
+from urllib.request import pathname2url
 
 from alembic import command
 from alembic.config import Config as AlembicConfig
-from sqlalchemy import Engine, create_engine, event
+from alembic.migration import MigrationContext
+from alembic.script import ScriptDirectory
+from sqlalchemy import Connection, Engine, create_engine, event, exc, make_url, text
 from sqlalchemy.orm import Session, sessionmaker
 
 MIGRATIONS = Path(__file__).resolve().parent.parent / "migrations"
 BUSY_TIMEOUT_MS = 10_000
+# The key of the PostgreSQL advisory lock that serializes `kneepoint migrate` runs.
+MIGRATION_LOCK = zlib.crc32(b"kneepoint migrate")
 
 
-def make_engine(url: str) -> Engine:
-    """Create an engine; SQLite gets WAL so the collector writes while the app reads."""
+class SchemaError(RuntimeError):
+    """The database is not at the schema this kneepoint needs; the message says how it is
+    off, in words that never include a password."""
+
+
+def make_engine(url: str, *, create: bool = True) -> Engine:
+    """Create an engine; SQLite gets WAL so the collector writes while the app reads.
+
+    A SQLite file that does not exist is created, unless `create` is False: then opening it
+    fails with an error naming the file (connect_store: a process that only connects must
+    not leave an empty database where the real one went missing). The busy timeout is
+    `?timeout=SECONDS` in the URL, 10 s by default."""
     if not url.startswith("sqlite"):
         return create_engine(url, pool_pre_ping=True)
-    engine = create_engine(url, connect_args={"timeout": BUSY_TIMEOUT_MS / 1000})
+    parsed = make_url(url)
+    busy_ms = int(float(parsed.query.get("timeout", BUSY_TIMEOUT_MS / 1000)) * 1000)  # type: ignore[arg-type]
+    memory = parsed.database in (None, "", ":memory:")
+    engine = create_engine(url, connect_args={"timeout": busy_ms / 1000})
 
     @event.listens_for(engine, "connect")
     def _pragmas(connection, _record) -> None:  # type: ignore[no-untyped-def]
         cursor = connection.cursor()
-        if url not in ("sqlite://", "sqlite:///:memory:"):
+        if not memory:
             cursor.execute("PRAGMA journal_mode=WAL")
-        cursor.execute(f"PRAGMA busy_timeout={BUSY_TIMEOUT_MS}")
+        cursor.execute(f"PRAGMA busy_timeout={busy_ms}")
         cursor.execute("PRAGMA synchronous=NORMAL")
         cursor.execute("PRAGMA foreign_keys=ON")
         cursor.close()
 
+    if not memory and parsed.query.get("uri") is None:  # a file by its path, not a URI
+        _guard_file(engine, Path(os.path.abspath(str(parsed.database))), create)
     return engine
 
 
-def alembic_config(engine: Engine) -> AlembicConfig:
-    config = AlembicConfig()
-    config.set_main_option("script_location", str(MIGRATIONS))
-    config.set_main_option("sqlalchemy.url", engine.url.render_as_string(hide_password=False))
-    return config
+def _guard_file(engine: Engine, path: Path, create: bool) -> None:
+    """Open `path` read-write (created only with `create`), or read-only when this process
+    may not write it; drop a pooled connection whose file is gone, replaced, or changed
+    between read-only and writable since it was opened."""
+
+    @event.listens_for(engine, "do_connect")
+    def _open(_dialect, _record, cargs, cparams) -> None:  # type: ignore[no-untyped-def]
+        if not create and not path.exists():
+            raise sqlite3.OperationalError(f"database file {path} does not exist")
+        # A file this process may not write is opened read-only outright: asked for
+        # read-write, SQLite may hand back a descriptor of this process's earlier
+        # connections that was opened read-write, and keep writing to it.
+        mode = "rwc" if create else ("rw" if os.access(path, os.W_OK) else "ro")
+        cargs[:] = [f"file:{pathname2url(str(path))}?mode={mode}"]
+        cparams["uri"] = True
+
+    @event.listens_for(engine, "connect")
+    def _remember(_connection, record) -> None:  # type: ignore[no-untyped-def]
+        record.info["file"] = _identity(path)
+
+    @event.listens_for(engine, "checkout")
+    def _still_same(_connection, record, _proxy) -> None:  # type: ignore[no-untyped-def]
+        if record.info.get("file") != _identity(path):
+            # The pool drops this connection and opens a new one, whose own error (no such
+            # file, read-only) then reaches the caller.
+            raise exc.DisconnectionError(f"database file {path} changed since it was opened")
 
 
-def migrate(engine: Engine) -> None:
-    """Bring the schema to the newest Alembic revision."""
-    config = alembic_config(engine)
-    with engine.begin() as connection:
-        config.attributes["connection"] = connection
-        command.upgrade(config, "head")
+def _identity(path: Path) -> tuple[int, int, bool] | None:
+    """Which file `path` is (device, inode) and whether this process may write it."""
+    try:
+        stat = path.stat()
+    except OSError:
+        return None
+    return stat.st_dev, stat.st_ino, os.access(path, os.W_OK)
 
 
-def open_store(url: str) -> sessionmaker[Session]:
-    """Engine + migrations + session factory: what every reader and writer starts from."""
-    engine = make_engine(url)
-    migrate(engine)
+def sessions_for(engine: Engine) -> sessionmaker[Session]:
+    """The session factory every reader and writer uses."""
     # Histogram layouts rarely change: their ids are cached across sessions, and forgotten on
     # any rollback, which may have undone the row a cached id points to.
     factory = sessionmaker(engine, expire_on_commit=False, info={"histogram_layouts": {}})
@@ -60,3 +117,116 @@ def open_store(url: str) -> sessionmaker[Session]:
         lambda session, _previous: session.info["histogram_layouts"].clear(),
     )
     return factory
+
+
+def alembic_config(engine: Engine) -> AlembicConfig:
+    config = AlembicConfig()
+    config.set_main_option("script_location", str(MIGRATIONS))
+    config.set_main_option(
+        "sqlalchemy.url", engine.url.render_as_string(hide_password=False).replace("%", "%%")
+    )
+    return config
+
+
+def head_revision() -> str:
+    """The newest migration this kneepoint has."""
+    config = AlembicConfig()
+    config.set_main_option("script_location", str(MIGRATIONS))
+    head = ScriptDirectory.from_config(config).get_current_head()
+    assert head is not None
+    return head
+
+
+def current_revision(engine: Engine) -> str | None:
+    """The revision the database is at (None: no kneepoint schema yet)."""
+    with engine.connect() as connection:
+        return MigrationContext.configure(connection).get_current_revision()
+
+
+def hold_migration_lock(connection: Connection) -> None:
+    """Serialize migrations until `connection`'s transaction ends: a PostgreSQL advisory lock,
+    SQLite's write lock. A second `kneepoint migrate` waits here, then finds the schema at
+    head and has nothing to do."""
+    if connection.dialect.name == "postgresql":
+        connection.execute(text("SELECT pg_advisory_xact_lock(:key)"), {"key": MIGRATION_LOCK})
+    elif connection.dialect.name == "sqlite":
+        # pysqlite starts no transaction for DDL; this makes the whole upgrade one
+        # transaction holding the write lock (pysqlite then commits it as usual).
+        connection.exec_driver_sql("BEGIN IMMEDIATE")
+
+
+def migrate(engine: Engine) -> tuple[str | None, str | None]:
+    """Bring the schema to the newest Alembic revision, in one transaction, under a lock.
+    Returns the revision found once the lock was held, and the one reached."""
+    config = alembic_config(engine)
+    with engine.begin() as connection:
+        hold_migration_lock(connection)
+        before = MigrationContext.configure(connection).get_current_revision()
+        config.attributes["connection"] = connection
+        command.upgrade(config, "head")
+        return before, MigrationContext.configure(connection).get_current_revision()
+
+
+def check_schema(engine: Engine) -> None:
+    """Raise SchemaError unless the database is at this kneepoint's newest revision."""
+    where = engine.url.render_as_string(hide_password=True)
+    head = head_revision()
+    try:
+        current = current_revision(engine)
+    except exc.OperationalError as error:
+        raise SchemaError(f"cannot open database {where}: {_first_line(error)}") from error
+    if current == head:
+        return
+    if current is None:
+        raise SchemaError(f"database {where} has no kneepoint schema yet")
+    config = AlembicConfig()
+    config.set_main_option("script_location", str(MIGRATIONS))
+    known = {script.revision for script in ScriptDirectory.from_config(config).walk_revisions()}
+    if current not in known:
+        raise SchemaError(
+            f"database {where} is at schema revision {current}, newer than this kneepoint "
+            f"knows ({head}); upgrade kneepoint"
+        )
+    raise SchemaError(
+        f"database {where} is at schema revision {current} and this kneepoint needs {head}"
+    )
+
+
+def connect_store(url: str) -> sessionmaker[Session]:
+    """Open an existing store without migrating it: raise SchemaError when the file is
+    missing or the schema is not at head. What every long-running process starts from."""
+    missing = _missing_file(url)
+    if missing is not None:
+        raise SchemaError(f"database file {missing} does not exist")
+    engine = make_engine(url, create=False)
+    try:
+        check_schema(engine)
+    except SchemaError:
+        engine.dispose()
+        raise
+    return sessions_for(engine)
+
+
+def _missing_file(url: str) -> Path | None:
+    """The SQLite file `url` names, when it does not exist."""
+    if not url.startswith("sqlite"):
+        return None
+    database = make_url(url).database
+    if database in (None, "", ":memory:"):
+        return None
+    path = Path(os.path.abspath(str(database)))
+    return None if path.exists() else path
+
+
+def open_store(url: str) -> sessionmaker[Session]:
+    """Create the database if needed, migrate it, and open it: for a database the caller
+    owns alone (the demo, tests, benches); shared stores go through `kneepoint migrate`."""
+    engine = make_engine(url)
+    migrate(engine)
+    return sessions_for(engine)
+
+
+def _first_line(error: BaseException) -> str:
+    original: Any = getattr(error, "orig", None) or error
+    lines = str(original).strip().splitlines()
+    return lines[0] if lines else type(original).__name__

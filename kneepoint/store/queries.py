@@ -1,4 +1,8 @@
-"""The one read path over the store: every page, command and alert reads through here."""
+"""The one read path over the store: every page, command and alert reads through here.
+
+The logs a page lists (scrape errors, alert history, deliveries) are read newest first and
+at most PAGE_ROWS rows each, however long the range: a page never reads every row ever kept.
+"""
 
 from __future__ import annotations
 
@@ -29,6 +33,8 @@ from kneepoint.store.models import (
     ScrapeErrorRow,
     TargetRow,
 )
+
+PAGE_ROWS = 1000  # the most rows of one log a page reads
 
 
 def read_frame(session: Session, query: Executable) -> pd.DataFrame:
@@ -73,6 +79,8 @@ def plan(start: float, end: float, reach: dict[int, float], coarsest: int) -> li
 def _plan(start: float, end: float, tiers: list[tuple[int, float]], last: bool) -> list[Piece]:
     for index, (resolution, until) in enumerate(tiers):
         low = math.ceil(start / resolution) * resolution
+        if low < start:  # start / resolution underflowed to 0 (a denormal start)
+            low += resolution
         high = math.floor(min(end, until) / resolution) * resolution
         if high > low:
             finer = tiers[index + 1 :]
@@ -263,14 +271,18 @@ def gpu_frame(
     return frame.sort_values(["gpu_id", "ts"], kind="stable", ignore_index=True)
 
 
-def scrape_errors(session: Session, start: float, end: float) -> pd.DataFrame:
+def scrape_errors(
+    session: Session, start: float, end: float, limit: int = PAGE_ROWS
+) -> pd.DataFrame:
+    """The newest `limit` scrape errors in [start, end], oldest first."""
     query = (
         select(TargetRow.name.label("target"), ScrapeErrorRow.ts, ScrapeErrorRow.error)
         .join(TargetRow, TargetRow.id == ScrapeErrorRow.target_id)
         .where(ScrapeErrorRow.ts >= start, ScrapeErrorRow.ts <= end)
-        .order_by(ScrapeErrorRow.ts)
+        .order_by(ScrapeErrorRow.ts.desc())
+        .limit(limit)
     )
-    return read_frame(session, query)
+    return read_frame(session, query).iloc[::-1].reset_index(drop=True)
 
 
 def job_health(session: Session) -> list[JobHealthRow]:
@@ -302,19 +314,25 @@ def alert_states(session: Session) -> pd.DataFrame:
     return read_frame(session, query)
 
 
-def alert_history(session: Session, start: float, end: float) -> pd.DataFrame:
-    """Every alert state change in [start, end], newest first."""
+def alert_history(
+    session: Session, start: float, end: float, limit: int = PAGE_ROWS
+) -> pd.DataFrame:
+    """The alert state changes in [start, end], newest first, at most `limit`."""
     table = AlertHistoryRow.__table__
     query = (
         select(table)
         .where(table.c.ts >= start, table.c.ts <= end)
         .order_by(table.c.ts.desc(), table.c.id.desc())
+        .limit(limit)
     )
     return read_frame(session, query)
 
 
-def notifications(session: Session, start: float, end: float) -> pd.DataFrame:
-    """The outbox's rows created in [start, end], newest first (the delivery log)."""
+def notifications(
+    session: Session, start: float, end: float, limit: int = PAGE_ROWS
+) -> pd.DataFrame:
+    """The outbox's rows created in [start, end], newest first, at most `limit` (the
+    delivery log)."""
     table = NotificationRow.__table__
     query = (
         select(
@@ -329,5 +347,6 @@ def notifications(session: Session, start: float, end: float) -> pd.DataFrame:
         )
         .where(table.c.created_at >= start, table.c.created_at <= end)
         .order_by(table.c.id.desc())
+        .limit(limit)
     )
     return read_frame(session, query)

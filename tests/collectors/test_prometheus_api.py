@@ -16,7 +16,7 @@ from collectors.prometheus_api import FAMILIES, instance_of, rebuild, selector
 from collectors.vllm import WANTED, parse_vllm
 from kneepoint.cli import app
 from kneepoint.config import ConfigError, Target, parse_config
-from tests.conftest import DCGM_T4, VLLM_032, free_port, read
+from tests.conftest import DCGM_T4, VLLM_032, free_port, migrated, read
 
 
 def as_prometheus_stores_it(text: str, instance: str, times: list[float]) -> list[dict[str, Any]]:
@@ -110,6 +110,7 @@ def test_an_unreachable_prometheus_is_one_clear_error(tmp_path: Path) -> None:
         f"prometheus: {{url: 'http://127.0.0.1:{port}', timeout: 2s}}\n"
         "targets:\n  - {name: a, kind: vllm, url: 'http://10.0.0.1:8000/metrics'}\n"
     )
+    migrated(config)
     result = CliRunner().invoke(app, ["collect", "--once", "--config", str(config)])
     assert result.exit_code == 1
     assert f"kneepoint: cannot read http://127.0.0.1:{port}" in result.output

@@ -13,6 +13,7 @@ from kneepoint.cli import app
 from kneepoint.knee.imports import ResultFileError, read
 from kneepoint.store.db import open_store
 from kneepoint.store.runs import load_runs
+from tests.conftest import migrated
 
 
 def vllm_bench(concurrency: int, output: float, **extra: Any) -> dict[str, Any]:
@@ -270,7 +271,7 @@ def test_a_bad_file_names_the_file_and_the_field(tmp_path: Path, content: Any, s
 
 def test_import_stores_the_good_files_and_nothing_of_a_bad_one(tmp_path: Path) -> None:
     database = tmp_path / "k.db"
-    config = write(tmp_path / "kneepoint.yaml", f"database: sqlite:///{database}\n")
+    config = migrated(write(tmp_path / "kneepoint.yaml", f"database: sqlite:///{database}\n"))
     good = [write(tmp_path / f"c{c}.json", vllm_bench(c, t)) for c, t in ((1, 37.5), (32, 714))]
     half_bad = write(
         tmp_path / "bad.jsonl",

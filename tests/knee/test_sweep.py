@@ -14,7 +14,7 @@ from kneepoint.cli import app
 from kneepoint.knee.detect import assess
 from kneepoint.knee.sweep import SweepSettings, sweep
 from kneepoint.twin.fleet import Fleet, single_replica
-from tests.conftest import free_port
+from tests.conftest import free_port, migrated
 
 pytestmark = pytest.mark.timeout(300)
 MODEL = "Qwen/Qwen3-4B"
@@ -64,6 +64,7 @@ def test_failures_are_counted_and_a_dead_server_stores_nothing(tmp_path: Path) -
 
     config = tmp_path / "kneepoint.yaml"
     config.write_text(f"database: sqlite:///{tmp_path / 'k.db'}\n")
+    migrated(config)
     result = CliRunner().invoke(
         app,
         ["sweep", "--url", dead, "--model", MODEL, "--concurrency", "1", "--config", str(config)],
@@ -82,6 +83,7 @@ def test_sweep_command_stores_a_run_that_knee_and_compare_read(twin: str, tmp_pa
         f"database: sqlite:///{tmp_path / 'k.db'}\n"
         "slos: [{name: ttft-fast, metric: ttft, threshold: 5s, objective: 0.99}]\n"
     )
+    migrated(config)
     base = ["--url", twin, "--model", MODEL, "--concurrency", "1,2", "--requests", "2"]
     common = ["--output-tokens", "16", "--config", str(config)]
     first = CliRunner().invoke(app, ["sweep", *base, *common, "--label", "a", "--json"])

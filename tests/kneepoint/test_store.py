@@ -1,11 +1,15 @@
 from __future__ import annotations
 
 import copy
+import subprocess
+import sys
 
 import pytest
+from alembic import command
+from alembic.config import Config as AlembicConfig
 from hypothesis import given, settings
 from hypothesis import strategies as st
-from sqlalchemy import inspect, select, text
+from sqlalchemy import event, inspect, select, text
 
 from collectors.dcgm import parse_dcgm
 from collectors.vllm import parse_vllm
@@ -14,11 +18,16 @@ from kneepoint.counters import increase
 from kneepoint.samples import Histogram, ReplicaSample
 from kneepoint.store import queries
 from kneepoint.store.codec import decode_histogram, encode_histogram
-from kneepoint.store.db import open_store
+from kneepoint.store.db import alembic_config, open_store
 from kneepoint.store.models import HOUR, MINUTE, RAW, ReplicaSampleRow
-from kneepoint.store.rollup import rollup
-from kneepoint.store.writer import ensure_targets, record_gpus, record_replica
-from tests.conftest import DCGM_T4, VLLM_032, read
+from kneepoint.store.rollup import rollup, rollup_in_slices
+from kneepoint.store.writer import (
+    ensure_targets,
+    record_gpus,
+    record_replica,
+    record_replica_history,
+)
+from tests.conftest import DCGM_T4, ROOT, VLLM_032, read
 
 BASE = parse_vllm(read(VLLM_032))
 DAY = 86400.0
@@ -233,3 +242,294 @@ def test_the_migrations_build_exactly_the_models_schema(fresh_url) -> None:  # t
     migrate(engine)
     with engine.connect() as connection:
         assert compare_metadata(MigrationContext.configure(connection), Base.metadata) == []
+
+
+# --- Rollups in slices -------------------------------------------------------------------
+
+TWELVE_HOURS = [(step * 15.0, step) for step in range(12 * 240)]
+SHORT = Retention(raw=3600, minute=4 * 3600, hour=10 * 3600)
+
+
+def seed_two_replicas(sessions) -> None:  # type: ignore[no-untyped-def]
+    """Twelve hours of two replicas at 15 s, each with an engine restart."""
+    with sessions.begin() as session:
+        ids = ensure_targets(session, [(n, "vllm", f"http://{n}/m") for n in ("a", "b")])
+        for name, target in ids.items():
+            restart = 1000 if name == "a" else 2500
+            history = [
+                (ts, sample(step * 40.0 if step < restart else (step - restart) * 3.0, step % 5))
+                for ts, step in TWELVE_HOURS
+            ]
+            record_replica_history(session, target, history)
+
+
+def dump(sessions) -> dict[str, list[tuple[object, ...]]]:  # type: ignore[no-untyped-def]
+    with sessions() as session:
+        return {
+            table: sorted(tuple(row) for row in session.execute(text(f"SELECT * FROM {table}")))
+            for table in ("replica_samples", "replica_rollups", "rollup_progress")
+        }
+
+
+def test_a_rollup_in_slices_leaves_the_store_exactly_as_one_transaction_does(fresh_url) -> None:  # type: ignore[no-untyped-def]
+    whole, sliced = open_store(fresh_url()), open_store(fresh_url())
+    for sessions in (whole, sliced):
+        seed_two_replicas(sessions)
+    with whole.begin() as session:
+        expected = rollup(session, now=12 * 3600.0, retention=SHORT)
+    result = rollup_in_slices(sliced, now=12 * 3600.0, retention=SHORT)
+    assert result == expected
+    assert result.thinned > 0 and result.expired > 0 and result.summarized > 0
+    assert dump(sliced) == dump(whole)
+
+
+def test_a_large_rollup_commits_bounded_slices_and_a_writer_gets_in_between_them(
+    fresh_url,  # type: ignore[no-untyped-def]
+) -> None:
+    """SQLite's write lock is the rollup's for one slice at a time: every commit lets another
+    connection write at once (busy timeout 0: it would fail on the lock), and no slice
+    writes more than a bounded number of rows, however much there is to do."""
+    import sqlite3
+
+    url = fresh_url()
+    if not url.startswith("sqlite"):
+        pytest.skip("SQLite's single write lock is what this is about")
+    sessions = open_store(url)
+    seed_two_replicas(sessions)
+    engine = sessions.kw["bind"]
+    written, per_commit = [0], []
+
+    @event.listens_for(engine, "after_cursor_execute")
+    def count(_conn, cursor, statement, *_args) -> None:  # type: ignore[no-untyped-def]
+        if statement.lstrip().upper().startswith(("INSERT", "UPDATE", "DELETE")):
+            written[0] += max(cursor.rowcount, 0)
+
+    other = sqlite3.connect(engine.url.database, timeout=0, isolation_level=None)
+    other.execute("PRAGMA busy_timeout=0")
+    between: list[int] = []
+
+    @event.listens_for(sessions, "after_commit")
+    def another_writer(_session) -> None:  # type: ignore[no-untyped-def]
+        per_commit.append(written[0])
+        written[0] = 0
+        other.execute(  # raises "database is locked" if the rollup still held the lock
+            "INSERT INTO job_health (job_id, runs, failures) VALUES (?, 0, 0)",
+            (f"writer-{len(between)}",),
+        )
+        between.append(len(per_commit))
+
+    result = rollup_in_slices(sessions, now=12 * 3600.0, retention=SHORT)
+    assert len(between) == len(per_commit) > 50  # a write got in after every slice
+    total = sum(per_commit)
+    assert total > 5000, per_commit  # a large rollup (rows thinned, summarized, expired)…
+    assert max(per_commit) <= 500, per_commit  # …in slices of a bounded size
+    assert result.thinned > 0
+    assert other.execute("SELECT count(*) FROM job_health").fetchone() == (len(between),)
+
+
+# --- Retention of the logs -----------------------------------------------------------------
+
+
+def test_retention_prunes_settled_notifications_old_history_ended_silences_and_errors(
+    fresh_url,
+    monkeypatch: pytest.MonkeyPatch,  # type: ignore[no-untyped-def]
+) -> None:
+    from kneepoint.store import rollup as rollups
+    from kneepoint.store.models import (
+        AlertHistoryRow,
+        NotificationRow,
+        ScrapeErrorRow,
+        SilenceRow,
+    )
+
+    monkeypatch.setattr(rollups, "DELETE_BATCH", 7)  # several batches per log
+    sessions = open_store(fresh_url())
+    now = 400 * DAY
+    old, recent = now - 100 * DAY, now - DAY
+    with sessions.begin() as session:
+        target = ensure_targets(session, [("r", "vllm", "http://x/metrics")])["r"]
+        for index in range(20):
+            for state in ("sent", "failed", "expired", "pending"):
+                for created in (old, recent):
+                    session.add(
+                        NotificationRow(
+                            channel="c",
+                            fingerprint="f",
+                            notice="{}",
+                            state=state,
+                            attempts=0,
+                            next_attempt_at=created,
+                            created_at=created + index,
+                        )
+                    )
+            for ts in (old, recent):
+                session.add(
+                    AlertHistoryRow(
+                        fingerprint="f", rule="x", replica="r", ts=ts + index, after="firing"
+                    )
+                )
+                session.add(ScrapeErrorRow(target_id=target, ts=ts + index, error="e"))
+            for ends in (old, recent, now + DAY):
+                session.add(
+                    SilenceRow(
+                        matchers="{}",
+                        starts_at=ends - 3600,
+                        ends_at=ends + index,
+                        author="a",
+                        comment="",
+                        created_at=ends - 3600,
+                    )
+                )
+    result = rollup_in_slices(sessions, now, Retention())
+    with sessions() as session:
+        # Settled notifications go after 30 days; one still pending stays, however old.
+        kept = session.execute(select(NotificationRow.state, NotificationRow.created_at)).all()
+        assert {(s, c < recent) for s, c in kept} == {
+            ("sent", False),
+            ("failed", False),
+            ("expired", False),
+            ("pending", False),
+            ("pending", True),
+        }
+        assert len(kept) == 5 * 20
+        assert min(session.scalars(select(AlertHistoryRow.ts))) >= recent  # 90 days
+        assert min(session.scalars(select(ScrapeErrorRow.ts))) >= recent  # 7 days
+        ends = set(session.scalars(select(SilenceRow.ends_at)))
+        assert min(ends) >= recent and len(ends) == 40  # ended 30 days ago: gone
+    assert result.pruned == 3 * 20 + 20 + 20 + 20
+
+
+# --- Bounded reads ---------------------------------------------------------------------------
+
+
+def test_the_delivery_log_and_alert_history_read_at_most_a_page_newest_first(sessions) -> None:  # type: ignore[no-untyped-def]
+    from kneepoint.store.models import AlertHistoryRow, NotificationRow
+
+    with sessions.begin() as session:
+        for index in range(queries.PAGE_ROWS + 50):
+            session.add(
+                NotificationRow(
+                    channel="c",
+                    fingerprint="f",
+                    notice="{}",
+                    state="sent",
+                    attempts=1,
+                    next_attempt_at=index,
+                    created_at=float(index),
+                )
+            )
+            session.add(
+                AlertHistoryRow(fingerprint="f", rule="x", replica="", ts=index, after="firing")
+            )
+    with sessions() as session:
+        log = queries.notifications(session, 0, 1e9)
+        history = queries.alert_history(session, 0, 1e9)
+    assert len(log) == len(history) == queries.PAGE_ROWS
+    assert log.created_at.iloc[0] == queries.PAGE_ROWS + 49  # the newest
+    assert history.ts.iloc[-1] == 50  # the oldest of the newest page
+
+
+# --- Migrations: one command runs them, every other process checks ---------------------------
+
+
+def config_for(folder, url: str):  # type: ignore[no-untyped-def]
+    path = folder / "kneepoint.yaml"
+    path.write_text(f"database: '{url}'\n")
+    return path
+
+
+def test_processes_do_not_migrate_they_say_what_to_run_and_exit_2(tmp_path) -> None:  # type: ignore[no-untyped-def]
+    from typer.testing import CliRunner
+
+    from kneepoint.cli import app
+    from kneepoint.store.db import current_revision, head_revision, make_engine
+
+    database = tmp_path / "k.db"
+    config = config_for(tmp_path, f"sqlite:///{database}")
+    hint = f"run `kneepoint migrate --config {config}`"
+    for args in (["status"], ["health"], ["collect", "--once"], ["alerts", "list"]):
+        result = CliRunner().invoke(app, [*args, "--config", str(config)])
+        assert result.exit_code == 2, (args, result.output)
+        assert f"database file {database} does not exist: {hint}" in result.output
+        assert not database.exists()  # nothing created on the way
+    # A database one migration behind: still exit 2, naming both revisions.
+    engine = make_engine(f"sqlite:///{database}")
+    alembic = alembic_config(engine)
+    with engine.begin() as connection:
+        alembic.attributes["connection"] = connection
+        command.upgrade(alembic, _previous(head_revision()))
+    behind = current_revision(engine)
+    result = CliRunner().invoke(app, ["status", "--config", str(config)])
+    assert result.exit_code == 2
+    assert f"is at schema revision {behind} and this kneepoint needs {head_revision()}" in (
+        result.output
+    )
+    assert hint in result.output
+    assert current_revision(engine) == behind  # status left it as it was
+    migrated = CliRunner().invoke(app, ["migrate", "--config", str(config)])
+    assert migrated.exit_code == 0, migrated.output
+    assert f"migrated from {behind} to schema revision {head_revision()}" in migrated.output
+    again = CliRunner().invoke(app, ["migrate", "--config", str(config)])
+    assert f"already at schema revision {head_revision()}" in again.output
+    assert CliRunner().invoke(app, ["status", "--json", "--config", str(config)]).exit_code == 0
+
+
+def _previous(revision: str) -> str:
+    from alembic.script import ScriptDirectory
+
+    from kneepoint.store.db import MIGRATIONS
+
+    config = AlembicConfig()
+    config.set_main_option("script_location", str(MIGRATIONS))
+    down = ScriptDirectory.from_config(config).get_revision(revision).down_revision
+    assert isinstance(down, str)
+    return down
+
+
+def test_two_migrations_at_once_both_succeed_and_build_the_schema_once(fresh_url, tmp_path) -> None:  # type: ignore[no-untyped-def]
+    """On PostgreSQL an advisory lock, on SQLite the write lock: the second waits, then
+    finds the schema at head."""
+    from kneepoint.store.db import current_revision, head_revision, make_engine
+
+    url = fresh_url()
+    config = config_for(tmp_path, url)
+    command_line = [sys.executable, "-m", "kneepoint.cli", "migrate", "--config", str(config)]
+    both = [
+        subprocess.Popen(command_line, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+        for _ in range(2)
+    ]
+    said = [process.communicate(timeout=120) for process in both]
+    assert [process.returncode for process in both] == [0, 0], said
+    outputs = sorted(out for out, _ in said)
+    head = head_revision()
+    assert outputs == [
+        f"database {_shown(url)}: already at schema revision {head}\n",
+        f"database {_shown(url)}: migrated from empty to schema revision {head}\n",
+    ]
+    assert current_revision(make_engine(url)) == head
+
+
+def _shown(url: str) -> str:
+    from kneepoint.cliutil import shown_url
+
+    return shown_url(url)
+
+
+def test_the_app_says_what_to_run_when_the_database_is_not_migrated(tmp_path, monkeypatch) -> None:  # type: ignore[no-untyped-def]
+    from streamlit.testing.v1 import AppTest
+
+    config = config_for(tmp_path, f"sqlite:///{tmp_path / 'k.db'}")
+    monkeypatch.setenv("KNEEPOINT_CONFIG", str(config))
+    page = AppTest.from_file(str(ROOT / "app" / "screens" / "health.py"), default_timeout=60)
+    page.run()
+    [error] = page.error
+    assert "does not exist: run `kneepoint migrate --config" in error.value
+    assert not (tmp_path / "k.db").exists()
+
+
+def test_connect_store_refuses_a_missing_file_without_creating_it(tmp_path) -> None:  # type: ignore[no-untyped-def]
+    from kneepoint.store.db import SchemaError, connect_store
+
+    with pytest.raises(SchemaError, match="does not exist"):
+        connect_store(f"sqlite:///{tmp_path / 'missing.db'}")
+    assert not (tmp_path / "missing.db").exists()
