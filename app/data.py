@@ -26,6 +26,7 @@ from kneepoint.series import replica_series
 from kneepoint.status import build_status, is_stale
 from kneepoint.store import queries
 from kneepoint.store.db import SchemaError, connect_store
+from kneepoint.store.errors import describe
 from kneepoint.store.runs import delete_run as remove_run
 from kneepoint.store.runs import load_runs, save_run
 from kneepoint.views import View, build_view
@@ -46,6 +47,9 @@ def _open(path: str) -> tuple[Config, sessionmaker[Session]]:
         return config, connect_store(config.database)
     except SchemaError as error:
         st.error(f"{error}: run `kneepoint migrate --config {path}`, then reload this page.")
+        st.stop()
+    except Exception as error:  # the URL, the file or the server is unusable: say which
+        st.error(f"cannot open the database: {describe(error)}")
         st.stop()
 
 

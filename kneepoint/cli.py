@@ -80,6 +80,7 @@ def migrate(config: ConfigOption = None) -> None:
     from kneepoint.cliutil import shown_url
     from kneepoint.store.db import make_engine
     from kneepoint.store.db import migrate as upgrade
+    from kneepoint.store.errors import describe
 
     where = shown_url(settings.database)
     engine = None
@@ -87,7 +88,7 @@ def migrate(config: ConfigOption = None) -> None:
         engine = make_engine(settings.database)
         before, after = upgrade(engine)
     except Exception as error:  # the URL, the file, the server: one sentence, exit 1
-        fail(f"cannot migrate database {where}: {str(error).strip().splitlines()[0]}")
+        fail(f"cannot migrate database {where}: {describe(error)}")
     finally:
         if engine is not None:
             engine.dispose()

@@ -92,8 +92,10 @@ def open_sessions(config: Config) -> sessionmaker[Session]:
         return connect_store(config.database)
     except SchemaError as error:
         fail(f"{error}: run `{migrate_hint()}`", 2)
-    except Exception as error:  # the database URL or file is unusable: say which
-        fail(f"cannot open database {shown_url(config.database)}: {error}", 1)
+    except Exception as error:  # the URL, the file or the server is unusable: say which
+        from kneepoint.store.errors import describe
+
+        fail(f"cannot open database {shown_url(config.database)}: {describe(error)}", 1)
 
 
 def shown_url(url: str) -> str:

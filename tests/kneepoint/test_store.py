@@ -533,3 +533,18 @@ def test_connect_store_refuses_a_missing_file_without_creating_it(tmp_path) -> N
     with pytest.raises(SchemaError, match="does not exist"):
         connect_store(f"sqlite:///{tmp_path / 'missing.db'}")
     assert not (tmp_path / "missing.db").exists()
+
+
+def test_an_unreachable_server_is_exit_1_and_the_password_is_never_shown(tmp_path) -> None:  # type: ignore[no-untyped-def]
+    from typer.testing import CliRunner
+
+    from kneepoint.cli import app
+    from tests.conftest import free_port
+
+    url = f"postgresql+psycopg://kneepoint:s3cret-pw@127.0.0.1:{free_port()}/kneepoint"
+    config = config_for(tmp_path, url)
+    for args in (["migrate"], ["status"], ["health"]):
+        result = CliRunner().invoke(app, [*args, "--config", str(config)])
+        assert result.exit_code == 1, result.output  # not a schema matter: not exit 2
+        assert "kneepoint:***@127.0.0.1" in result.output and "Connection refused" in result.output
+        assert "s3cret-pw" not in result.output
