@@ -26,6 +26,7 @@ from collectors.vllm import parse_vllm
 from kneepoint.clock import Clock, system_clock
 from kneepoint.config import Config
 from kneepoint.samples import GpuSample, ReplicaSample
+from kneepoint.store.errors import describe
 from kneepoint.store.writer import (
     ensure_targets,
     last_stored,
@@ -78,7 +79,7 @@ def normalize(item: Fetched) -> Normalized:
         return Normalized(item, error=str(error))
     except Exception as error:  # a normalizer bug costs this target, never the round
         log.exception("normalizing the scrape of %s failed", target.name)
-        return Normalized(item, error=f"cannot normalize the scrape: {_one_line(error)}")
+        return Normalized(item, error=f"cannot normalize the scrape: {describe(error)}")
 
 
 def store_fetched(fetched: list[Fetched], sessions: sessionmaker[Session]) -> list[Outcome]:
@@ -123,11 +124,7 @@ def _store(session: Session, target_id: int, entry: Normalized) -> str | None:
             else:
                 record_gpus(session, target_id, item.started_at, entry.gpus or [])
     except Exception as error:  # this target's rows only: its savepoint is rolled back
-        log.exception("storing the scrape of %s failed", item.target.name)
-        return f"cannot store the scrape: {_one_line(error)}"
+        reason = f"cannot store the scrape: {describe(error)}"  # never the SQL's parameters
+        log.warning("%s: %s", item.target.name, reason)
+        return reason
     return None
-
-
-def _one_line(error: BaseException) -> str:
-    text = str(error).strip().splitlines()
-    return f"{type(error).__name__}: {text[0][:200] if text else ''}"

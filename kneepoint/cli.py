@@ -55,11 +55,10 @@ def collect(
             state = "up" if outcome.ok else f"down: {outcome.error}"
             typer.echo(f"{outcome.target}: {state} ({outcome.seconds * 1000:.0f} ms)")
         return
-    from apscheduler.schedulers.blocking import BlockingScheduler
-
     from collectors.schedule import install, standard_jobs
+    from collectors.scheduler import StepSafeBlockingScheduler
 
-    scheduler = BlockingScheduler()
+    scheduler = StepSafeBlockingScheduler()
     install(scheduler, standard_jobs(settings, sessions, system_clock), sessions)
     source = f" from {settings.prometheus.url}" if settings.prometheus else ""
     typer.echo(
@@ -167,11 +166,10 @@ def serve(
     sessions = open_sessions(settings)
     if no_collect:  # several app instances, one `kneepoint collect`, one shared database
         sys.exit(run_app(config_path(config), port, open_browser=not no_browser))
-    from apscheduler.schedulers.background import BackgroundScheduler
-
     from collectors.schedule import install, standard_jobs
+    from collectors.scheduler import StepSafeBackgroundScheduler
 
-    scheduler = BackgroundScheduler()
+    scheduler = StepSafeBackgroundScheduler()
     install(scheduler, standard_jobs(settings, sessions, system_clock), sessions)
     scheduler.start()
     try:
