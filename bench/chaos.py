@@ -127,8 +127,19 @@ class Receiver:
     acknowledged: Counter[str] = field(default_factory=Counter)  # key -> 2xx answers finished
     attempts: Counter[str] = field(default_factory=Counter)  # key -> requests seen
     statuses: dict[str, str] = field(default_factory=dict)  # key -> the notice's status
+    history: dict[str, list[str]] = field(default_factory=dict)  # key -> what each try got
     lock: threading.Lock = field(default_factory=threading.Lock)
     server: ThreadingHTTPServer | None = None
+
+    def took(self, key: str, how: str) -> None:
+        """A 2xx status line reached kneepoint: the platform has the message."""
+        with self.lock:
+            self.acknowledged[key] += 1
+            self.history.setdefault(key, []).append(how)
+
+    def saw(self, key: str, how: str) -> None:
+        with self.lock:
+            self.history.setdefault(key, []).append(how)
 
     def start(self) -> str:
         receiver = self
@@ -143,6 +154,8 @@ class Receiver:
                     fault = receiver.outage
                     if fault is None and receiver.rng.random() < receiver.fault_rate:
                         fault = receiver.rng.choice(RECEIVER_FAULTS)
+                if fault not in (None, "trickle"):
+                    receiver.saw(key, fault)
                 try:
                     if fault == "close":
                         self.close_connection = True
@@ -150,10 +163,12 @@ class Receiver:
                     if fault == "hang":
                         time.sleep(40)  # past any send deadline
                         return
-                    if fault == "trickle":
-                        self.send_response(200)
+                    if fault == "trickle":  # a 200 whose body never ends: the status
+                        self.send_response(200)  # line says the platform took it
                         self.send_header("Content-Length", "1000")
                         self.end_headers()
+                        self.wfile.flush()
+                        receiver.took(key, "trickle")
                         for _ in range(40):
                             self.wfile.write(b" ")
                             self.wfile.flush()
@@ -171,9 +186,10 @@ class Receiver:
                     self.wfile.write(b"ok")
                     self.wfile.flush()
                 except OSError:
-                    return  # kneepoint gave up first: not a delivery
-                with receiver.lock:
-                    receiver.acknowledged[key] += 1
+                    receiver.saw(key, f"{fault or '200'}, cut")
+                    return  # kneepoint gave up before the status line: not a delivery
+                if fault is None:
+                    receiver.took(key, "200")
 
             def log_message(self, *args: object) -> None:
                 pass
@@ -407,7 +423,9 @@ def report(
         "counted_possible_duplicates": resends,
         "dropped_superseded_or_expired": len(dropped),
         "lost": len(lost),
-        "lost_rows": [(row.id, row.state, row.last_error) for row in lost][:20],
+        "lost_rows": [
+            (row.id, row.state, row.last_error, receiver.history.get(_key(row), [])) for row in lost
+        ][:20],
         "deliveries_of_unknown_rows": len(unknown),
         "silent_resolves": silent,
         "longest_evaluation_gap_seconds": round(watch.longest, 1),
