@@ -66,6 +66,9 @@ class MetricsServer:
     hits: dict[str, int] = field(default_factory=dict)
     headers: dict[str, dict[str, str]] = field(default_factory=dict)  # last request's, by path
     port: int = 0
+    in_flight: int = 0  # requests being answered now
+    most_in_flight: int = 0  # the most ever answered at once: the server's view of concurrency
+    lock: threading.Lock = field(default_factory=threading.Lock, repr=False)
 
     def url(self, path: str) -> str:
         return f"http://127.0.0.1:{self.port}{path}"
@@ -84,8 +87,18 @@ def serving_metrics() -> Iterator[MetricsServer]:
 
     class Handler(BaseHTTPRequestHandler):
         def do_GET(self) -> None:
-            state.hits[self.path] = state.hits.get(self.path, 0) + 1
+            with state.lock:
+                state.hits[self.path] = state.hits.get(self.path, 0) + 1
+                state.in_flight += 1
+                state.most_in_flight = max(state.most_in_flight, state.in_flight)
             state.headers[self.path] = dict(self.headers.items())
+            try:
+                self._answer()
+            finally:
+                with state.lock:
+                    state.in_flight -= 1
+
+        def _answer(self) -> None:
             route = state.routes.get(self.path)
             if route is None:
                 self.send_error(404)

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import time
 from pathlib import Path
 
 import pytest
@@ -91,21 +90,21 @@ def test_connection_refused_is_recorded(metrics_server: MetricsServer, tmp_path:
 def test_a_slow_target_does_not_delay_the_others(
     metrics_server: MetricsServer, tmp_path: Path
 ) -> None:
-    metrics_server.routes = {f"/fast{i}": Route(GOOD) for i in range(4)}
-    metrics_server.routes["/slow"] = Route(GOOD, delay=3.0)
+    """Concurrency seen by the server, not by a clock on a shared machine: every target,
+    the four that answer after half a second and the one that outlasts its timeout, is being
+    answered at the same moment. Fetched one after another, at most one would be."""
+    metrics_server.routes = {f"/fast{i}": Route(GOOD, delay=0.5) for i in range(4)}
+    metrics_server.routes["/slow"] = Route(GOOD, delay=5.0)
     paths = {f"fast{i}": f"/fast{i}" for i in range(4)}
     config = config_for(metrics_server, tmp_path, slow="/slow", **paths)
+    # Timeouts far above the fast targets' half second: a loaded machine must not fail them.
+    targets = [t.model_copy(update={"timeout": 4.0}) for t in config.targets]
+    config = config.model_copy(update={"targets": targets})
     sessions = open_store(config.database)
-    began = time.perf_counter()
     outcomes = {o.target: o for o in collect_once(config, sessions)}
-    elapsed = time.perf_counter() - began
-    assert not outcomes["slow"].ok
+    assert not outcomes["slow"].ok and "timed out" in (outcomes["slow"].error or "")
     assert all(outcomes[name].ok for name in paths)
-    # Concurrent: the round takes about one timeout, not one timeout plus four fetches in turn;
-    # each fast target's own fetch is a small fraction of the slow one's.
-    slow = outcomes["slow"].seconds
-    assert all(outcomes[name].seconds < slow / 2 for name in paths)
-    assert elapsed < slow * 2
+    assert metrics_server.most_in_flight == 5
 
 
 def test_up_flips_back_when_the_target_answers_again(
