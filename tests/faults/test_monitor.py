@@ -219,7 +219,7 @@ class Clock:
         return time.time() + self.offset
 
 
-def wait_for(condition: Callable[[], bool], seconds: float = 20.0) -> bool:
+def wait_for(condition: Callable[[], bool], seconds: float = 60.0) -> bool:
     deadline = time.monotonic() + seconds
     while time.monotonic() < deadline:
         if condition():
