@@ -295,6 +295,22 @@ def test_the_scheduled_heartbeat_stops_when_the_scrape_job_stops(
     try:
         assert wait_for(lambda: metrics_server.hits.get(SECRET, 0) >= 2)
         scheduler.pause_job("scrape")
+
+        # A scrape still running when paused would record its success after the clock
+        # moves: shift the clock only once the scrape job's record has stopped changing.
+        def scrape_runs() -> int:
+            with sessions() as session:
+                row = session.get(JobHealthRow, "scrape")
+                return row.runs if row else 0
+
+        settled = [scrape_runs()]
+
+        def scrape_settled() -> bool:
+            time.sleep(1.0)
+            settled.append(scrape_runs())
+            return settled[-1] == settled[-2]
+
+        assert wait_for(scrape_settled)
         clock.offset = 120.0  # two minutes pass without a scrape
         assert wait_for(lambda: "scrape job is overdue" in (heartbeat().last_error or ""))
         hits, runs = metrics_server.hits[SECRET], heartbeat().runs
