@@ -3,6 +3,7 @@ from __future__ import annotations
 import copy
 import subprocess
 import sys
+from pathlib import Path
 
 import pytest
 from alembic import command
@@ -284,16 +285,14 @@ def test_a_rollup_in_slices_leaves_the_store_exactly_as_one_transaction_does(fre
 
 
 def test_a_large_rollup_commits_bounded_slices_and_a_writer_gets_in_between_them(
-    fresh_url,  # type: ignore[no-untyped-def]
+    tmp_path: Path,
 ) -> None:
     """SQLite's write lock is the rollup's for one slice at a time: every commit lets another
     connection write at once (busy timeout 0: it would fail on the lock), and no slice
     writes more than a bounded number of rows, however much there is to do."""
     import sqlite3
 
-    url = fresh_url()
-    if not url.startswith("sqlite"):
-        pytest.skip("SQLite's single write lock is what this is about")
+    url = f"sqlite:///{tmp_path / 'k.db'}"  # SQLite's single write lock is what this is about
     sessions = open_store(url)
     seed_two_replicas(sessions)
     engine = sessions.kw["bind"]
