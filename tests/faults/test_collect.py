@@ -18,6 +18,7 @@ from collectors.scheduler import StepSafeBackgroundScheduler, pull_back_stepped_
 from kneepoint.config import Config, Target
 from kneepoint.store.db import open_store
 from kneepoint.store.models import GpuSampleRow, ReplicaSampleRow, TargetRow
+from tests.collectors.test_collect import config_for as collect_config_for
 from tests.conftest import DCGM_T4, VLLM_032, MetricsServer, Route
 
 VLLM = VLLM_032.read_text()
@@ -59,17 +60,10 @@ ODD_BODIES = {
 
 
 def config_for(server: MetricsServer, tmp_path: Path, **paths: str) -> Config:
-    targets = [
-        Target(
-            name=name,
-            kind="dcgm" if name.startswith("gpu") else "vllm",
-            url=server.url(path),
-            timeout=2.0,
-            max_series=2000,
-        )
-        for name, path in paths.items()
-    ]
-    return Config(database=f"sqlite:///{tmp_path / 'k.db'}", targets=targets)
+    """tests/collectors' config, with a series cap small enough to cross in a test."""
+    config = collect_config_for(server, tmp_path, **paths)
+    targets = [t.model_copy(update={"timeout": 2.0, "max_series": 2000}) for t in config.targets]
+    return config.model_copy(update={"targets": targets})
 
 
 def count(sessions: sessionmaker[Session], model: type) -> int:

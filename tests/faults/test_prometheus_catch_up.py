@@ -105,16 +105,21 @@ def serving(fake: FakePrometheus) -> Iterator[FakePrometheus]:
         server.server_close()
 
 
+def reading(fake: FakePrometheus, tmp_path: Path, lookback: str, chunk: str) -> Config:
+    """One vLLM target, read through the fake Prometheus with this catch-up bound."""
+    return Config(
+        database=f"sqlite:///{tmp_path / 'k.db'}",
+        targets=[Target(name="a", kind="vllm", url=f"http://{INSTANCE}/metrics")],
+        prometheus=PrometheusSource(
+            url=f"http://127.0.0.1:{fake.port}", lookback=lookback, chunk=chunk
+        ),
+    )
+
+
 def test_a_three_hour_outage_is_read_back_in_chunks_within_the_lookback(tmp_path: Path) -> None:
     start = 1_800_000_000.0
     with serving(FakePrometheus()) as fake:
-        config = Config(
-            database=f"sqlite:///{tmp_path / 'k.db'}",
-            targets=[Target(name="a", kind="vllm", url=f"http://{INSTANCE}/metrics")],
-            prometheus=PrometheusSource(
-                url=f"http://127.0.0.1:{fake.port}", lookback="1h", chunk="10m"
-            ),
-        )
+        config = reading(fake, tmp_path, lookback="1h", chunk="10m")
         sessions = open_store(config.database)
         fake.scrape_times = [start]
         (first,) = collect_from_prometheus(config, sessions, lambda: start + 1)
@@ -151,13 +156,7 @@ def test_the_same_outage_read_in_one_query_is_refused(tmp_path: Path) -> None:
     (a lookback as long as the outage and one chunk reproduce the old behaviour)."""
     start = 1_800_000_000.0
     with serving(FakePrometheus()) as fake:
-        config = Config(
-            database=f"sqlite:///{tmp_path / 'k.db'}",
-            targets=[Target(name="a", kind="vllm", url=f"http://{INSTANCE}/metrics")],
-            prometheus=PrometheusSource(
-                url=f"http://127.0.0.1:{fake.port}", lookback="4h", chunk="4h"
-            ),
-        )
+        config = reading(fake, tmp_path, lookback="4h", chunk="4h")
         sessions = open_store(config.database)
         fake.scrape_times = [start]
         collect_from_prometheus(config, sessions, lambda: start + 1)
