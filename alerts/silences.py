@@ -62,6 +62,21 @@ def create(
     return row.id
 
 
+def broad(matchers: dict[str, str]) -> bool:
+    """A silence naming no alertname and no replica mutes a whole class of alerts (every
+    page, say): the app lets only an admin create one."""
+    return "alertname" not in matchers and "replica" not in matchers
+
+
+def get(session: Session, silence_id: int) -> Silence | None:
+    row = session.get(SilenceRow, silence_id)
+    if row is None:
+        return None
+    return Silence(
+        row.id, json.loads(row.matchers), row.starts_at, row.ends_at, row.author, row.comment
+    )
+
+
 def expire(session: Session, silence_id: int, now: float) -> bool:
     """End a silence now; False when there is no such silence or it already ended."""
     row = session.get(SilenceRow, silence_id)
@@ -72,10 +87,12 @@ def expire(session: Session, silence_id: int, now: float) -> bool:
 
 
 def load(session: Session) -> list[Silence]:
-    return [
-        Silence(r.id, json.loads(r.matchers), r.starts_at, r.ends_at, r.author, r.comment)
-        for r in session.scalars(select(SilenceRow).order_by(SilenceRow.id))
-    ]
+    return [_silence(r) for r in session.scalars(select(SilenceRow).order_by(SilenceRow.id))]
+
+
+def _silence(row: SilenceRow) -> Silence:
+    matchers = json.loads(row.matchers)
+    return Silence(row.id, matchers, row.starts_at, row.ends_at, row.author, row.comment)
 
 
 def muted(

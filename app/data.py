@@ -2,9 +2,7 @@
 
 from __future__ import annotations
 
-import tempfile
 import time
-from pathlib import Path
 from typing import Any
 
 import pandas as pd
@@ -12,23 +10,22 @@ import streamlit as st
 from sqlalchemy.orm import Session, sessionmaker
 
 from alerts import evaluate as alert_rounds
-from alerts import outbox, silences
+from alerts import silences
 from alerts.outbox import channel_health
 from alerts.silences import Silence
 from alerts.slo import Report
+from kneepoint import audit
+from kneepoint.auth import Limits
 from kneepoint.config import Config, config_path, load_config
 from kneepoint.knee.detect import Assessment, assess
-from kneepoint.knee.imports import read_all
 from kneepoint.knee.passive import ProductionCurve, replica_curve
-from kneepoint.knee.runs import Run
 from kneepoint.series import COLUMNS as SERIES_COLUMNS
 from kneepoint.series import replica_series
 from kneepoint.status import build_status, is_stale
 from kneepoint.store import queries
 from kneepoint.store.db import SchemaError, connect_store
 from kneepoint.store.errors import describe
-from kneepoint.store.runs import delete_run as remove_run
-from kneepoint.store.runs import load_runs, save_run
+from kneepoint.store.runs import load_runs
 from kneepoint.views import View, build_view
 from review.render import html_report, markdown
 from review.weekly import WeeklyReport, build_report
@@ -51,6 +48,11 @@ def _open(path: str) -> tuple[Config, sessionmaker[Session]]:
     except Exception as error:  # the URL, the file or the server is unusable: say which
         st.error(f"cannot open the database: {describe(error)}")
         st.stop()
+
+
+def limits() -> Limits:
+    config, _ = store()
+    return config.limits
 
 
 def replica_names() -> list[str]:
@@ -166,30 +168,9 @@ def _production_curve(path: str, replica: str, start: float, end: float) -> Prod
         return replica_curve(session, replica, start, end)
 
 
-def import_results(files: list[tuple[str, bytes]]) -> tuple[list[Run], list[str]]:
-    """Import uploaded result files (name, content): the runs stored, and one sentence per
-    file that was refused (nothing of a refused file is stored)."""
-    _, sessions = store()
-    with tempfile.TemporaryDirectory() as folder:
-        paths: list[str | Path] = []
-        for name, content in files:
-            path = Path(folder) / Path(name).name
-            path.write_bytes(content)
-            paths.append(path)
-        merged, refused = read_all(paths)
-    with sessions.begin() as session:
-        for run in merged:
-            save_run(session, run, time.time())
+def clear_runs() -> None:
+    """Forget the cached runs after an import or a delete (app/actions.py)."""
     _runs.clear()
-    return merged, refused
-
-
-def delete_run(label: str) -> int:
-    _, sessions = store()
-    with sessions.begin() as session:
-        gone = remove_run(session, label)
-    _runs.clear()
-    return gone
 
 
 def alerts(start: float, end: float) -> tuple[pd.DataFrame, pd.DataFrame]:
@@ -237,26 +218,6 @@ def silence_list() -> list[Silence]:
         return silences.load(session)
 
 
-def create_silence(matchers: str, hours: float, author: str, comment: str) -> int:
-    """`matchers` as typed: "alertname=kv-cache-saturated, replica=qwen-a"."""
-    pairs = {}
-    for part in matchers.split(","):
-        name, sep, value = part.partition("=")
-        if not sep or not name.strip() or not value.strip():
-            raise ValueError(f"matcher {part.strip()!r} is not label=value")
-        pairs[name.strip()] = value.strip()
-    _, sessions = store()
-    now = time.time()
-    with sessions.begin() as session:
-        return silences.create(session, pairs, now, now + hours * 3600, author, comment, now)
-
-
-def expire_silence(silence_id: int) -> bool:
-    _, sessions = store()
-    with sessions.begin() as session:
-        return silences.expire(session, silence_id, time.time())
-
-
 def slo_reports(now: float) -> list[Report]:
     return _slo_reports(str(config_path().resolve()), now)
 
@@ -268,16 +229,8 @@ def _slo_reports(path: str, now: float) -> list[Report]:
         return alert_rounds.slo_reports(session, config, now)
 
 
-def send_test(channel_name: str) -> str:
-    """A test message to one channel through the outbox; what became of it, in words."""
-    config, sessions = store()
-    state, error = outbox.send_trial(sessions, config, channel_name, time.time())
+def clear_deliveries() -> None:
     _deliveries.clear()
-    if state == "sent":
-        return "Delivered."
-    if state == "pending":
-        return f"Not delivered yet; it will be retried ({error})."
-    return f"Refused: {error}"
 
 
 def weekly_report(now: float) -> tuple[WeeklyReport, str, str]:
@@ -291,3 +244,10 @@ def _weekly_report(path: str, now: float) -> tuple[WeeklyReport, str, str]:
     with sessions() as session:
         report = build_report(session, config, now, 7 * 86400.0)
     return report, html_report(report), markdown(report)
+
+
+def audit_entries(since: float) -> list[audit.Entry]:
+    """The audit trail since `since`, newest first (not cached: it must show the last action)."""
+    _, sessions = store()
+    with sessions() as session:
+        return audit.entries(session, since)

@@ -4,11 +4,17 @@ from __future__ import annotations
 
 import streamlit as st
 
-from app import data, filters
+from app import auth, data, filters
 from app.registry import PAGES, PAGES_DIR
 from kneepoint.config import ConfigError
 
 st.set_page_config(page_title="kneepoint", page_icon=":material/monitoring:", layout="wide")
+
+try:
+    who = auth.gate()  # a sign-in page or a refusal stops here
+except ConfigError as error:
+    st.error(str(error))
+    st.stop()
 
 pages = {
     spec.url_path: st.Page(
@@ -19,6 +25,7 @@ pages = {
         default=index == 0,
     )
     for index, spec in enumerate(PAGES)
+    if who.can(spec.role)
 }
 page = st.navigation(list(pages.values()))
 current_path = next(path for path, candidate in pages.items() if candidate is page)

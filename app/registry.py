@@ -5,6 +5,8 @@ from __future__ import annotations
 from dataclasses import dataclass
 from pathlib import Path
 
+from kneepoint.auth import Role
+
 # Not "pages/": Streamlit would also discover that folder by itself (its older multipage
 # convention) and route to paths named after the files before st.navigation takes over.
 PAGES_DIR = Path(__file__).resolve().parent / "screens"
@@ -16,6 +18,7 @@ class PageSpec:
     title: str
     icon: str
     url_path: str
+    role: Role = "viewer"  # who sees it in the menu; the page checks it again itself
 
 
 PAGES = (
@@ -30,4 +33,5 @@ PAGES = (
     PageSpec("weekly.py", "Weekly review", ":material/summarize:", "weekly-review"),
     PageSpec("gpus.py", "GPUs", ":material/developer_board:", "gpus"),
     PageSpec("health.py", "Collector health", ":material/health_and_safety:", "health"),
+    PageSpec("audit.py", "Audit", ":material/policy:", "audit", role="admin"),
 )

@@ -4,9 +4,7 @@ from __future__ import annotations
 
 import contextlib
 import json
-import os
 import signal
-import subprocess
 import sys
 from pathlib import Path
 from typing import Annotated
@@ -32,7 +30,12 @@ app = typer.Typer(
     no_args_is_help=True,
     help="Capacity and SLO monitoring for self-hosted LLM inference.",
 )
-APP_ENTRY = Path(__file__).resolve().parent.parent / "app" / "main.py"
+HostOption = Annotated[
+    str,
+    typer.Option(
+        help="Address the web app listens on. Not loopback: only with `auth:` in the config."
+    ),
+]
 
 
 @app.command()
@@ -155,6 +158,7 @@ def _print_status(report: dict) -> None:
 @app.command()
 def serve(
     config: ConfigOption = None,
+    host: HostOption = "127.0.0.1",
     port: Annotated[int, typer.Option(help="Port of the web app.")] = 8501,
     no_browser: Annotated[bool, typer.Option("--no-browser")] = False,
     no_collect: Annotated[
@@ -162,10 +166,17 @@ def serve(
     ] = False,
 ) -> None:
     """Run the collectors and scheduler, and the web app, for the configured targets."""
+    from kneepoint.webapp import ListenRefused, check_listen, run_app
+
     settings = load_settings(config)
+    try:
+        check_listen(host, settings)
+    except ListenRefused as refused:
+        fail(str(refused), 2)
     sessions = open_sessions(settings)
+    file = config_path(config)
     if no_collect:  # several app instances, one `kneepoint collect`, one shared database
-        sys.exit(run_app(config_path(config), port, open_browser=not no_browser))
+        sys.exit(run_app(settings, file, host, port, open_browser=not no_browser))
     from collectors.schedule import install, standard_jobs
     from collectors.scheduler import StepSafeBackgroundScheduler
 
@@ -173,7 +184,7 @@ def serve(
     install(scheduler, standard_jobs(settings, sessions, system_clock), sessions)
     scheduler.start()
     try:
-        sys.exit(run_app(config_path(config), port, open_browser=not no_browser))
+        sys.exit(run_app(settings, file, host, port, open_browser=not no_browser))
     finally:
         scheduler.shutdown(wait=False)
 
@@ -328,13 +339,19 @@ def demo(
     folder: Annotated[
         str | None, typer.Option("--dir", help="Keep config and database here.")
     ] = None,
+    host: HostOption = "127.0.0.1",
     port: Annotated[int, typer.Option(help="Port of the web app.")] = 8501,
     no_browser: Annotated[bool, typer.Option("--no-browser")] = False,
 ) -> None:
     """The embedded default: a simulated fleet with a week of history, traffic and the app."""
     from kneepoint.demo import run_demo
+    from kneepoint.webapp import ListenRefused
 
-    raise typer.Exit(run_demo(Path(folder) if folder else None, port, not no_browser, typer.echo))
+    try:
+        status = run_demo(Path(folder) if folder else None, host, port, not no_browser, typer.echo)
+    except ListenRefused as refused:
+        fail(str(refused), 2)
+    raise typer.Exit(status)
 
 
 @app.command()
@@ -395,46 +412,6 @@ def simulate(
         pass
     finally:
         running.stop()
-
-
-def app_process(
-    config_file: Path, port: int, open_browser: bool = False
-) -> subprocess.Popen[bytes]:
-    """Start the Streamlit app on `port`, reading `config_file` (via $KNEEPOINT_CONFIG)."""
-    env = {**os.environ, "KNEEPOINT_CONFIG": str(config_file.resolve())}
-    command = [
-        sys.executable,
-        "-m",
-        "streamlit",
-        "run",
-        str(APP_ENTRY),
-        "--server.port",
-        str(port),
-        "--server.headless",
-        str(not open_browser).lower(),
-        "--browser.gatherUsageStats",
-        "false",
-    ]
-    return subprocess.Popen(command, env=env)
-
-
-def run_app(config_file: Path, port: int, open_browser: bool = False) -> int:
-    """Run the app in the foreground until it exits, Ctrl-C or SIGTERM; return its status."""
-    process = app_process(config_file, port, open_browser)
-
-    def interrupt(*_: object) -> None:
-        raise KeyboardInterrupt
-
-    signal.signal(signal.SIGTERM, interrupt)
-    try:
-        return process.wait()
-    except KeyboardInterrupt:
-        process.terminate()
-        try:
-            process.wait(timeout=15)
-        except subprocess.TimeoutExpired:
-            process.kill()
-        return 0
 
 
 from alerts.cli import register as _register_alerts  # noqa: E402 (needs `app`)

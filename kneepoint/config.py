@@ -20,6 +20,7 @@ from pydantic import (
 )
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
+from kneepoint.auth import Auth, Limits
 from kneepoint.durations import parse_duration
 
 Duration = Annotated[float, BeforeValidator(parse_duration)]
@@ -250,6 +251,9 @@ class Config(Strict):
     rules: list[Rule] = []
     report: Report = Report()
     heartbeat: Heartbeat | None = None
+    # Sign-in and roles (kneepoint/auth.py). Unset: the app listens on loopback only.
+    auth: Auth | None = None
+    limits: Limits = Limits()
 
     @model_validator(mode="after")
     def _references(self) -> Config:

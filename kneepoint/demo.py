@@ -119,12 +119,17 @@ def live_groups(fleet: Fleet) -> list[Group]:
 
 
 def run_demo(
-    folder: Path | None, port: int, open_browser: bool, say: Callable[[str], None] = print
+    folder: Path | None,
+    host: str,
+    port: int,
+    open_browser: bool,
+    say: Callable[[str], None] = print,
 ) -> int:
     """Run until Ctrl-C or SIGTERM; return the exit status."""
     from collectors.schedule import install, standard_jobs
     from collectors.scheduler import StepSafeBackgroundScheduler
-    from kneepoint.cli import app_process
+    from kneepoint.webapp import app_process, check_listen
+    from kneepoint.webapp import stop as stop_app
 
     folder = Path(folder) if folder else Path(tempfile.mkdtemp(prefix="kneepoint-demo-"))
     folder.mkdir(parents=True, exist_ok=True)
@@ -132,12 +137,14 @@ def run_demo(
     traffic: Traffic | None = None
     scheduler = StepSafeBackgroundScheduler()
     app: subprocess.Popen[bytes] | None = None
+    private: Path | None = None
     stop = threading.Event()
     for signum in (signal.SIGINT, signal.SIGTERM):  # Ctrl-C, or a service manager's stop
         signal.signal(signum, lambda *_: stop.set())
     try:
         config_file = write_config(folder, fleet)
         config = load_config(config_file)
+        check_listen(host, config)  # before the backfill: refused at once, with why
         say(f"config:   {config_file}\ndatabase: {config.database.removeprefix('sqlite:///')}")
         sessions = open_store(config.database)
         began = time.monotonic()
@@ -164,8 +171,8 @@ def run_demo(
         ).start()
         install(scheduler, standard_jobs(config, sessions, time.time), sessions)
         scheduler.start()
-        app = app_process(config_file, port, open_browser)
-        say(f"app:      http://localhost:{port}  (Ctrl-C stops everything)")
+        app, private = app_process(config, config_file, host, port, open_browser)
+        say(f"app:      http://{shown_host(host)}:{port}  (Ctrl-C stops everything)")
         say(f"try:      kneepoint status --config {config_file}")
         while not stop.wait(1.0):
             if app.poll() is not None:
@@ -173,12 +180,8 @@ def run_demo(
     except KeyboardInterrupt:
         pass
     finally:
-        if app is not None and app.poll() is None:
-            app.terminate()
-            try:
-                app.wait(timeout=15)
-            except subprocess.TimeoutExpired:
-                app.kill()
+        if app is not None:
+            stop_app(app, private)
         if scheduler.running:
             scheduler.shutdown(wait=False)
         if traffic is not None:
@@ -187,5 +190,12 @@ def run_demo(
     return 0
 
 
+def shown_host(host: str) -> str:
+    """The address to open: localhost for loopback or every interface, brackets for IPv6."""
+    if host in ("127.0.0.1", "0.0.0.0", "::", "::1", "localhost"):
+        return "localhost"
+    return f"[{host}]" if ":" in host else host
+
+
 if __name__ == "__main__":
-    sys.exit(run_demo(None, 8501, False))
+    sys.exit(run_demo(None, "127.0.0.1", 8501, False))

@@ -4,7 +4,8 @@ from __future__ import annotations
 
 import streamlit as st
 
-from app import data, filters
+from app import actions, data, filters
+from kneepoint.auth import Refused
 
 view = filters.current(data.replica_names())
 st.title("Alerts")
@@ -44,8 +45,11 @@ else:
             state,
             help="broken: its latest message was refused (bad URL, token or signature).",
         )
-        if column.button("Send a test message", key=f"test-{name}"):
-            column.write(data.send_test(name))
+        if column.button("Send a test message", key=f"test-{name}", help="Needs operator."):
+            try:
+                column.write(actions.send_test(name))
+            except Refused as refused:
+                column.error(str(refused))
 st.subheader(f"Delivery log, last {view.range_label}")
 if log.empty:
     st.info("Nothing was sent in this time range.")
@@ -60,22 +64,29 @@ for silence in active:
     left, right = st.columns([4, 1])
     matchers = ", ".join(f"{k}={v}" for k, v in silence.matchers.items())
     left.write(f"#{silence.id} `{matchers}`, {silence.author}: {silence.comment}")
-    if right.button("Expire", key=f"expire-{silence.id}"):
-        data.expire_silence(silence.id)
-        st.rerun()
+    if right.button("Expire", key=f"expire-{silence.id}", help="Needs operator."):
+        try:
+            actions.expire_silence(silence.id)
+        except Refused as refused:
+            right.error(str(refused))
+        else:
+            st.rerun()
+limit = data.limits().silence_max / 3600
 with st.form("new-silence"):
     st.caption(
         "Alerts whose labels (alertname, replica, severity, and the rule's own) match "
-        "every matcher send nothing while the silence lasts."
+        "every matcher send nothing while the silence lasts. Needs the operator role; one "
+        "that names no alertname and no replica needs admin. You are its author."
     )
     matchers = st.text_input("Matchers", placeholder="alertname=kv-cache-saturated, replica=qwen-a")
-    hours = st.number_input("Hours", min_value=0.25, max_value=24 * 30.0, value=2.0, step=0.25)
-    author = st.text_input("Author")
-    comment = st.text_input("Comment")
+    hours = st.number_input(
+        "Hours", min_value=0.25, max_value=limit, value=min(2.0, limit), step=0.25
+    )
+    comment = st.text_input("Comment (required)")
     if st.form_submit_button("Silence"):
         try:
-            number = data.create_silence(matchers, hours, author or "anonymous", comment)
-        except ValueError as error:
+            number = actions.create_silence(matchers, hours, comment)
+        except (ValueError, Refused) as error:
             st.error(str(error))
         else:
             st.success(f"Silence #{number} created.")

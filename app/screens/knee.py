@@ -6,8 +6,9 @@ from __future__ import annotations
 import pandas as pd
 import streamlit as st
 
-from app import data, filters
+from app import actions, data, filters
 from dashboards.knee import knee_chart
+from kneepoint.auth import Refused
 from kneepoint.knee import tables
 from kneepoint.knee.compare import compare
 
@@ -105,18 +106,30 @@ else:
 
     with st.expander("Delete a run"):
         doomed = st.selectbox("Run to delete", labels, key="delete-run")
-        if st.button("Delete", type="secondary"):
-            data.delete_run(doomed)
-            st.rerun()
+        if st.button("Delete", type="secondary", help="Needs operator."):
+            try:
+                actions.delete_run(doomed)
+            except Refused as denied:
+                st.error(str(denied))
+            else:
+                st.rerun()
 
 with st.expander("Import result files", expanded=not assessments):
     st.caption(
         "vllm bench serve (--save-result), GuideLLM benchmarks.json, AIPerf / GenAI-Perf "
         "profile exports, LLMPerf summaries."
     )
-    uploads = st.file_uploader("Result files", accept_multiple_files=True, type=["json", "jsonl"])
+    uploads = st.file_uploader(
+        "Result files",
+        accept_multiple_files=True,
+        type=["json", "jsonl"],
+        help=f"At most {data.limits().upload_mb:g} MB each (limits.upload_mb). Needs operator.",
+    )
     if uploads and st.button("Import"):
-        stored, refused = data.import_results([(u.name, u.getvalue()) for u in uploads])
+        try:
+            stored, refused = actions.import_results([(u.name, u.getvalue()) for u in uploads])
+        except Refused as error:
+            stored, refused = [], [str(error)]
         for run in stored:
             st.success(f"Imported {run.label} ({run.source}): {len(run.points)} steps.")
         for reason in refused:

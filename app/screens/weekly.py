@@ -4,7 +4,8 @@ from __future__ import annotations
 
 import streamlit as st
 
-from app import data, filters
+from app import actions, data, filters
+from kneepoint.auth import Refused
 from review.render import figures
 
 filters.current(data.replica_names())
@@ -24,3 +25,11 @@ st.caption(
     "This week against the week before, computed as `kneepoint status` and every page compute "
     "their numbers. `kneepoint report` writes the same report; `report.schedule` sends it."
 )
+if st.button(
+    "Send the review now",
+    help="Writes it and posts its summary to report.channels. Needs operator.",
+):
+    try:
+        st.success(actions.send_report())
+    except Refused as refused:
+        st.error(str(refused))

@@ -299,3 +299,23 @@ class RollupProgressRow(Base):
     table_name: Mapped[str] = mapped_column(String(64), primary_key=True)
     resolution: Mapped[int] = mapped_column(Integer, primary_key=True)
     until: Mapped[float] = mapped_column(Float)
+
+
+class AuditRow(Base):
+    """One entry of the audit trail: a mutation, a sign-in or a refusal (kneepoint/audit.py)."""
+
+    __tablename__ = "audit_log"
+    __table_args__ = (Index("ix_audit_log_ts", "ts"),)
+
+    id: Mapped[int] = mapped_column(Integer, primary_key=True)
+    ts: Mapped[float] = mapped_column(Float)
+    actor: Mapped[str] = mapped_column(String(320))  # an e-mail, "anonymous", "cli:USER"
+    role: Mapped[str | None] = mapped_column(String(20), nullable=True)
+    via: Mapped[str] = mapped_column(String(20))  # local, none, oidc, proxy, cli
+    address: Mapped[str | None] = mapped_column(String(64), nullable=True)
+    action: Mapped[str] = mapped_column(String(64))  # e.g. silence.create, sign-in
+    outcome: Mapped[str] = mapped_column(String(20))  # done, refused, failed
+    subject: Mapped[str] = mapped_column(String(200))  # what it acted on, e.g. "silence 7"
+    before: Mapped[str | None] = mapped_column(Text, nullable=True)  # JSON
+    after: Mapped[str | None] = mapped_column(Text, nullable=True)  # JSON
+    detail: Mapped[str] = mapped_column(Text, default="")  # why refused or failed

@@ -9,7 +9,7 @@ from pathlib import Path
 import pytest
 from streamlit.testing.v1 import AppTest
 
-from app import data
+from app import actions
 from app.registry import PAGES_DIR
 from kneepoint.config import load_config
 from kneepoint.knee.runs import Point, Run
@@ -65,7 +65,7 @@ def test_deleting_a_run(seeded: Path) -> None:
 
 def test_importing_uploaded_files_keeps_nothing_of_a_bad_one(seeded: Path) -> None:
     good = {"label": "up", "model_id": "m", "max_concurrency": 4, "output_throughput": 99.0}
-    stored, refused = data.import_results(
+    stored, refused = actions.import_results(
         [("good.json", json.dumps(good).encode()), ("bad.json", b'{"output_throughput": 1}')]
     )
     assert [(r.label, r.points[0].concurrency) for r in stored] == [("up", 4)]

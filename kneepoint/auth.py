@@ -1,0 +1,213 @@
+"""Who may do what: the `auth:` config, identities, roles, and the check every mutation makes.
+
+Pure: no Streamlit here (app/auth.py reads the signed-in user or the proxy's headers and
+builds an Identity; the CLI is the local operator of the machine, see `local_identity`).
+
+Roles are ordered: viewer < operator < admin. A mutation names the role it needs and calls
+`require` where it happens (app/data.py, before it writes), never only by hiding a button.
+"""
+
+from __future__ import annotations
+
+import getpass
+import ipaddress
+from dataclasses import dataclass
+from typing import Annotated, Literal
+
+from pydantic import BaseModel, BeforeValidator, ConfigDict, Field, field_validator, model_validator
+
+from kneepoint.durations import parse_duration
+
+Role = Literal["viewer", "operator", "admin"]
+ROLES: tuple[Role, ...] = ("viewer", "operator", "admin")
+LOOPBACK_HOSTS = frozenset({"localhost", "127.0.0.1", "::1", "[::1]"})
+
+
+class Strict(BaseModel):
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+
+class Refused(PermissionError):
+    """A signed-in person lacks the role an action needs; the message says which and why."""
+
+
+class OidcAuth(Strict):
+    """OpenID Connect through Streamlit's st.login (Authlib). The client secret and the
+    cookie secret come from the environment (`${VAR}` in kneepoint.yaml)."""
+
+    issuer: Annotated[str, Field(pattern=r"^https?://\S+$")]
+    client_id: Annotated[str, Field(min_length=1)]
+    client_secret: Annotated[str, Field(min_length=1)]
+    # Where the provider sends the browser back: this app's public URL + /oauth2callback.
+    redirect_uri: Annotated[str, Field(pattern=r"^https?://\S+/oauth2callback$")]
+    # Signs Streamlit's identity cookie; random per start when unset (everyone signs in
+    # again after a restart, and several app instances need one shared value).
+    cookie_secret: str | None = None
+    groups_claim: str = "groups"
+    scopes: list[str] = ["openid", "email", "profile"]
+
+    @property
+    def metadata_url(self) -> str:
+        return self.issuer.rstrip("/") + "/.well-known/openid-configuration"
+
+
+class ProxyAuth(Strict):
+    """Identity from a trusted reverse proxy's headers (oauth2-proxy, Pomerium, Cloudflare
+    Access): believed only on connections whose peer address is in `trusted`."""
+
+    trusted: Annotated[list[str], Field(min_length=1)]
+    email_header: str = "X-Forwarded-Email"
+    groups_header: str | None = "X-Forwarded-Groups"
+    groups_separator: str = ","
+
+    @field_validator("trusted")
+    @classmethod
+    def _networks(cls, trusted: list[str]) -> list[str]:
+        for entry in trusted:
+            try:
+                ipaddress.ip_network(entry, strict=False)
+            except ValueError:
+                raise ValueError(
+                    f"{entry!r} is not an address or network like 10.0.0.0/8"
+                ) from None
+        return trusted
+
+    def trusts(self, address: str | None) -> bool:
+        if address is None:
+            return False
+        try:
+            peer = ipaddress.ip_address(address.strip("[]"))
+        except ValueError:
+            return False
+        return any(peer in ipaddress.ip_network(entry, strict=False) for entry in self.trusted)
+
+
+class Auth(Strict):
+    """`auth:` in kneepoint.yaml. Role entries are e-mail addresses or `group:NAME`."""
+
+    mode: Literal["none", "oidc", "proxy"]
+    oidc: OidcAuth | None = None
+    proxy: ProxyAuth | None = None
+    # Who may sign in at all (empty: anyone the provider or proxy vouches for).
+    allowed_domains: list[str] = []
+    allowed_emails: list[str] = []
+    admins: list[str] = []
+    operators: list[str] = []
+    viewers: list[str] = []
+    # The role of a signed-in, allowed person named in no list (None: refused).
+    default_role: Role | None = "viewer"
+    # mode none: the role of every visitor (no sign-in, so no names).
+    anonymous_role: Role = "viewer"
+
+    @model_validator(mode="after")
+    def _mode_settings(self) -> Auth:
+        if self.mode == "oidc" and self.oidc is None:
+            raise ValueError("mode oidc needs an `oidc:` section (issuer, client_id, ...)")
+        if self.mode == "proxy" and self.proxy is None:
+            raise ValueError("mode proxy needs a `proxy:` section (trusted addresses)")
+        return self
+
+
+class Limits(Strict):
+    """`limits:` in kneepoint.yaml: what one person can do through the app."""
+
+    silence_max: Annotated[float, Field(gt=0), BeforeValidator(parse_duration)] = 24 * 3600.0
+    upload_mb: Annotated[float, Field(gt=0, le=1024)] = 20.0
+
+
+@dataclass(frozen=True)
+class Identity:
+    """Who is acting. `email` is None for an anonymous visitor (auth mode none)."""
+
+    name: str
+    role: Role | None
+    via: Literal["local", "none", "oidc", "proxy", "cli"]
+    email: str | None = None
+    groups: tuple[str, ...] = ()
+    address: str | None = None
+    why_not: str = ""  # role None: why this person has no access
+
+    def can(self, needed: Role) -> bool:
+        return self.role is not None and ROLES.index(self.role) >= ROLES.index(needed)
+
+
+def require(who: Identity, needed: Role, action: str) -> None:
+    """Raise Refused, saying why, unless `who` holds `needed` (or a higher role)."""
+    if who.can(needed):
+        return
+    has = f"the {who.role} role" if who.role else "no role"
+    raise Refused(f"{action} needs the {needed} role; {who.name} has {has}.")
+
+
+def role_for(auth: Auth, email: str, groups: tuple[str, ...]) -> tuple[Role | None, str]:
+    """The role of a signed-in person, and why they have none when None."""
+    email = email.strip().lower()
+    domain = email.rpartition("@")[2]
+    allowed_emails = {e.lower() for e in auth.allowed_emails}
+    allowed_domains = {d.lower().lstrip("@") for d in auth.allowed_domains}
+    if (allowed_emails or allowed_domains) and not (
+        email in allowed_emails or domain in allowed_domains
+    ):
+        return None, f"{email} is not in auth.allowed_emails or auth.allowed_domains"
+    names = {email} | {f"group:{g}" for g in groups}  # e-mails compare without case
+    ranked: tuple[tuple[Role, list[str]], ...] = (
+        ("admin", auth.admins),
+        ("operator", auth.operators),
+        ("viewer", auth.viewers),
+    )
+    for role, members in ranked:
+        if names & {m if m.startswith("group:") else m.lower() for m in members}:
+            return role, ""
+    if auth.default_role is None:
+        return None, f"{email} is named in no role list and auth.default_role is unset"
+    return auth.default_role, ""
+
+
+def signed_in(
+    auth: Auth,
+    email: str | None,
+    groups: tuple[str, ...],
+    via: Literal["oidc", "proxy"],
+    address: str | None,
+) -> Identity:
+    if not email:
+        return Identity("unknown", None, via, None, groups, address, "no e-mail was given")
+    role, why = role_for(auth, email, groups)
+    return Identity(email.lower(), role, via, email.lower(), groups, address, why)
+
+
+def anonymous(auth: Auth | None, address: str | None) -> Identity:
+    """Without sign-in: on loopback with no `auth:`, the machine's own user (admin, as with a
+    shell on the machine that can edit the database anyway); with `auth: {mode: none}` every
+    visitor gets `anonymous_role`."""
+    if auth is None:
+        return Identity("local user", "admin", "local", None, (), address)
+    return Identity("anonymous", auth.anonymous_role, "none", None, (), address)
+
+
+def local_identity() -> Identity:
+    """The command line's actor: whoever runs kneepoint on the machine (admin)."""
+    try:
+        user = getpass.getuser()
+    except (KeyError, OSError):
+        user = "unknown"
+    return Identity(f"cli:{user}", "admin", "cli")
+
+
+def is_loopback(host: str) -> bool:
+    if host in LOOPBACK_HOSTS:
+        return True
+    try:
+        return ipaddress.ip_address(host.strip("[]")).is_loopback
+    except ValueError:
+        return False
+
+
+def listen_problem(host: str, auth: Auth | None) -> str | None:
+    """Why kneepoint refuses to listen on `host` (None: it may)."""
+    if is_loopback(host) or auth is not None:
+        return None
+    return (
+        f"refusing to listen on {host} without sign-in: set `auth:` in kneepoint.yaml "
+        "(mode oidc or proxy, or `auth: {mode: none}` to allow everyone on the network)"
+    )

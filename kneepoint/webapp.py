@@ -1,0 +1,128 @@
+"""Start the Streamlit app safely: on loopback unless sign-in is configured, trusting no
+client's X-Forwarded-For, with XSRF protection, the upload cap, and st.login's settings.
+
+Streamlit reads st.login's provider settings from a secrets file; kneepoint writes one from
+kneepoint.yaml's `auth.oidc` into a private temporary folder (mode 0700, file 0600) that
+lives as long as the app process, and points Streamlit at it with `--secrets.files`.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import secrets
+import shutil
+import signal
+import subprocess
+import sys
+import tempfile
+from pathlib import Path
+
+from kneepoint.auth import OidcAuth, listen_problem
+from kneepoint.config import Config
+
+APP_ENTRY = Path(__file__).resolve().parent.parent / "app" / "main.py"
+
+
+class ListenRefused(RuntimeError):
+    """The address is not loopback and the config has no `auth:`; the message says so."""
+
+
+def check_listen(host: str, config: Config) -> None:
+    problem = listen_problem(host, config.auth)
+    if problem:
+        raise ListenRefused(problem)
+
+
+def _toml(value: str) -> str:
+    return json.dumps(value)  # a JSON string is a valid TOML basic string
+
+
+def oidc_secrets(oidc: OidcAuth) -> str:
+    """The `[auth]` table st.login reads, as TOML."""
+    cookie = oidc.cookie_secret or secrets.token_urlsafe(32)
+    scope = " ".join(oidc.scopes)
+    return (
+        "[auth]\n"
+        f"redirect_uri = {_toml(oidc.redirect_uri)}\n"
+        f"cookie_secret = {_toml(cookie)}\n"
+        f"client_id = {_toml(oidc.client_id)}\n"
+        f"client_secret = {_toml(oidc.client_secret)}\n"
+        f"server_metadata_url = {_toml(oidc.metadata_url)}\n"
+        f"client_kwargs = {{ scope = {_toml(scope)} }}\n"
+    )
+
+
+def app_process(
+    config: Config,
+    config_file: Path,
+    host: str,
+    port: int,
+    open_browser: bool = False,
+) -> tuple[subprocess.Popen[bytes], Path | None]:
+    """Start the app; return the process and the private folder to remove when it ends."""
+    check_listen(host, config)
+    env = {
+        **os.environ,
+        "KNEEPOINT_CONFIG": str(config_file.resolve()),
+        # uvicorn believes X-Forwarded-For from loopback peers by default, which would let
+        # any local client claim to be the trusted proxy; kneepoint wants the TCP peer.
+        "FORWARDED_ALLOW_IPS": "",
+    }
+    command = [
+        sys.executable,
+        "-m",
+        "streamlit",
+        "run",
+        str(APP_ENTRY),
+        "--server.address",
+        host,
+        "--server.port",
+        str(port),
+        "--server.headless",
+        str(not open_browser).lower(),
+        "--server.enableXsrfProtection",
+        "true",
+        "--server.maxUploadSize",
+        str(max(1, round(config.limits.upload_mb))),
+        "--browser.gatherUsageStats",
+        "false",
+        "--client.toolbarMode",
+        "viewer",
+    ]
+    private: Path | None = None
+    if config.auth is not None and config.auth.oidc is not None:
+        private = Path(tempfile.mkdtemp(prefix="kneepoint-auth-"))  # 0700
+        secrets_file = private / "secrets.toml"
+        descriptor = os.open(secrets_file, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
+        with os.fdopen(descriptor, "w", encoding="utf-8") as handle:
+            handle.write(oidc_secrets(config.auth.oidc))
+        command += ["--secrets.files", str(secrets_file)]
+    return subprocess.Popen(command, env=env), private
+
+
+def stop(process: subprocess.Popen[bytes], private: Path | None) -> None:
+    if process.poll() is None:
+        process.terminate()
+        try:
+            process.wait(timeout=15)
+        except subprocess.TimeoutExpired:
+            process.kill()
+    if private is not None:
+        shutil.rmtree(private, ignore_errors=True)
+
+
+def run_app(config: Config, config_file: Path, host: str, port: int, open_browser: bool) -> int:
+    """Run the app in the foreground until it exits, Ctrl-C or SIGTERM; return its status."""
+    process, private = app_process(config, config_file, host, port, open_browser)
+
+    def interrupt(*_: object) -> None:
+        raise KeyboardInterrupt
+
+    signal.signal(signal.SIGTERM, interrupt)
+    try:
+        return process.wait()
+    except KeyboardInterrupt:
+        return 0
+    finally:
+        stop(process, private)
