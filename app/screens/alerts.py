@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import pandas as pd
 import streamlit as st
 
 from app import actions, data, filters
@@ -57,7 +58,8 @@ else:
     st.dataframe(log, hide_index=True, width="stretch")
 
 st.subheader("Silences")
-active = [s for s in data.silence_list() if s.ends_at > end]
+every_silence = data.silence_list()
+active = [s for s in every_silence if s.ends_at > end]
 if not active:
     st.caption("No silence is active or scheduled.")
 for silence in active:
@@ -90,3 +92,21 @@ with st.form("new-silence"):
             st.error(str(error))
         else:
             st.success(f"Silence #{number} created.")
+
+ended = [s for s in every_silence if s.ends_at <= end]
+if ended:
+    with st.expander(f"Ended silences ({len(ended)}, kept for retention.silences)"):
+        st.dataframe(
+            [
+                {
+                    "id": s.id,
+                    "matchers": ", ".join(f"{k}={v}" for k, v in s.matchers.items()),
+                    "author": s.author,
+                    "comment": s.comment,
+                    "ended": pd.Timestamp(s.ends_at, unit="s", tz="UTC"),
+                }
+                for s in reversed(ended)
+            ],
+            hide_index=True,
+            width="stretch",
+        )
