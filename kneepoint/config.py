@@ -43,17 +43,18 @@ class Retention(Strict):
     hour: Duration = 400 * 86400.0
     # The logs beside the samples, pruned by the rollup job: settled notifications (every
     # state but pending) by their creation, alert state changes, silences after they ended,
-    # and scrape errors.
+    # scrape errors, and audit entries (kneepoint/audit.py) by their time.
     notifications: Duration = 30 * 86400.0
     alert_history: Duration = 90 * 86400.0
     silences: Duration = 30 * 86400.0
     scrape_errors: Duration = 7 * 86400.0
+    audit: Duration = 400 * 86400.0
 
     @model_validator(mode="after")
     def _tiers_grow(self) -> Retention:
         if not self.raw <= self.minute <= self.hour:
             raise ValueError("raw, minute and hour retention must not shrink from tier to tier")
-        for name in ("notifications", "alert_history", "silences", "scrape_errors"):
+        for name in ("notifications", "alert_history", "silences", "scrape_errors", "audit"):
             if getattr(self, name) <= 0:
                 raise ValueError(f"{name} retention must be positive")
         return self

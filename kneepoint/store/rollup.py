@@ -9,9 +9,9 @@ Beside the samples, `summarize` keeps the same thinning at 5 minutes and an hour
 tables (replica_rollups, gpu_rollups), written as soon as a bucket is whole: a week's range
 then reads a few hundred rows per replica (queries.plan), and stays exact.
 
-Retention also prunes the logs: settled notifications, alert history, ended silences and
-scrape errors. The rollup job runs it all with `rollup_in_slices`, which commits after each
-bounded slice, so SQLite's write lock is never held for the whole job.
+Retention also prunes the logs: settled notifications, alert history, ended silences, scrape
+errors and the audit trail. The rollup job runs it all with `rollup_in_slices`, which commits
+after each bounded slice, so SQLite's write lock is never held for the whole job.
 """
 
 from __future__ import annotations
@@ -46,6 +46,7 @@ from kneepoint.store.models import (
     RAW,
     SUMMARY_TIERS,
     AlertHistoryRow,
+    AuditRow,
     GpuRollupRow,
     GpuRow,
     GpuSampleRow,
@@ -105,7 +106,7 @@ GPU_SHAPE = Shape(
 SUMMARY_SLICE = {300: 6 * 3600.0, 3600: 2 * 86400.0}  # by summary tier
 THIN_SLICE = {MINUTE: 3600.0, HOUR: 86400.0}  # by the resolution thinned to
 EXPIRE_SLICE = 86400.0
-DELETE_BATCH = 2000  # rows of a log (notifications, alert history, silences) per delete
+DELETE_BATCH = 2000  # rows of a log (notifications, alert history, silences, audit) per delete
 
 T = TypeVar("T")
 
@@ -148,7 +149,7 @@ class RollupResult:
     thinned: int = 0
     expired: int = 0
     summarized: int = 0
-    pruned: int = 0  # rows of the logs: notifications, alert history, silences, scrape errors
+    pruned: int = 0  # rows of the logs: notifications, alerts, silences, scrape errors, audit
 
 
 def rollup(session: Session, now: float, retention: Retention) -> RollupResult:
@@ -198,11 +199,13 @@ def _table(model: Any) -> Table:
 
 def prunable(now: float, retention: Retention) -> list[tuple[Table, ColumnElement[bool]]]:
     """The log rows retention removes as of `now`: settled notifications (a pending one is
-    still to be delivered), alert state changes, and silences ended long enough ago."""
-    notifications, history, silences = (
+    still to be delivered), alert state changes, silences ended long enough ago, and audit
+    entries older than retention.audit."""
+    notifications, history, silences, audit = (
         _table(NotificationRow),
         _table(AlertHistoryRow),
         _table(SilenceRow),
+        _table(AuditRow),
     )
     return [
         (
@@ -214,6 +217,7 @@ def prunable(now: float, retention: Retention) -> list[tuple[Table, ColumnElemen
         ),
         (history, history.c.ts < now - retention.alert_history),
         (silences, silences.c.ends_at < now - retention.silences),
+        (audit, audit.c.ts < now - retention.audit),
     ]
 
 
