@@ -49,11 +49,12 @@ def create_silence(matchers: str, hours: float, comment: str) -> int:
         session,
         change,
     ):
+        # Policy refusals (Refused, not ValueError): recorded as refused, not as failed.
         if not comment.strip():
-            raise ValueError("a silence needs a comment: why, and until what")
+            raise Refused("a silence needs a comment: why, and until what")
         if seconds > config.limits.silence_max:
             limit = format_duration(config.limits.silence_max)
-            raise ValueError(f"a silence may last at most {limit} (limits.silence_max)")
+            raise Refused(f"a silence may last at most {limit} (limits.silence_max)")
         if silences.broad(pairs) and not who.can("admin"):
             raise Refused(
                 "A silence that names no alertname and no replica mutes a whole class of "

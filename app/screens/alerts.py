@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import time
+
 import pandas as pd
 import streamlit as st
 
@@ -59,7 +61,10 @@ else:
 
 st.subheader("Silences")
 every_silence = data.silence_list()
-active = [s for s in every_silence if s.ends_at > end]
+# Not the rounded `end`: a silence expired a moment ago (the Expire button reruns the page
+# within the same second) has ended and is no longer offered for expiry.
+moment = time.time()
+active = [s for s in every_silence if s.ends_at > moment]
 if not active:
     st.caption("No silence is active or scheduled.")
 for silence in active:
@@ -93,7 +98,7 @@ with st.form("new-silence"):
         else:
             st.success(f"Silence #{number} created.")
 
-ended = [s for s in every_silence if s.ends_at <= end]
+ended = [s for s in every_silence if s.ends_at <= moment]
 if ended:
     with st.expander(f"Ended silences ({len(ended)}, kept for retention.silences)"):
         st.dataframe(
