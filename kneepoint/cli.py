@@ -7,7 +7,7 @@ import json
 import signal
 import sys
 from pathlib import Path
-from typing import Annotated
+from typing import TYPE_CHECKING, Annotated
 
 import typer
 from rich.console import Console
@@ -24,6 +24,9 @@ from kneepoint.cliutil import (
 )
 from kneepoint.clock import system_clock
 from kneepoint.config import ConfigError, config_path
+
+if TYPE_CHECKING:
+    from kneepoint.audit import Entry
 
 app = typer.Typer(
     add_completion=False,
@@ -332,6 +335,69 @@ def capacity(
             f"{row['max_sequences']:.2f}",
         )
     Console().print(table)
+
+
+@app.command()
+def audit(
+    config: ConfigOption = None,
+    since: Annotated[str, typer.Option(help="How far back: 1h, 7d, 400d, …")] = "7d",
+    limit: Annotated[int, typer.Option(min=1, help="At most this many, the newest.")] = 1000,
+    as_json: Annotated[
+        bool, typer.Option("--json", help="Print the entries as a JSON list.")
+    ] = False,
+) -> None:
+    """The audit trail, newest first: every change made through the app (silences, test
+    messages, runs imported and deleted, reports sent), every sign-in and every refusal:
+    who, with which role, from where, what, before and after. Kept for retention.audit."""
+    seconds = positive_duration("--since", since)
+    settings = load_settings(config)
+    sessions = open_sessions(settings)
+    from kneepoint.audit import entries
+
+    with sessions() as session:
+        found = entries(session, system_clock() - seconds, limit)
+    if as_json:
+        typer.echo(json.dumps([entry.as_dict() for entry in found], indent=2))
+        return
+    _print_audit(found, since, limit)
+
+
+def _print_audit(found: list[Entry], since: str, limit: int) -> None:
+    from datetime import UTC, datetime
+
+    from rich.text import Text
+
+    if not found:
+        typer.echo(f"nothing recorded in the last {since}")
+        return
+    newest = f", the newest {limit}" if len(found) == limit else ""
+    table = Table(title=f"audit trail, last {since}{newest}, newest first")
+    for column in ("time (UTC)", "actor", "role", "via", "from", "action", "outcome", "subject"):
+        table.add_column(column)
+    table.add_column("before → after / why")
+
+    def shown(value: object) -> str:
+        return "–" if value is None else json.dumps(value, sort_keys=True, default=str)
+
+    for entry in found:
+        change = entry.detail
+        if entry.before is not None or entry.after is not None:
+            change = f"{shown(entry.before)} → {shown(entry.after)}" + (
+                f"; {entry.detail}" if entry.detail else ""
+            )
+        cells = (
+            datetime.fromtimestamp(entry.ts, UTC).strftime("%Y-%m-%d %H:%M:%S"),
+            entry.actor,
+            entry.role or "–",
+            entry.via,
+            entry.address or "–",
+            entry.action,
+            entry.outcome,
+            entry.subject,
+            change,
+        )
+        table.add_row(*(Text(cell) for cell in cells))  # Text: typed values are not markup
+    Console().print(table, highlight=False)
 
 
 @app.command()

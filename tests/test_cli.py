@@ -152,3 +152,128 @@ def test_health_says_whether_the_collector_is_scraping(config_file: Path) -> Non
     assert report["healthy"] is True
     (scrape,) = [job for job in report["jobs"] if job["job"] == "scrape"]
     assert scrape["runs"] >= 1 and scrape["last_success_at"] is not None
+
+
+# --- kneepoint audit ----------------------------------------------------------------------
+
+
+@pytest.fixture
+def audited(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
+    """A migrated store whose app runs as `auth: {mode: none, anonymous_role: operator}`."""
+    path = tmp_path / "kneepoint.yaml"
+    path.write_text(
+        f"database: sqlite:///{tmp_path / 'k.db'}\ntargets: []\n"
+        "auth: {mode: none, anonymous_role: operator}\n"
+    )
+    monkeypatch.setenv("KNEEPOINT_CONFIG", str(path))
+    return migrated(path)
+
+
+def act_in_the_app() -> None:
+    """What people do through the app: a silence, a refused broad one, and its expiry."""
+    from streamlit.testing.v1 import AppTest
+
+    def script() -> None:
+        import streamlit as st
+
+        from app import actions
+        from kneepoint.auth import Refused
+
+        number = actions.create_silence("alertname=kv-cache-saturated", 1.0, "deploying")
+        try:
+            actions.create_silence("severity=page", 1.0, "mute every page")
+        except Refused as refused:
+            st.error(str(refused))
+        actions.expire_silence(number)
+
+    ran = AppTest.from_function(script, default_timeout=60).run()
+    assert not ran.exception, [e.value for e in ran.exception]
+    assert len(ran.error) == 1  # the broad silence, refused
+
+
+def test_audit_json_prints_what_the_app_recorded(audited: Path) -> None:
+    from kneepoint import audit
+
+    act_in_the_app()
+    shown = run("audit", "--json", "--config", str(audited))
+    assert shown.returncode == 0, shown.stderr
+    printed = json.loads(shown.stdout)  # nothing but JSON on stdout
+    with open_store(load_config(audited).database)() as session:
+        stored = [entry.as_dict() for entry in audit.entries(session, 0.0)]
+    assert printed == stored
+    assert [(e["action"], e["outcome"]) for e in printed] == [
+        ("silence.expire", "done"),
+        ("silence.create", "refused"),
+        ("silence.create", "done"),
+    ]
+    assert all(e["actor"] == "anonymous" and e["role"] == "operator" for e in printed)
+    assert set(printed[0]) == {
+        "id",
+        "ts",
+        "actor",
+        "role",
+        "via",
+        "address",
+        "action",
+        "outcome",
+        "subject",
+        "before",
+        "after",
+        "detail",
+    }
+    assert printed[2]["after"]["comment"] == "deploying"
+    assert "needs the admin role" in printed[1]["detail"]
+
+
+def test_audit_since_and_the_table_newest_first(audited: Path) -> None:
+    from kneepoint import audit
+    from kneepoint.auth import Identity
+
+    now = time.time()
+    sessions = open_store(load_config(audited).database)
+    who = Identity("ops@example.com", "operator", "proxy", address="10.0.0.7")
+    with sessions.begin() as session:
+        for days, subject in ((10, "run old"), (2, "run middle"), (0, "run new")):
+            change = audit.Change(subject, before={"label": subject})
+            audit.record(session, who, "run.delete", "done", change, now - days * 86400)
+    week = json.loads(run("audit", "--json", "--config", str(audited)).stdout)
+    assert [e["subject"] for e in week] == ["run new", "run middle"]  # --since 7d by default
+    month = run("audit", "--json", "--since", "30d", "--config", str(audited))
+    assert [e["subject"] for e in json.loads(month.stdout)] == ["run new", "run middle", "run old"]
+    one = json.loads(run("audit", "--json", "--limit", "1", "--config", str(audited)).stdout)
+    assert [e["subject"] for e in one] == ["run new"]
+    table = run("audit", "--since", "30d", "--config", str(audited))
+    assert table.returncode == 0, table.stderr
+    assert "audit trail, last 30d, newest first" in table.stdout
+    assert "ops@example.com" in table.stdout and "10.0.0.7" in table.stdout
+    new, middle, old = (table.stdout.index(s) for s in ("run new", "run middle", "run old"))
+    assert new < middle < old
+    assert '{"label": "run old"} → –' in table.stdout
+
+
+def test_audit_says_when_nothing_was_recorded_and_refuses_a_bad_since(audited: Path) -> None:
+    empty = run("audit", "--config", str(audited))
+    assert empty.returncode == 0 and empty.stdout.strip() == "nothing recorded in the last 7d"
+    assert json.loads(run("audit", "--json", "--config", str(audited)).stdout) == []
+    bad = run("audit", "--since", "a while", "--config", str(audited))
+    assert bad.returncode == 2 and bad.stderr.startswith("kneepoint: --since: ")
+
+
+def test_audit_text_is_not_rich_markup(audited: Path) -> None:
+    """A silence's matchers are typed by people; the table shows them as typed."""
+    from kneepoint import audit
+    from kneepoint.auth import Identity
+
+    sessions = open_store(load_config(audited).database)
+    with sessions.begin() as session:
+        change = audit.Change("alertname=[bold red]x[/bold red]")
+        audit.record(
+            session,
+            Identity("a@b.c", "operator", "proxy"),
+            "silence.create",
+            "done",
+            change,
+            time.time(),
+        )
+    table = run("audit", "--config", str(audited))
+    assert "alertname=[bold red]x[/bold red]" in table.stdout
