@@ -14,6 +14,7 @@ from alerts.outbox import enqueue
 from alerts.rules import effective_rules
 from alerts.values import FLEET, monitor_values, values
 from kneepoint.config import Config
+from kneepoint.secrets import Secret
 from kneepoint.status import build_status, fleet_window
 from kneepoint.store.models import AlertHistoryRow, AlertRow
 from kneepoint.views import build_view
@@ -41,7 +42,7 @@ def load_alerts(session: Session) -> dict[str, Alert]:
 
 # Burn windows are five minutes and longer: their rates are recomputed once a minute, not at
 # every evaluation (reading up to three days of rows each time). Only the latest is kept.
-_burn_cache: dict[tuple[str, tuple[str, ...], float], dict[str, dict[float, float | None]]] = {}
+_burn_cache: dict[tuple[Secret, tuple[str, ...], float], dict[str, dict[float, float | None]]] = {}
 
 
 def burn_rates_cached(

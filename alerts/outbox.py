@@ -52,6 +52,7 @@ from alerts.channels.send import DEADLINE, Result, Sender, http_sender, scrub, w
 from alerts.engine import FIRING, RESOLVED, Alert, Transition
 from kneepoint.config import Channel as ChannelConfig
 from kneepoint.config import Config, Rule, url_problem
+from kneepoint.secrets import scrub as scrub_secrets
 from kneepoint.store.models import NotificationRow
 
 __all__ = [
@@ -213,7 +214,7 @@ def refusal(kind: str, result: Result) -> str | None:
     if not isinstance(answer, dict):
         return None
     code = answer.get("code", answer.get("errcode", answer.get("StatusCode", 0)))
-    return None if code in (0, None) else f"refused: {result.body[:200]}"
+    return None if code in (0, None) else f"refused: {scrub_secrets(result.body)[:200]}"
 
 
 class Refused(Exception):
@@ -517,19 +518,24 @@ def outcome(row: NotificationRow, result: Result, kind: str, now: float) -> str:
     if not result.permanent and (result.status in (0, 408, 429) or result.status >= 500):
         backoff = min(FIRST_RETRY * 2 ** (row.attempts - 1), LONGEST_WAIT)
         row.next_attempt_at = now + max(backoff, result.retry_after or 0.0)
-        row.last_error = (
-            f"HTTP {result.status}: {result.body[:200]}" if result.status else result.body
-        )
+        row.last_error = _error(result)
         row.maybe_sent = result.maybe_delivered  # an answer says it was not delivered
         return "retry"
     row.maybe_sent = False
-    reason = result.body if result.status == 0 else f"HTTP {result.status}: {result.body[:200]}"
-    _fail(row, refused or reason)
+    _fail(row, refused or _error(result))
     return "failed"
 
 
+def _error(result: Result) -> str:
+    """What a send's result stores as the row's error: the status and the start of the
+    answer, any secret of the config masked in it before it is cut (a platform may echo
+    its URL or token back)."""
+    body = scrub_secrets(result.body)
+    return f"HTTP {result.status}: {body[:200]}" if result.status else body
+
+
 def _fail(row: NotificationRow, reason: str) -> None:
-    row.state, row.last_error = "failed", reason
+    row.state, row.last_error = "failed", scrub_secrets(reason)
     row.claimed_by = row.claimed_until = None
 
 

@@ -25,6 +25,7 @@ from sqlalchemy.orm import Session, sessionmaker
 from kneepoint.clock import Clock
 from kneepoint.config import Config
 from kneepoint.health import check_jobs, check_write
+from kneepoint.secrets import redact_url
 
 log = logging.getLogger(__name__)
 JOB = "heartbeat"
@@ -42,10 +43,8 @@ class HeartbeatFailed(RuntimeError):
 
 
 def redacted(url: str) -> str:
-    """The URL without its secret part: scheme and host only."""
-    parsed = httpx.URL(url)
-    port = f":{parsed.port}" if parsed.port else ""
-    return f"{parsed.scheme}://{parsed.host}{port}/…"
+    """The URL without its secret part: scheme://host[:port]/… (kneepoint/secrets.py)."""
+    return redact_url(url, path=False)
 
 
 def deadline(interval: float) -> float:
@@ -108,6 +107,6 @@ def heartbeat_job(config: Config, sessions: sessionmaker[Session], clock: Clock)
         message = "; ".join(reasons)
         log.warning("heartbeat skipped: %s", message)
         raise HeartbeatSkipped(message)
-    status = beat(config.heartbeat.url, deadline(config.heartbeat.interval))
-    log.debug("heartbeat to %s: %d", redacted(config.heartbeat.url), status)
+    status = beat(config.heartbeat.url.reveal(), deadline(config.heartbeat.interval))
+    log.debug("heartbeat to %s: %d", config.heartbeat.url, status)
     return status

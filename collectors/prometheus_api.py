@@ -31,6 +31,7 @@ from collectors.scrape import Fetched
 from collectors.vllm import WANTED
 from kneepoint.clock import Clock, system_clock
 from kneepoint.config import Config, PrometheusSource, Target
+from kneepoint.secrets import SecretURL, revealed, scrub
 from kneepoint.store.models import TargetRow
 
 log = logging.getLogger(__name__)
@@ -65,7 +66,7 @@ def instance_of(target: Target) -> str:
     """The `instance` label Prometheus gives the target: its own, or its URL's host:port."""
     if target.instance:
         return target.instance
-    parts = urlsplit(target.url)
+    parts = urlsplit(target.url.reveal())
     port = parts.port or (443 if parts.scheme == "https" else 80)
     return f"{parts.hostname}:{port}"
 
@@ -113,16 +114,19 @@ class PrometheusReader:
     def __init__(self, source: PrometheusSource) -> None:
         self.source = source
         self.client = PrometheusConnect(
-            url=source.url, headers=source.headers or None, timeout=math.ceil(source.timeout)
+            url=source.url.reveal(),
+            headers=revealed(source.headers) or None,
+            timeout=math.ceil(source.timeout),
         )
 
     def _query(self, query: str, at: float) -> list[dict[str, Any]]:
         try:
             return list(self.client.custom_query(query, params={"time": at}))
         except (PrometheusApiClientException, RequestException) as error:
-            raise PrometheusSourceError(
-                f"cannot read {self.source.url}: {str(error)[:200]}"
-            ) from None
+            # The source's URL shown redacted; its secrets masked in the client's message
+            # before it is cut, so no part of one is left.
+            why = scrub(str(error), self.source.url, *self.source.headers.values())
+            raise PrometheusSourceError(f"cannot read {self.source.url}: {why[:200]}") from None
 
     def scrapes(self, kind: str, since: dict[str, float], now: float) -> list[Scrape]:
         """Every scrape of the kind's instances after `since` (per instance), up to `now`,
@@ -196,7 +200,7 @@ def collect_from_prometheus(
     return store_fetched(fetched, sessions)
 
 
-def _down(instance: str, up: dict[str, float], url: str) -> str | None:
+def _down(instance: str, up: dict[str, float], url: SecretURL) -> str | None:
     if instance not in up:
         return f"Prometheus at {url} does not scrape instance {instance}"
     if up[instance] != 1.0:

@@ -5,12 +5,12 @@ from __future__ import annotations
 import asyncio
 import time
 from dataclasses import dataclass
-from urllib.parse import urlsplit
 
 import httpx
 
 from kneepoint.clock import Clock, system_clock
 from kneepoint.config import Target
+from kneepoint.secrets import revealed, scrub
 
 
 class ScrapeError(Exception):
@@ -26,23 +26,17 @@ class Fetched:
     error: str | None
 
 
-def shown(url: str) -> str:
-    """A target's URL as errors and logs may show it: no user, password or query (where
-    tokens travel)."""
-    parts = urlsplit(url)
-    host = parts.hostname or ""
-    if parts.port is not None:
-        host = f"{host}:{parts.port}"
-    return f"{parts.scheme}://{host}{parts.path}"
-
-
 async def fetch(client: httpx.AsyncClient, target: Target) -> str:
-    """Return the body of one target's /metrics, or raise ScrapeError."""
-    where = shown(target.url)
+    """Return the body of one target's /metrics, or raise ScrapeError. Its message never
+    holds the target's URL unredacted or a header's value."""
+    where = str(target.url)  # user info and query values masked (redact_url)
     try:
         async with asyncio.timeout(target.timeout):
             async with client.stream(
-                "GET", target.url, headers=target.headers, timeout=target.timeout
+                "GET",
+                target.url.reveal(),
+                headers=revealed(target.headers),
+                timeout=target.timeout,
             ) as response:
                 if response.status_code != 200:
                     raise ScrapeError(f"HTTP {response.status_code} from {where}")
@@ -62,9 +56,9 @@ async def fetch(client: httpx.AsyncClient, target: Target) -> str:
     except httpx.TimeoutException:
         raise ScrapeError(f"timed out after {target.timeout:g}s") from None
     except httpx.ConnectError as error:
-        raise ScrapeError(f"cannot connect to {where}: {_reason(error)}") from None
+        raise ScrapeError(f"cannot connect to {where}: {_reason(error, target)}") from None
     except httpx.HTTPError as error:
-        reason = _reason(error).replace(target.url, where)
+        reason = _reason(error, target)
         raise ScrapeError(f"{type(error).__name__} from {where}: {reason}") from None
 
 
@@ -82,15 +76,17 @@ async def _timed(client: httpx.AsyncClient, target: Target, clock: Clock) -> Fet
     except ScrapeError as error:
         return Fetched(target, started_at, time.perf_counter() - began, None, str(error))
     except Exception as error:  # anything else still costs this target only, never the round
-        why = f"{type(error).__name__}: {_reason(error)}".replace(target.url, shown(target.url))
+        why = f"{type(error).__name__}: {_reason(error, target)}"
         return Fetched(target, started_at, time.perf_counter() - began, None, why)
 
 
-def _reason(error: BaseException) -> str:
+def _reason(error: BaseException, target: Target) -> str:
+    """The error's first line, its secrets masked before it is cut (a cut could leave part
+    of one): httpx writes the request's URL into its messages."""
     cause: BaseException | None = error
     while cause is not None:
         if isinstance(cause, ConnectionRefusedError):
             return "connection refused"
         cause = cause.__cause__ or cause.__context__
-    text = str(error) or type(error).__name__
+    text = scrub(str(error) or type(error).__name__, target.url, *target.headers.values())
     return text.splitlines()[0][:200]

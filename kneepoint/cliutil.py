@@ -11,6 +11,7 @@ from rich.console import Console
 from sqlalchemy.orm import Session, sessionmaker
 
 from kneepoint.config import Config, ConfigError, config_path, load_config
+from kneepoint.secrets import Secret, guard_logging, redact_url, reveal, scrub
 
 ConfigOption = Annotated[
     str | None, typer.Option("--config", help="kneepoint.yaml (else $KNEEPOINT_CONFIG).")
@@ -57,9 +58,10 @@ def positive_duration(option: str, text: str) -> float:
 
 
 def fail(message: str, code: int = 1) -> NoReturn:
-    """Say what went wrong in one sentence on stderr and exit: 2 for bad input, 1 else."""
+    """Say what went wrong in one sentence on stderr and exit: 2 for bad input, 1 else.
+    A secret known to this process is masked in it (kneepoint/secrets.py `scrub`)."""
     Console(stderr=True, soft_wrap=True).print(
-        f"kneepoint: {message}", highlight=False, markup=False
+        f"kneepoint: {scrub(message)}", highlight=False, markup=False
     )
     raise typer.Exit(code)
 
@@ -70,6 +72,7 @@ _loaded_from: Path | None = None
 
 def load_settings(path: str | None) -> Config:
     global _loaded_from
+    guard_logging()  # this process's log lines never show a secret of the config
     try:
         config = load_config(path)
     except ConfigError as error:
@@ -98,12 +101,6 @@ def open_sessions(config: Config) -> sessionmaker[Session]:
         fail(f"cannot open database {shown_url(config.database)}: {describe(error)}", 1)
 
 
-def shown_url(url: str) -> str:
-    """A database URL as it may be shown: its password masked."""
-    from sqlalchemy import make_url
-    from sqlalchemy.exc import ArgumentError
-
-    try:
-        return make_url(url).render_as_string(hide_password=True)
-    except ArgumentError:
-        return "(a database URL that cannot be parsed)"
+def shown_url(url: str | Secret) -> str:
+    """A database URL as it may be shown: user info and query values masked."""
+    return redact_url(reveal(url))

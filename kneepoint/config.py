@@ -10,6 +10,7 @@ from typing import Annotated, Any, Literal
 import yaml
 from apscheduler.triggers.cron import CronTrigger
 from pydantic import (
+    AfterValidator,
     BaseModel,
     BeforeValidator,
     ConfigDict,
@@ -22,6 +23,7 @@ from pydantic_settings import BaseSettings, SettingsConfigDict
 
 from kneepoint.auth import Auth, Limits
 from kneepoint.durations import parse_duration
+from kneepoint.secrets import HookURL, Secret, SecretURL
 
 Duration = Annotated[float, BeforeValidator(parse_duration)]
 Fraction = Annotated[float, Field(ge=0.0, le=1.0)]
@@ -34,7 +36,11 @@ class ConfigError(ValueError):
 
 
 class Strict(BaseModel):
-    model_config = ConfigDict(extra="forbid", frozen=True, populate_by_name=True)
+    # hide_input_in_errors: a validation error's text never quotes the value it refused
+    # (a secret's, maybe); `describe` reads only the message anyway.
+    model_config = ConfigDict(
+        extra="forbid", frozen=True, populate_by_name=True, hide_input_in_errors=True
+    )
 
 
 class Retention(Strict):
@@ -60,12 +66,23 @@ class Retention(Strict):
         return self
 
 
+def _http_url(url: SecretURL) -> SecretURL:
+    if not _HTTP_URL.match(url.reveal()):
+        raise ValueError("must be an http:// or https:// URL without spaces")
+    return url
+
+
+_HTTP_URL = re.compile(r"^https?://\S+$")
+# A URL that may carry credentials (user:password@, ?token=): a secret, shown redacted.
+HttpURL = Annotated[SecretURL, AfterValidator(_http_url)]
+
+
 class Target(Strict):
     name: Annotated[str, Field(min_length=1, pattern=r"^[A-Za-z0-9_.:-]+$")]
     kind: Literal["vllm", "dcgm"]
-    url: Annotated[str, Field(pattern=r"^https?://\S+$")]
+    url: HttpURL
     gpus: list[str] = []
-    headers: dict[str, str] = {}
+    headers: dict[str, Secret] = {}
     # With `prometheus:` set: the target's `instance` label there (default: URL's host:port).
     instance: str | None = None
     timeout: Duration = 5.0
@@ -84,10 +101,10 @@ class Target(Strict):
 class PrometheusSource(Strict):
     """Read the targets' series from a Prometheus-compatible API instead of scraping them."""
 
-    url: Annotated[str, Field(pattern=r"^https?://\S+$")]
+    url: HttpURL
     vllm_selector: Annotated[str, Field(pattern=r"^(\{.*\})?$")] = ""
     dcgm_selector: Annotated[str, Field(pattern=r"^(\{.*\})?$")] = ""
-    headers: dict[str, str] = {}  # e.g. X-Scope-OrgID for Mimir, or an Authorization
+    headers: dict[str, Secret] = {}  # e.g. X-Scope-OrgID for Mimir, or an Authorization
     timeout: Duration = 10.0
     # After an outage, read back at most this far (older scrapes are skipped, and the gap
     # logged), in range queries of at most `chunk` each: a Prometheus refuses a query that
@@ -137,23 +154,24 @@ ChannelType = Literal[
 class Channel(Strict):
     name: str
     type: ChannelType
-    url: str | None = None
-    secret: str | None = None
-    token: str | None = None
+    # Secrets: never shown (kneepoint/secrets.py); the URL as scheme://host/… at most.
+    url: HookURL | None = None
+    secret: Secret | None = None
+    token: Secret | None = None
     chat_id: str | None = None
-    routing_key: str | None = None
-    headers: dict[str, str] = {}
+    routing_key: Secret | None = None
+    headers: dict[str, Secret] = {}
     # A firing message not delivered within this long is dropped as stale (state "expired");
     # resolutions and reports are never dropped.
     max_age: Annotated[float, Field(gt=0), BeforeValidator(parse_duration)] = 3600.0
 
     @field_validator("url")
     @classmethod
-    def _sendable(cls, url: str | None) -> str | None:
+    def _sendable(cls, url: HookURL | None) -> HookURL | None:
         # A channel URL is a secret (its path or query is the token): the error never
         # quotes it, only what is wrong with it.
         if url is not None:
-            problem = url_problem(url)
+            problem = url_problem(url.reveal())
             if problem:
                 raise ValueError(problem)
         return url
@@ -213,13 +231,13 @@ class Heartbeat(Strict):
     receiver) notices a dead, stuck or full-disk kneepoint. The URL is a secret (its path is
     the check's key): it is never printed whole."""
 
-    url: str
+    url: HookURL
     interval: Annotated[float, Field(gt=0), BeforeValidator(parse_duration)] = 60.0
 
     @field_validator("url")
     @classmethod
-    def _requestable(cls, url: str) -> str:
-        problem = url_problem(url)
+    def _requestable(cls, url: HookURL) -> HookURL:
+        problem = url_problem(url.reveal())
         if problem:
             raise ValueError(problem)
         return url
@@ -238,7 +256,9 @@ class Report(Strict):
 
 
 class Config(Strict):
-    database: str = "sqlite:///kneepoint.db"
+    # May carry a PostgreSQL password: shown with user info and query values masked; the
+    # store reveals it only to connect.
+    database: SecretURL = SecretURL("sqlite:///kneepoint.db")
     scrape_interval: Duration = 15.0
     evaluation_interval: Duration = 15.0
     repeat_interval: Duration = 4 * 3600.0  # remind of a firing alert this often (0: never)

@@ -60,7 +60,11 @@ def write_config(folder: Path, fleet: Fleet) -> Path:
         "scrape_interval": "5s",
         "evaluation_interval": "15s",
         "dashboard_url": "http://localhost:8501",
-        "targets": [target.model_dump(exclude_defaults=True) for target in fleet.targets()],
+        "targets": [
+            # The twin's own loopback URLs, written into the demo's config file.
+            {**target.model_dump(exclude_defaults=True), "url": target.url.reveal()}
+            for target in fleet.targets()
+        ],
         "pricing": {"gpu_hour": {"default": 2.0, "NVIDIA H100 80GB HBM3": 2.49, "NVIDIA L4": 0.8}},
         "slos": [
             {
@@ -145,7 +149,7 @@ def run_demo(
         config_file = write_config(folder, fleet)
         config = load_config(config_file)
         check_listen(host, config)  # before the backfill: refused at once, with why
-        say(f"config:   {config_file}\ndatabase: {config.database.removeprefix('sqlite:///')}")
+        say(f"config:   {config_file}\ndatabase: {str(config.database).removeprefix('sqlite:///')}")
         sessions = open_store(config.database)
         began = time.monotonic()
 

@@ -116,15 +116,16 @@ def test_collector_and_app_share_one_image_config_and_database_volume() -> None:
 
 def test_the_mounted_config_validates_and_points_at_the_stack() -> None:
     config = load_config(ROOT / "deploy" / "kneepoint.yaml", environ=environment_example())
-    assert config.database == "sqlite:////var/lib/kneepoint/kneepoint.db"
-    urls = {target.kind: target.url for target in config.targets}
+    assert config.database.reveal() == "sqlite:////var/lib/kneepoint/kneepoint.db"
+    urls = {target.kind: target.url.reveal() for target in config.targets}
     assert urls == {"vllm": "http://vllm:8000/metrics", "dcgm": "http://dcgm-exporter:9400/metrics"}
     # The replica's GPU is found by the hostname dcgm-exporter is given.
     (replica,) = [t for t in config.targets if t.kind == "vllm"]
     host = environment_example()["GPU_HOST"]
     assert replica.gpus == [f"{host}/0"]
     assert SERVICES["dcgm-exporter"]["hostname"].startswith("${GPU_HOST")
-    assert config.channels[0].url == environment_example()["SLACK_WEBHOOK_URL"]
+    hook = config.channels[0].url
+    assert hook is not None and hook.reveal() == environment_example()["SLACK_WEBHOOK_URL"]
     # The weekly review lands on the database's volume and goes to the on-call channel.
     assert config.report.output_dir.startswith("/var/lib/kneepoint/")
     assert config.report.channels == [config.channels[0].name]

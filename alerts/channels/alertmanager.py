@@ -17,4 +17,4 @@ class Alertmanager(Channel):
             if one.status == "resolved":
                 entry["endsAt"] = alert["endsAt"]
             posted.append(entry)
-        return Outgoing(f"{self.url.rstrip('/')}/api/v2/alerts", posted, self.config.headers)
+        return Outgoing(f"{self.url.rstrip('/')}/api/v2/alerts", posted, self.headers)

@@ -10,6 +10,7 @@ from typing import Any
 from urllib.parse import urlencode
 
 from kneepoint.config import Channel as ChannelConfig
+from kneepoint.secrets import redact_url, revealed
 
 REPORT = "report"  # a Notice's status when it carries a scheduled report, not an alert
 
@@ -93,12 +94,16 @@ def _value(value: float | None) -> str:
 
 @dataclass(frozen=True)
 class Outgoing:
-    """An HTTP request to make."""
+    """An HTTP request to make, built just before it is sent: its URL and headers hold the
+    channel's secrets revealed, so its repr shows only the URL's scheme and host."""
 
     url: str
     json: Any
     headers: dict[str, str] = field(default_factory=dict)
     content: bytes | None = None  # a body sent as is (signed bodies), instead of `json`
+
+    def __repr__(self) -> str:
+        return f"Outgoing({redact_url(self.url, path=False)!r}, headers={sorted(self.headers)})"
 
 
 class Channel(ABC):
@@ -111,9 +116,15 @@ class Channel(ABC):
 
     @property
     def url(self) -> str:
+        """The channel's URL, revealed: for the request only (kneepoint/secrets.py)."""
         if not self.config.url:
             raise ValueError(f"channel {self.config.name!r} ({self.config.type}) needs a url")
-        return self.config.url
+        return self.config.url.reveal()
+
+    @property
+    def headers(self) -> dict[str, str]:
+        """The channel's extra headers, revealed: for the request only."""
+        return revealed(self.config.headers)
 
     def short(self, notice: Notice) -> str:
         """The notice's text cut to the platform's limit (the link and title come first)."""

@@ -27,6 +27,7 @@ class DingTalk(Channel):
         if self.config.secret:
             stamp = int(now * 1000)
             joiner = "&" if "?" in url else "?"
-            url = f"{url}{joiner}timestamp={stamp}&sign={dingtalk_sign(stamp, self.config.secret)}"
+            sign = dingtalk_sign(stamp, self.config.secret.reveal())
+            url = f"{url}{joiner}timestamp={stamp}&sign={sign}"
         body = {"msgtype": "text", "text": {"content": self.short(notice)}}
-        return Outgoing(url, body, self.config.headers)
+        return Outgoing(url, body, self.headers)

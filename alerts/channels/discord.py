@@ -9,4 +9,4 @@ class Discord(Channel):
     max_chars = 2000
 
     def request(self, notice: Notice, now: float) -> Outgoing:
-        return Outgoing(self.url, {"content": self.short(notice)}, self.config.headers)
+        return Outgoing(self.url, {"content": self.short(notice)}, self.headers)

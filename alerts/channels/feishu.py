@@ -24,7 +24,7 @@ class Feishu(Channel):
             timestamp = int(now)
             body = {
                 "timestamp": str(timestamp),
-                "sign": feishu_sign(timestamp, self.config.secret),
+                "sign": feishu_sign(timestamp, self.config.secret.reveal()),
                 **body,
             }
-        return Outgoing(self.url, body, self.config.headers)
+        return Outgoing(self.url, body, self.headers)

@@ -16,7 +16,7 @@ class PagerDuty(Channel):
         if not self.config.routing_key:
             raise ValueError(f"channel {self.config.name!r} (pagerduty) needs a routing_key")
         body: dict[str, object] = {
-            "routing_key": self.config.routing_key,
+            "routing_key": self.config.routing_key.reveal(),  # the platform needs it here
             "event_action": "resolve" if notice.status == "resolved" else "trigger",
             "dedup_key": notice.fingerprint,
         }
@@ -28,4 +28,5 @@ class PagerDuty(Channel):
                 "custom_details": {"value": notice.value, "threshold": notice.threshold},
             }
             body["links"] = [{"href": notice.link, "text": "kneepoint"}]
-        return Outgoing(self.config.url or EVENTS, body, self.config.headers)
+        url = self.config.url.reveal() if self.config.url else EVENTS
+        return Outgoing(url, body, self.headers)

@@ -6,7 +6,8 @@ request runs under `asyncio.timeout`, which cancels it wherever it is. The answe
 to `MAX_ANSWER` bytes, whatever the receiver sends.
 
 A channel URL is a secret (its path or query is the token): nothing here puts it in an error,
-only `where(url)`, its scheme and host."""
+only `where(url)`, `scheme://host[:port]/…`; an error's text goes through `scrub`, which
+masks the URL and every secret of the config (kneepoint/secrets.py)."""
 
 from __future__ import annotations
 
@@ -18,12 +19,13 @@ from collections.abc import Callable, Coroutine
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from typing import Any, TypeVar
-from urllib.parse import urlsplit
 
 import httpx
 
 from alerts.channels.base import Outgoing
 from kneepoint.config import url_problem
+from kneepoint.secrets import HookURL, redact_url
+from kneepoint.secrets import scrub as scrub_secrets
 
 DEADLINE = 10.0  # seconds one send may take, all of it
 MAX_ANSWER = 2000  # bytes of the answer kept (errors quote its start)
@@ -49,25 +51,14 @@ Sender = Callable[[Outgoing], Result]
 
 
 def where(url: str) -> str:
-    """What of a channel URL may be shown: its scheme and host."""
-    try:
-        parts = urlsplit(url)
-        return f"{parts.scheme}://{parts.hostname}" if parts.scheme and parts.hostname else "?"
-    except ValueError:
-        return "?"
+    """What of a channel URL may be shown: `scheme://host[:port]/…`."""
+    return redact_url(url, path=False)
 
 
 def scrub(text: str, url: str) -> str:
-    """`text` without the URL or the secret parts of it (path, query)."""
-    try:
-        parts = urlsplit(url)
-        secrets = [url, parts.path, parts.query, parts.netloc if "@" in parts.netloc else ""]
-    except ValueError:
-        secrets = [url]
-    for secret in sorted(secrets, key=len, reverse=True):
-        if len(secret) > 3:
-            text = text.replace(secret, "…")
-    return text
+    """`text` without the request's URL or its secret parts (user info, path, query), nor
+    any other secret of the config."""
+    return scrub_secrets(text, HookURL(url, remember=False))
 
 
 def http_sender(timeout: float = DEADLINE) -> Sender:

@@ -9,4 +9,4 @@ class Slack(Channel):
     max_chars = 3000  # a section's text limit
 
     def request(self, notice: Notice, now: float) -> Outgoing:
-        return Outgoing(self.url, {"text": self.short(notice)}, self.config.headers)
+        return Outgoing(self.url, {"text": self.short(notice)}, self.headers)

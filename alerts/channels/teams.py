@@ -29,4 +29,4 @@ class Teams(Channel):
                 {"contentType": "application/vnd.microsoft.card.adaptive", "content": card}
             ],
         }
-        return Outgoing(self.url, body, self.config.headers)
+        return Outgoing(self.url, body, self.headers)

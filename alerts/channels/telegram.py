@@ -13,6 +13,7 @@ class Telegram(Channel):
     def request(self, notice: Notice, now: float) -> Outgoing:
         if not self.config.token or not self.config.chat_id:
             raise ValueError(f"channel {self.config.name!r} (telegram) needs token and chat_id")
-        base = (self.config.url or API).rstrip("/")
+        base = (self.config.url.reveal() if self.config.url else API).rstrip("/")
         body = {"chat_id": self.config.chat_id, "text": self.short(notice)}
-        return Outgoing(f"{base}/bot{self.config.token}/sendMessage", body, self.config.headers)
+        token = self.config.token.reveal()  # in the path: the Bot API's own way
+        return Outgoing(f"{base}/bot{token}/sendMessage", body, self.headers)

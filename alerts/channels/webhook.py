@@ -65,8 +65,9 @@ class Webhook(Channel):
             "alerts": alerts,
         }
         content = json.dumps(body).encode()
-        headers = {"Content-Type": "application/json", **self.config.headers}
+        headers = {"Content-Type": "application/json", **self.headers}
         if self.config.secret:
-            digest = hmac.new(self.config.secret.encode(), content, hashlib.sha256).hexdigest()
+            key = self.config.secret.reveal().encode()
+            digest = hmac.new(key, content, hashlib.sha256).hexdigest()
             headers["X-Kneepoint-Signature"] = f"sha256={digest}"
         return Outgoing(self.url, body, headers, content)

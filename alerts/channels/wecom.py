@@ -11,4 +11,4 @@ class WeCom(Channel):
 
     def request(self, notice: Notice, now: float) -> Outgoing:
         body = {"msgtype": "text", "text": {"content": self.short(notice)}}
-        return Outgoing(self.url, body, self.config.headers)
+        return Outgoing(self.url, body, self.headers)

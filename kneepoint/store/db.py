@@ -28,6 +28,8 @@ from alembic.script import ScriptDirectory
 from sqlalchemy import Connection, Engine, create_engine, event, exc, make_url, text
 from sqlalchemy.orm import Session, sessionmaker
 
+from kneepoint.secrets import Secret, redact_url, reveal
+
 MIGRATIONS = Path(__file__).resolve().parent.parent / "migrations"
 BUSY_TIMEOUT_MS = 10_000
 # The key of the PostgreSQL advisory lock that serializes `kneepoint migrate` runs.
@@ -39,13 +41,15 @@ class SchemaError(RuntimeError):
     off, in words that never include a password."""
 
 
-def make_engine(url: str, *, create: bool = True) -> Engine:
+def make_engine(given: str | Secret, *, create: bool = True) -> Engine:
     """Create an engine; SQLite gets WAL so the collector writes while the app reads.
 
     A SQLite file that does not exist is created, unless `create` is False: then opening it
     fails with an error naming the file (connect_store: a process that only connects must
     not leave an empty database where the real one went missing). The busy timeout is
-    `?timeout=SECONDS` in the URL, 10 s by default."""
+    `?timeout=SECONDS` in the URL, 10 s by default. The URL may be the config's Secret:
+    revealed here, to connect, and nowhere else."""
+    url = reveal(given)
     if not url.startswith("sqlite"):
         return create_engine(url, pool_pre_ping=True)
     parsed = make_url(url)
@@ -168,7 +172,7 @@ def migrate(engine: Engine) -> tuple[str | None, str | None]:
 
 def check_schema(engine: Engine) -> None:
     """Raise SchemaError unless the database is at this kneepoint's newest revision."""
-    where = engine.url.render_as_string(hide_password=True)
+    where = shown(engine)
     head = head_revision()
     current = current_revision(engine)  # an unreachable server raises: not a schema matter
     if current == head:
@@ -188,7 +192,12 @@ def check_schema(engine: Engine) -> None:
     )
 
 
-def connect_store(url: str) -> sessionmaker[Session]:
+def shown(engine: Engine) -> str:
+    """The engine's URL as it may be shown: user info and query values masked."""
+    return redact_url(engine.url.render_as_string(hide_password=False))
+
+
+def connect_store(url: str | Secret) -> sessionmaker[Session]:
     """Open an existing store without migrating it: raise SchemaError when the file is
     missing or the schema is not at head. What every long-running process starts from."""
     missing = _missing_file(url)
@@ -203,8 +212,9 @@ def connect_store(url: str) -> sessionmaker[Session]:
     return sessions_for(engine)
 
 
-def _missing_file(url: str) -> Path | None:
+def _missing_file(given: str | Secret) -> Path | None:
     """The SQLite file `url` names, when it does not exist."""
+    url = reveal(given)
     if not url.startswith("sqlite"):
         return None
     database = make_url(url).database
@@ -214,7 +224,7 @@ def _missing_file(url: str) -> Path | None:
     return None if path.exists() else path
 
 
-def open_store(url: str) -> sessionmaker[Session]:
+def open_store(url: str | Secret) -> sessionmaker[Session]:
     """Create the database if needed, migrate it, and open it: for a database the caller
     owns alone (the demo, tests, benches); shared stores go through `kneepoint migrate`."""
     engine = make_engine(url)

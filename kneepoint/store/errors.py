@@ -8,6 +8,8 @@ from __future__ import annotations
 
 from sqlalchemy.exc import DBAPIError, SQLAlchemyError
 
+from kneepoint.secrets import scrub
+
 
 class StorageError(RuntimeError):
     """A job's database work failed; the message is describe()'s one line."""
@@ -18,8 +20,9 @@ def is_storage_error(error: BaseException) -> bool:
 
 
 def describe(error: BaseException) -> str:
-    """`Type: first line` of an error, the driver's own for a database error."""
+    """`Type: first line` of an error, the driver's own for a database error, with every
+    secret of the config masked (kneepoint/secrets.py) before it is cut."""
     if isinstance(error, DBAPIError) and error.orig is not None:
         error = error.orig
-    lines = str(error).strip().splitlines()
+    lines = scrub(str(error)).strip().splitlines()
     return f"{type(error).__name__}: {lines[0][:300] if lines else ''}".rstrip(": ")

@@ -10,6 +10,7 @@ from sqlalchemy import Table, bindparam, func, insert, select, update
 from sqlalchemy.orm import Session
 
 from kneepoint.samples import GpuSample, ReplicaSample
+from kneepoint.secrets import SecretURL, redact_url, reveal, scrub
 from kneepoint.store.codec import encode_bounds, encode_floats, encode_histogram
 from kneepoint.store.models import (
     GPU_READINGS,
@@ -32,10 +33,14 @@ _SCRAPE_ERRORS = cast(Table, ScrapeErrorRow.__table__)
 _TARGET_BY_ID = _TARGETS.c.id == bindparam("target_id")
 
 
-def ensure_targets(session: Session, targets: Iterable[tuple[str, str, str]]) -> dict[str, int]:
-    """Create or update a row per (name, kind, url); return ids by name."""
+def ensure_targets(
+    session: Session, targets: Iterable[tuple[str, str, str | SecretURL]]
+) -> dict[str, int]:
+    """Create or update a row per (name, kind, url); return ids by name. The URL is stored
+    as it may be shown (user info and query values masked: kneepoint/secrets.py)."""
     rows = {row.name: row for row in session.scalars(select(TargetRow))}
-    for name, kind, url in targets:
+    for name, kind, given in targets:
+        url = redact_url(reveal(given))
         row = rows.get(name)
         if row is None:
             row = rows[name] = TargetRow(name=name, kind=kind, url=url, consecutive_failures=0)
@@ -62,12 +67,12 @@ def record_refused(session: Session, target_id: int, reason: str) -> None:
         update(_TARGETS)
         .where(_TARGET_BY_ID)
         .values(samples_refused=func.coalesce(_TARGETS.c.samples_refused, 0) + 1),
-        [{"target_id": target_id, "last_error": reason[:_ERROR_LIMIT]}],
+        [{"target_id": target_id, "last_error": scrub(reason)[:_ERROR_LIMIT]}],
     )
 
 
 def record_failure(session: Session, target_id: int, ts: float, error: str) -> None:
-    message = error[:_ERROR_LIMIT]
+    message = scrub(error)[:_ERROR_LIMIT]  # no secret of the config, even if a message had one
     session.execute(
         update(_TARGETS)
         .where(_TARGET_BY_ID)

@@ -24,6 +24,7 @@ import yaml
 from pydantic import Field, ValidationError, model_validator
 
 from kneepoint.config import ConfigError, Strict, Target, describe
+from kneepoint.secrets import SecretURL
 from kneepoint.twin.dcgm import GpuNode, GpuState
 from kneepoint.twin.engine import EngineConfig
 from kneepoint.twin.profiles import GPUS, MODELS, gpu, model
@@ -180,13 +181,13 @@ class Fleet:
             Target(
                 name=spec.name,
                 kind="vllm",
-                url=f"{self.url(spec.name)}/metrics",
+                url=SecretURL(f"{self.url(spec.name)}/metrics"),
                 gpus=[f"{spec.node}/{spec.gpu_index}"],
             )
             for spec in self.spec.replicas
         ]
         targets += [
-            Target(name=node.name, kind="dcgm", url=f"{self.url(node.name)}/metrics")
+            Target(name=node.name, kind="dcgm", url=SecretURL(f"{self.url(node.name)}/metrics"))
             for node in self.spec.nodes
         ]
         return targets

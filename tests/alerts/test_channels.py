@@ -18,6 +18,7 @@ from alerts.channels import Notice, channel
 from alerts.engine import FIRING, PENDING, RESOLVED, Alert, Transition
 from alerts.outbox import COUNTS, channel_health, deliver_due, enqueue, http_sender
 from kneepoint.config import Config, Rule
+from kneepoint.secrets import HookURL
 from kneepoint.store.db import open_store
 from kneepoint.store.models import NotificationRow
 from tests.alerts.conftest import Receiver
@@ -471,9 +472,8 @@ def test_every_channel_delivers_its_platforms_payload(
     extra, text_of = SHAPES[kind]
     config, rule = setup(tmp_path, receiver, kind, **extra)
     if kind == "telegram":  # the Bot API's base URL, here the receiver
-        config = config.model_copy(
-            update={"channels": [config.channels[0].model_copy(update={"url": receiver.url("")})]}
-        )
+        api = config.channels[0].model_copy(update={"url": HookURL(receiver.url(""))})
+        config = config.model_copy(update={"channels": [api]})
     sessions = open_store(config.database)
     fire(sessions, config, rule)
     assert deliver(sessions, config, NOW)["sent"] == 1

@@ -26,6 +26,7 @@ from sqlalchemy.orm import Session, sessionmaker
 from alerts.engine import FIRING, PENDING, Alert, Transition
 from alerts.outbox import COUNTS, channel_health, deliver_due, enqueue, http_sender
 from kneepoint.config import Config, ConfigError, Rule, parse_config
+from kneepoint.secrets import HookURL
 from kneepoint.store.db import open_store
 from kneepoint.store.models import NotificationRow
 from tests.conftest import free_port
@@ -140,7 +141,7 @@ def outbox(tmp_path: Path, channels: dict[str, str], **extra: object) -> Config:
     config = Config.model_validate(
         {"database": f"sqlite:///{tmp_path / 'k.db'}", "channels": specs, **extra}
     )
-    fixed = [c.model_copy(update={"url": channels[c.name]}) for c in config.channels]
+    fixed = [c.model_copy(update={"url": HookURL(channels[c.name])}) for c in config.channels]
     return config.model_copy(update={"channels": fixed})
 
 
@@ -218,7 +219,7 @@ def test_a_faulty_channel_is_recorded_and_the_other_still_gets_its_message(
     if fault == "invalid-url":
         assert counts["failed"] == 1 and faulty.state == "failed"
         assert faulty.last_error == (
-            "invalid URL (http://127.0.0.1): is not a valid URL"
+            f"invalid URL (http://127.0.0.1:{sink.port}/…): is not a valid URL"
             " (Invalid non-printable ASCII character in URL)"
         )
         assert reached == 0
@@ -338,9 +339,8 @@ def test_config_refuses_an_unusable_channel_url_without_quoting_it() -> None:
         assert message.startswith("kneepoint.yaml: channels[0].url: ") and problem in message
         assert "T0KEN" not in message
     # ${VAR} expansion still works, and the expanded URL is what is checked.
-    assert load("${HOOK}", {"HOOK": "https://hooks.example/T0KEN"}).channels[0].url == (
-        "https://hooks.example/T0KEN"
-    )
+    hook = load("${HOOK}", {"HOOK": "https://hooks.example/T0KEN"}).channels[0].url
+    assert hook is not None and hook.reveal() == "https://hooks.example/T0KEN"
     with pytest.raises(ConfigError, match="has no scheme") as refused:
         load("${HOOK}", {"HOOK": "hooks.example/T0KEN"})
     assert "T0KEN" not in str(refused.value)

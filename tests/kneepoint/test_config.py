@@ -66,7 +66,7 @@ def test_the_documented_example_is_valid() -> None:
 
 def test_defaults_fill_what_the_file_leaves_out() -> None:
     config = parse_config("{}")
-    assert config.database == "sqlite:///kneepoint.db"
+    assert config.database.reveal() == "sqlite:///kneepoint.db"
     assert config.scrape_interval == 15
     assert (config.retention.raw, config.retention.minute, config.retention.hour) == (
         48 * 3600,
@@ -87,9 +87,12 @@ channels:
   - {name: c, type: slack, url: "${SLACK_URL:-http://127.0.0.1:9/hook}"}
 """
     config = parse_config(text, environ={"HOST": "10.0.0.11", "VLLM_API_KEY": "s3cret"})
-    assert config.targets[0].url == "http://10.0.0.11:8000/metrics"
-    assert config.targets[0].headers == {"Authorization": "Bearer s3cret"}
-    assert config.channels[0].url == "http://127.0.0.1:9/hook"
+    assert config.targets[0].url.reveal() == "http://10.0.0.11:8000/metrics"
+    assert {k: v.reveal() for k, v in config.targets[0].headers.items()} == {
+        "Authorization": "Bearer s3cret"
+    }
+    channel_url = config.channels[0].url
+    assert channel_url is not None and channel_url.reveal() == "http://127.0.0.1:9/hook"
 
 
 def test_an_unset_variable_names_the_key_and_the_variable() -> None:

@@ -38,7 +38,7 @@ SAME = ("engine_generation", "engines", "model_names", "kv_cache_capacity_tokens
 
 
 def host_port(target: Target) -> str:
-    return target.url.removeprefix("http://").removesuffix("/metrics")
+    return target.url.reveal().removeprefix("http://").removesuffix("/metrics")
 
 
 def flat(status: dict[str, Any]) -> dict[str, Any]:
