@@ -100,7 +100,7 @@ def test_collector_and_app_share_one_image_config_and_database_volume() -> None:
     assert collector["image"] == app["image"] and collector["build"] == app["build"] == "."
     assert collector["command"][:2] == ["kneepoint", "collect"]
     assert app["command"][:3] == ["kneepoint", "serve", "--no-collect"]
-    assert "8501:8501" in app["ports"]
+    assert app["ports"] == ["127.0.0.1:8501:8501"]  # published on the host's loopback only
     assert collector["healthcheck"]["test"] == ["CMD", "kneepoint", "health"]
     for service in (collector, app):  # neither migrates: the migrate service has, before
         assert service["depends_on"]["kneepoint-migrate"] == {
@@ -129,6 +129,26 @@ def test_the_mounted_config_validates_and_points_at_the_stack() -> None:
     # The weekly review lands on the database's volume and goes to the on-call channel.
     assert config.report.output_dir.startswith("/var/lib/kneepoint/")
     assert config.report.channels == [config.channels[0].name]
+
+
+def test_the_app_listens_in_its_container_with_explicit_auth_and_only_on_host_loopback() -> None:
+    """The container's loopback is not the host's: the app listens on 0.0.0.0 in it, which
+    kneepoint allows only with `auth:` set, and the port is published on 127.0.0.1."""
+    from kneepoint.auth import listen_problem
+
+    command = SERVICES["kneepoint-app"]["command"]
+    host = command[command.index("--host") + 1]
+    port = command[command.index("--port") + 1]
+    assert host == "0.0.0.0"
+    (published,) = SERVICES["kneepoint-app"]["ports"]
+    assert published.split(":") == ["127.0.0.1", port, port]
+    config = load_config(ROOT / "deploy" / "kneepoint.yaml", environ=environment_example())
+    assert config.auth is not None and config.auth.mode == "none"
+    assert config.auth.anonymous_role == "viewer"  # read only until sign-in is set up
+    assert listen_problem(host, config.auth) is None
+    assert listen_problem(host, None) is not None  # without the explicit auth: it would not start
+    comment = (ROOT / "deploy" / "kneepoint.yaml").read_text()
+    assert "mode: proxy" in comment and "mode: oidc" in comment and "beyond loopback" in comment
 
 
 IMAGE = parse((ROOT / "Dockerfile").read_text())
