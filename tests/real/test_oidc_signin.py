@@ -204,6 +204,15 @@ def test_roles_from_the_providers_groups_decide_on_the_server(chromium, signin_a
     expect(viewer.get_by_text("Page not found")).to_be_visible(timeout=WAIT)
     expect(viewer.locator("h1").first).to_have_text("Overview", timeout=WAIT)
     assert viewer.get_by_text("Who did what, when and from where").count() == 0
+    # Signing out ends the provider's session too, and the app asks for a sign-in again.
+    viewer.goto(app.url)  # (the "Page not found" dialog holds the page until closed)
+    expect(viewer.get_by_text("Signed in as viewer@example.com")).to_be_visible(timeout=WAIT)
+    viewer.locator('[data-testid="stSidebar"]').get_by_role("button", name="Sign out").click()
+    viewer.wait_for_url(re.compile("^" + re.escape(app.provider.issuer) + "/session/end"))
+    viewer.get_by_role("button", name="Yes, sign me out").click()
+    expect(viewer.get_by_text("Sign in to see the fleet.")).to_be_visible(timeout=WAIT)
+    assert viewer.url.startswith(app.url)
+    assert "_streamlit_user" not in {c["name"] for c in viewer.context.cookies(app.url)}
     viewer.context.close()
 
     # An operator (another browser, other cookies) creates the silence and is its author.

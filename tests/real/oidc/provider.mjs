@@ -96,7 +96,20 @@ const provider = new Provider(issuer, {
   pkce: { required: () => true },
   features: {
     devInteractions: { enabled: false },
-    rpInitiatedLogout: { enabled: true },
+    // st.logout ends the provider's session too; a plain page asks first (the default one
+    // loads a web font from the internet).
+    rpInitiatedLogout: {
+      enabled: true,
+      async logoutSource(ctx, form) {
+        ctx.type = 'html';
+        ctx.body = `<!doctype html>
+<html><head><meta charset="utf-8"><title>Test provider sign-out</title></head>
+<body><h1>Sign out of the test provider?</h1>${form}
+<button type="submit" form="op.logoutForm" value="yes" name="logout">Yes, sign me out</button>
+<button type="submit" form="op.logoutForm">No, stay signed in</button>
+</body></html>`;
+      },
+    },
   },
   interactions: {
     policy,
