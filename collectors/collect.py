@@ -20,9 +20,9 @@ from dataclasses import dataclass
 from sqlalchemy.orm import Session, sessionmaker
 
 from collectors.dcgm import parse_dcgm
+from collectors.engines import parse_replica
 from collectors.parse import ScrapeFormatError
 from collectors.scrape import Fetched, fetch_all
-from collectors.vllm import parse_vllm
 from kneepoint.clock import Clock, system_clock
 from kneepoint.config import Config
 from kneepoint.samples import GpuSample, ReplicaSample
@@ -72,9 +72,9 @@ def normalize(item: Fetched) -> Normalized:
     assert item.body is not None
     target = item.target
     try:
-        if target.kind == "vllm":
-            return Normalized(item, replica=parse_vllm(item.body, target.max_series))
-        return Normalized(item, gpus=parse_dcgm(item.body, target.name, target.max_series))
+        if target.kind == "dcgm":
+            return Normalized(item, gpus=parse_dcgm(item.body, target.name, target.max_series))
+        return Normalized(item, replica=parse_replica(target.kind, item.body, target.max_series))
     except ScrapeFormatError as error:
         return Normalized(item, error=str(error))
     except Exception as error:  # a normalizer bug costs this target, never the round

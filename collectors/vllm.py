@@ -138,7 +138,14 @@ def normalize_vllm(parsed: ParsedScrape) -> ReplicaSample:
     }
     for field, (name, label, value) in LABELLED_COUNTERS.items():
         counters[field] = _sum_matching(parsed, name, label, value)
+    unavailable = {}
+    if gauges["requests_waiting_capacity"] is None:
+        unavailable["requests_waiting_capacity"] = (
+            "not exposed by this vLLM release (num_requests_waiting_by_reason is newer)"
+        )
     return ReplicaSample(
+        engine="vllm",
+        unavailable=unavailable,
         generation=detect_generation(parsed),
         engines=len(engines),
         model_names=_model_names(parsed, usage_name),

@@ -77,9 +77,15 @@ _HTTP_URL = re.compile(r"^https?://\S+$")
 HttpURL = Annotated[SecretURL, AfterValidator(_http_url)]
 
 
+# Target kinds that are inference engines (replicas), as opposed to a dcgm-exporter.
+ENGINE_KINDS = ("vllm", "sglang", "llamacpp", "tgi", "trtllm", "auto")
+
+
 class Target(Strict):
     name: Annotated[str, Field(min_length=1, pattern=r"^[A-Za-z0-9_.:-]+$")]
-    kind: Literal["vllm", "dcgm"]
+    # An inference engine (vllm, sglang, llamacpp, tgi, trtllm), `auto` (the engine named by
+    # the first scrape's metric names, collectors/engines.py) or a dcgm-exporter.
+    kind: Literal["vllm", "sglang", "llamacpp", "tgi", "trtllm", "auto", "dcgm"]
     url: HttpURL
     gpus: list[str] = []
     headers: dict[str, Secret] = {}
@@ -294,8 +300,8 @@ class Config(Strict):
             if channel not in known:
                 raise ValueError(f"report.channels names unknown channel {channel!r}")
         for index, target in enumerate(self.targets):
-            if target.gpus and target.kind != "vllm":
-                raise ValueError(f"targets[{index}].gpus is only for vllm targets")
+            if target.gpus and target.kind == "dcgm":
+                raise ValueError(f"targets[{index}].gpus is only for engine targets, not dcgm")
         if self.scrape_interval <= 0:
             raise ValueError("scrape_interval must be positive")
         return self

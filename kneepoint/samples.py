@@ -7,6 +7,50 @@ from dataclasses import dataclass, field
 # Engine generations a vLLM target can speak (metrics.md section 2).
 GENERATIONS = ("v0", "v1-0.8", "v1-0.10", "v1")
 
+# The inference engines a replica target can be (collectors/engines.py reads each one).
+ENGINES = ("vllm", "sglang", "llamacpp", "tgi", "trtllm")
+
+# The canonical quantities an engine may be unable to give (the keys of
+# ReplicaSample.unavailable), each with the numbers of `kneepoint status --json` and of the
+# alert rules (alerts/rules.py METRICS) that it makes unavailable. A quantity an engine lacks
+# is reported with its reason, never as 0 and never as a silent "no data" alert.
+QUANTITIES: dict[str, tuple[str, ...]] = {
+    "kv_cache_occupancy": ("kv_cache_occupancy", "kv_cache_occupancy_mean"),
+    "kv_cache_capacity_tokens": ("kv_cache_capacity_tokens",),
+    "requests_running": ("requests_running",),
+    "requests_waiting": ("requests_waiting",),
+    "requests_waiting_capacity": ("requests_waiting_capacity",),
+    "preemptions": (
+        "preemptions",
+        "preemptions_per_second",
+        "preemption_recompute_tokens",
+        "recompute_share_of_prefill",
+    ),
+    "prefix_cache_hit_rate": ("prefix_cache_hit_rate", "prefix_cache_hit_rate_drop"),
+    "prompt_tokens": ("prompt_tokens_per_second",),
+    "generation_tokens": ("generation_tokens_per_second",),
+    "ttft": ("ttft_seconds", "ttft_p99_seconds"),
+    "itl": ("itl_seconds", "itl_p99_seconds"),
+    "e2e": ("e2e_seconds",),
+    "spec_decode_acceptance": (
+        "spec_decode_acceptance_rate",
+        "spec_decode_mean_acceptance_length",
+        "spec_decode_per_position_acceptance",
+        "spec_expected_speedup",
+    ),
+}
+
+
+def unavailable_reason(unavailable: dict[str, str], number: str) -> str | None:
+    """Why `number` (a status key, an alert metric or a quantity) is unavailable, or None."""
+    if number in unavailable:
+        return unavailable[number]
+    for quantity, numbers in QUANTITIES.items():
+        if number in numbers and quantity in unavailable:
+            return unavailable[quantity]
+    return None
+
+
 # KV-cache occupancy above which a replica counts as saturated.
 SATURATION = 0.9
 
@@ -76,10 +120,17 @@ class CacheConfig:
 
 @dataclass
 class ReplicaSample:
-    """One vLLM scrape, aggregated over data-parallel engines.
+    """One inference engine's scrape (vLLM, SGLang, llama.cpp, TGI or TensorRT-LLM),
+    aggregated over its data-parallel engines / ranks.
 
     Counters and queues are summed over engines, occupancy is the max (and the mean); fields
-    the server did not expose are None, never 0.
+    the server did not expose are None, never 0. `engine` names the engine (one of ENGINES)
+    and `generation` its release generation as the engine's normalizer names it.
+    `unavailable` maps a canonical quantity this engine (at this generation) cannot give to
+    the reason in words, e.g. {"kv_cache_occupancy": "not exposed by llama.cpp since its KV
+    gauges were removed"}: its keys are the keys of `gauges`, `counters`, `histograms` or a
+    derived number of `kneepoint status` (kv_cache_occupancy, kv_cache_capacity_tokens,
+    prefix_cache_hit_rate, preemptions, spec_decode_acceptance, ttft, itl, e2e, ...).
     """
 
     generation: str
@@ -90,6 +141,8 @@ class ReplicaSample:
     histograms: dict[str, Histogram] = field(default_factory=dict)
     accepted_per_position: list[float] | None = None
     cache: CacheConfig = field(default_factory=CacheConfig)
+    engine: str = "vllm"
+    unavailable: dict[str, str] = field(default_factory=dict)
 
 
 @dataclass

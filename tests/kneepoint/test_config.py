@@ -15,7 +15,7 @@ BAD = {
     ),
     "a missing url": ("targets: [{name: a, kind: vllm}]", "targets[0].url: is required"),
     "a bad duration": ("scrape_interval: soon", "scrape_interval: 'soon' is not a duration"),
-    "a bad kind": ("targets: [{name: a, kind: sglang, url: 'http://x/m'}]", "targets[0].kind"),
+    "a bad kind": ("targets: [{name: a, kind: ollama, url: 'http://x/m'}]", "targets[0].kind"),
     "a url that is not http": ("targets: [{name: a, kind: vllm, url: 'x.y'}]", "targets[0].url"),
     "two targets with one name": (
         "targets: [{name: a, kind: vllm, url: 'http://x/m'}, {name: a, kind: dcgm, url: 'http://y/m'}]",
@@ -27,7 +27,7 @@ BAD = {
     ),
     "GPUs on a DCGM target": (
         "targets: [{name: a, kind: dcgm, url: 'http://x/m', gpus: ['n/0']}]",
-        "targets[0].gpus is only for vllm targets",
+        "targets[0].gpus is only for engine targets, not dcgm",
     ),
     "a rule naming an unknown channel": (
         "rules: [{name: r, metric: kv_cache_occupancy, op: '>', threshold: 0.9, channels: [x]}]",
