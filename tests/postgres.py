@@ -1,5 +1,8 @@
 """A real PostgreSQL (Debian's package) for the store tests: a throwaway cluster on a free
-port, started once per test session, with a fresh database for every store."""
+port, started once per test session, with a fresh database for every store.
+
+Connections are trusted (no password), except for roles in the group `password_login`:
+`fresh(password=…)` makes such a role, which must give its password (SCRAM) to connect."""
 
 from __future__ import annotations
 
@@ -11,6 +14,7 @@ import subprocess
 import tempfile
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
+from urllib.parse import quote
 
 from tests.conftest import free_port, require_real
 
@@ -45,17 +49,40 @@ def running_postgres() -> Iterator[Callable[[], str]]:
             raise RuntimeError(f"{command[0]} failed: {done.stdout[-2000:]}{done.stderr[-2000:]}")
 
     run(f"{bin_dir}/initdb", "-D", data, "-U", "kneepoint", "--auth=trust", "-E", "UTF8")
+    # First match wins: members of password_login must give their password; others trusted.
+    hba = os.path.join(data, "pg_hba.conf")
+    with open(hba, encoding="utf-8") as file:
+        trusted = file.read()
+    with open(hba, "w", encoding="utf-8") as file:
+        file.write("host all +password_login 127.0.0.1/32 scram-sha-256\n" + trusted)
     options = f"-p {port} -k {folder} -c listen_addresses=127.0.0.1 -c fsync=off"
     run(f"{bin_dir}/pg_ctl", "-D", data, "-o", options, "-l", f"{folder}/log", "-w", "start")
     numbers = itertools.count()
 
-    def fresh() -> str:
+    def fresh(password: str | None = None) -> str:
+        """A new empty database. With `password`: owned by a new role that must log in
+        with it, and the URL carries it (user:password@)."""
         name = f"store_{next(numbers)}"
         with psycopg.connect(
             f"host=127.0.0.1 port={port} user=kneepoint dbname=postgres", autocommit=True
         ) as connection:
-            connection.execute(f"CREATE DATABASE {name}")
-        return f"postgresql+psycopg://kneepoint@127.0.0.1:{port}/{name}"
+            if password is None:
+                connection.execute(f"CREATE DATABASE {name}")
+                return f"postgresql+psycopg://kneepoint@127.0.0.1:{port}/{name}"
+            from psycopg import sql
+
+            connection.execute(
+                "DO $$ BEGIN CREATE ROLE password_login NOLOGIN;"
+                " EXCEPTION WHEN duplicate_object THEN NULL; END $$"
+            )
+            role = f"{name}_owner"
+            connection.execute(
+                sql.SQL("CREATE ROLE {} LOGIN PASSWORD {} IN ROLE password_login").format(
+                    sql.Identifier(role), sql.Literal(password)
+                )
+            )
+            connection.execute(f"CREATE DATABASE {name} OWNER {role}")
+        return f"postgresql+psycopg://{role}:{quote(password, safe='')}@127.0.0.1:{port}/{name}"
 
     try:
         yield fresh
