@@ -3,8 +3,9 @@
 scripts/setup-oidc-provider (scripts/setup runs it in CI; here it runs on first use).
 
 The provider knows one confidential client and three accounts (tests/real/oidc/provider.mjs):
-viewer@example.com (groups: readers), operator@example.com (oncall) and admin@example.com
-(sre-leads, oncall); its login form takes any password. Its ID tokens carry e-mail and
+viewer@example.com (groups: readers), operator@example.com (oncall), admin@example.com
+(sre-leads, oncall) and stranger@example.org (oncall, another domain); its login form takes
+any password. Its ID tokens carry e-mail and
 groups; it requires PKCE (S256) for every authorization code.
 """
 

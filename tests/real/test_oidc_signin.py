@@ -81,6 +81,7 @@ auth:
     redirect_uri: {url}/oauth2callback
     groups_claim: groups
     scopes: [openid, email, profile, groups]
+  allowed_domains: [example.com]
   operators: ["group:oncall"]
   admins: ["group:sre-leads"]
 """)
@@ -130,9 +131,10 @@ def chromium():  # type: ignore[no-untyped-def]
         instance.close()
 
 
-def sign_in(chromium, app: SignInApp, email: str, wide: bool = False):  # type: ignore[no-untyped-def]
+def sign_in(chromium, app: SignInApp, email: str, wide: bool = False, then: str = ""):  # type: ignore[no-untyped-def]
     """A fresh browser (its own cookies) signs in as `email` through the provider's form;
-    returns the page, back on the app. Every request the browser made is in page.requests."""
+    returns the page, back on the app and showing `then` (by default "Signed in as <email>").
+    Every request the browser made is in page.requests."""
     from playwright.sync_api import expect
 
     # Wide enough for every column of the Audit page's table (it draws only those in view).
@@ -150,7 +152,7 @@ def sign_in(chromium, app: SignInApp, email: str, wide: bool = False):  # type: 
     page.get_by_label("Password").fill("any password")
     page.get_by_role("button", name="Sign in").click()
     page.wait_for_url(re.compile("^" + re.escape(app.url) + "/"), timeout=WAIT)
-    expect(page.get_by_text(f"Signed in as {email}")).to_be_visible(timeout=WAIT)
+    expect(page.get_by_text(then or f"Signed in as {email}")).to_be_visible(timeout=WAIT)
     return page
 
 
@@ -229,6 +231,21 @@ def test_roles_from_the_providers_groups_decide_on_the_server(chromium, signin_a
     expect(operator.get_by_text(listed + comment)).to_be_visible(timeout=WAIT)
     operator.context.close()
 
+    # The provider vouches for someone outside auth.allowed_domains: no access at all, even
+    # with a group that operates.
+    stranger = sign_in(
+        chromium,
+        app,
+        "stranger@example.org",
+        then="No access: stranger@example.org is not in auth.allowed_emails or "
+        "auth.allowed_domains.",
+    )
+    assert stranger.locator('[data-testid="stSidebarNav"]').count() == 0
+    stranger.goto(f"{app.url}/alerts")
+    expect(stranger.get_by_text("No access: stranger@example.org")).to_be_visible(timeout=WAIT)
+    assert stranger.get_by_label("Matchers").count() == 0
+    stranger.context.close()
+
     # An admin sees both on the Audit page: the operator's silence and the viewer's refusal.
     admin = sign_in(chromium, app, "admin@example.com", wide=True)
     expect(admin.get_by_text("Signed in as admin@example.com (admin)")).to_be_visible()
@@ -244,13 +261,16 @@ def test_roles_from_the_providers_groups_decide_on_the_server(chromium, signin_a
     assert [(r["actor"], r["role"]) for r in refused] == [("viewer@example.com", "viewer")], rows
     assert refusal in refused[0]["detail"]
     signed = {r["actor"] for r in rows if r["action"] == "sign-in" and r["outcome"] == "done"}
-    assert signed >= {"viewer@example.com", "operator@example.com", "admin@example.com"}
+    assert signed == {"viewer@example.com", "operator@example.com", "admin@example.com"}
+    turned_away = {r["actor"] for r in rows if r["action"] == "sign-in" and r["outcome"] != "done"}
+    assert turned_away == {"stranger@example.org"}, rows
     admin.context.close()
 
     # Each of them signed in through the provider's own form, in this order.
     assert app.provider.signed_in() == [
         "viewer@example.com",
         "operator@example.com",
+        "stranger@example.org",
         "admin@example.com",
     ], app.provider.log()
 

@@ -38,6 +38,7 @@ const ACCOUNTS = args.accounts
     { email: 'viewer@example.com', name: 'Vera Viewer', groups: ['readers'] },
     { email: 'operator@example.com', name: 'Otto Operator', groups: ['oncall'] },
     { email: 'admin@example.com', name: 'Ada Admin', groups: ['sre-leads', 'oncall'] },
+    { email: 'stranger@example.org', name: 'Stan Stranger', groups: ['oncall'] },
   ];
 const byId = new Map(ACCOUNTS.map((account) => [account.email.toLowerCase(), account]));
 
