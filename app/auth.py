@@ -9,6 +9,7 @@ address of the session's own WebSocket connection, never from anything the page 
 from __future__ import annotations
 
 import time
+from dataclasses import replace
 
 import streamlit as st
 
@@ -40,7 +41,10 @@ def current() -> Identity:
             return Identity("not signed in", None, "oidc", address=address, why_not="sign in")
         groups = _groups(st.user.get(auth.oidc.groups_claim))
         email = st.user.get("email")
-        return signed_in(auth, str(email) if email else None, groups, "oidc", address)
+        who = signed_in(auth, str(email) if email else None, groups, "oidc", address)
+        if st.user.get("email_verified") is False:  # the provider says it did not check
+            return replace(who, role=None, why_not=f"the provider has not verified {who.name}")
+        return who
     assert auth.proxy is not None
     proxy = auth.proxy
     if not proxy.trusts(address):
@@ -77,11 +81,8 @@ def gate() -> Identity:
         st.write("Sign in to see the fleet.")
         st.button("Sign in", type="primary", on_click=st.login)
         st.stop()
-    seen = st.session_state.get(_SIGNED_IN)
-    if seen != (who.name, who.role):
-        st.session_state[_SIGNED_IN] = (who.name, who.role)
-        if who.via in ("oidc", "proxy"):
-            audit.sign_in(sessions.begin, who, time.time())
+    if who.via in ("oidc", "proxy") and _first_sight(who):
+        audit.sign_in(sessions.begin, who, time.time())
     if who.role is None:
         st.error(f"No access: {who.why_not}.")
         if who.via == "oidc":
@@ -104,6 +105,29 @@ def _sidebar(who: Identity) -> None:
     st.sidebar.caption(f"Signed in as **{who.name}** ({who.role})")
     if who.via == "oidc":
         st.sidebar.button("Sign out", on_click=st.logout)
+
+
+def _first_sight(who: Identity) -> bool:
+    """Whether this sign-in is new: once per ID token (its issue time) in OIDC mode, across
+    tabs and page loads of this app process; once per browser session in proxy mode, which
+    has no token to tell sign-ins apart."""
+    key: tuple[object, ...] = (who.name, who.role)
+    if who.via == "oidc":
+        key += (st.user.get("iat"),)
+        seen = _seen_tokens()
+        if key in seen:
+            return False
+        seen.add(key)
+        return True
+    if st.session_state.get(_SIGNED_IN) == key:
+        return False
+    st.session_state[_SIGNED_IN] = key
+    return True
+
+
+@st.cache_resource
+def _seen_tokens() -> set[tuple[object, ...]]:
+    return set()
 
 
 def require_page(needed: Role, what: str) -> Identity:

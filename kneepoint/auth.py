@@ -17,6 +17,7 @@ from typing import Annotated, Literal
 from pydantic import BaseModel, BeforeValidator, ConfigDict, Field, field_validator, model_validator
 
 from kneepoint.durations import parse_duration
+from kneepoint.secrets import Secret
 
 Role = Literal["viewer", "operator", "admin"]
 ROLES: tuple[Role, ...] = ("viewer", "operator", "admin")
@@ -37,14 +38,17 @@ class OidcAuth(Strict):
 
     issuer: Annotated[str, Field(pattern=r"^https?://\S+$")]
     client_id: Annotated[str, Field(min_length=1)]
-    client_secret: Annotated[str, Field(min_length=1)]
+    client_secret: Secret
     # Where the provider sends the browser back: this app's public URL + /oauth2callback.
     redirect_uri: Annotated[str, Field(pattern=r"^https?://\S+/oauth2callback$")]
     # Signs Streamlit's identity cookie; random per start when unset (everyone signs in
     # again after a restart, and several app instances need one shared value).
-    cookie_secret: str | None = None
+    cookie_secret: Secret | None = None
     groups_claim: str = "groups"
     scopes: list[str] = ["openid", "email", "profile"]
+    # The OIDC `prompt` st.login sends (Streamlit's default asks to select an account;
+    # Keycloak wants "login" or none at all). Unset: Streamlit's default.
+    prompt: Literal["none", "login", "consent", "select_account"] | None = None
 
     @property
     def metadata_url(self) -> str:

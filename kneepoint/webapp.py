@@ -40,16 +40,18 @@ def _toml(value: str) -> str:
 
 def oidc_secrets(oidc: OidcAuth) -> str:
     """The `[auth]` table st.login reads, as TOML."""
-    cookie = oidc.cookie_secret or secrets.token_urlsafe(32)
-    scope = " ".join(oidc.scopes)
+    cookie = oidc.cookie_secret.reveal() if oidc.cookie_secret else secrets.token_urlsafe(32)
+    options = f"scope = {_toml(' '.join(oidc.scopes))}"
+    if oidc.prompt:
+        options += f", prompt = {_toml(oidc.prompt)}"
     return (
         "[auth]\n"
         f"redirect_uri = {_toml(oidc.redirect_uri)}\n"
         f"cookie_secret = {_toml(cookie)}\n"
         f"client_id = {_toml(oidc.client_id)}\n"
-        f"client_secret = {_toml(oidc.client_secret)}\n"
+        f"client_secret = {_toml(oidc.client_secret.reveal())}\n"
         f"server_metadata_url = {_toml(oidc.metadata_url)}\n"
-        f"client_kwargs = {{ scope = {_toml(scope)} }}\n"
+        f"client_kwargs = {{ {options} }}\n"
     )
 
 

@@ -214,3 +214,31 @@ def test_any_other_address_needs_an_auth_section(host: str) -> None:
     assert "auth: {mode: none}" in problem and "\n" not in problem
     for auth in (Auth(mode="none"), MAPPED):
         assert listen_problem(host, auth) is None
+
+
+def test_the_secrets_file_for_st_login_carries_the_revealed_secrets_and_the_prompt() -> None:
+    import tomllib
+
+    from kneepoint.config import parse_config
+    from kneepoint.webapp import oidc_secrets
+
+    text = (
+        "auth: {mode: oidc, oidc: {issuer: 'https://id.example.com/realms/ops', "
+        "client_id: kneepoint, client_secret: s3cr3t-client, cookie_secret: s3cr3t-cookie, "
+        "redirect_uri: 'https://kp.example.com/oauth2callback', prompt: login}}"
+    )
+    config = parse_config(text)
+    assert "s3cr3t" not in repr(config) and "s3cr3t" not in config.model_dump_json()
+    table = tomllib.loads(oidc_secrets(config.auth.oidc))["auth"]  # type: ignore[union-attr]
+    assert table["client_secret"] == "s3cr3t-client"
+    assert table["cookie_secret"] == "s3cr3t-cookie"
+    assert table["server_metadata_url"] == (
+        "https://id.example.com/realms/ops/.well-known/openid-configuration"
+    )
+    assert table["client_kwargs"] == {"scope": "openid email profile", "prompt": "login"}
+    unset = parse_config(
+        text.replace(", prompt: login", "").replace("cookie_secret: s3cr3t-cookie, ", "")
+    )
+    again = tomllib.loads(oidc_secrets(unset.auth.oidc))["auth"]  # type: ignore[union-attr]
+    assert "prompt" not in again["client_kwargs"]
+    assert len(again["cookie_secret"]) >= 32  # random per start when unset
