@@ -89,7 +89,12 @@ REPLICA_GAUGES = (
     "requests_waiting",
     "requests_waiting_capacity",
     "requests_swapped",
+    # The engine's own hit rate where it has no hit and query counters (vLLM v0, SGLang 0.4.0)
     "prefix_cache_hit_rate_gauge",
+    # The engine's own speculative-decoding figures where it has no draft/accept counters
+    # (SGLang's spec_accept_length / spec_accept_rate, TensorRT-LLM's acceptance length).
+    "spec_decode_acceptance_length_gauge",
+    "spec_decode_acceptance_rate_gauge",
 )
 
 

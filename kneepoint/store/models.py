@@ -36,6 +36,10 @@ class TargetRow(Base):
     # Samples refused for not being newer than the last stored one (a clock stepped back).
     samples_refused: Mapped[int | None] = mapped_column(Integer, default=0)
     generation: Mapped[str | None] = mapped_column(String(16))
+    # The engine of the latest sample (the kind, or for `auto` the one detected) and what it
+    # cannot give: JSON {quantity: reason} (kneepoint/samples.py QUANTITIES).
+    engine: Mapped[str | None] = mapped_column(String(16))
+    unavailable: Mapped[str | None] = mapped_column(Text)
     engines: Mapped[int | None] = mapped_column(Integer)
     model_names: Mapped[str | None] = mapped_column(Text)
     cache_dtype: Mapped[str | None] = mapped_column(String(32))
@@ -83,6 +87,8 @@ class ReplicaSampleRow(Base):
     requests_waiting_capacity: Mapped[float | None] = mapped_column(Float)
     requests_swapped: Mapped[float | None] = mapped_column(Float)
     prefix_cache_hit_rate_gauge: Mapped[float | None] = mapped_column(Float)
+    spec_decode_acceptance_length_gauge: Mapped[float | None] = mapped_column(Float)
+    spec_decode_acceptance_rate_gauge: Mapped[float | None] = mapped_column(Float)
     accepted_per_position: Mapped[str | None] = mapped_column(Text)
 
 

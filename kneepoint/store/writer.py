@@ -100,6 +100,8 @@ def record_replica_history(
         ts,
         {
             "generation": last.generation,
+            "engine": last.engine,
+            "unavailable": json.dumps(last.unavailable, sort_keys=True),
             "engines": last.engines,
             "model_names": json.dumps(last.model_names),
             "cache_dtype": cache.cache_dtype,
