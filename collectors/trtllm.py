@@ -1,0 +1,355 @@
+"""Normalize a TensorRT-LLM `trtllm-serve` Prometheus scrape into the canonical ReplicaSample
+that vLLM's normalizer produces.
+
+trtllm-serve serves Prometheus text at `/prometheus/metrics` (only with
+`return_perf_metrics: true`); its `/metrics` is JSON iteration stats, which is refused here
+with the way out. It runs prometheus_client in multiprocess mode: no `_created` series, and
+every gauge carries a `pid` label (summed here; occupancy takes the max). Its names went
+through three stages (shared/docs/engines.md §4a), each a generation here:
+
+* "trtllm-basic": PR #5785 (trtllm-serve 1.0-1.2) exposed five unprefixed request metrics
+  (`request_success_total`, the e2e / TTFT / TPOT / queue-time histograms) labelled
+  `model_name="undefined"`; Dynamo re-exposed them as `trtllm:…`, later `trtllm_…`.
+* "trtllm-kv": PR #11243 (~1.3, 2026-02) made the `trtllm_` prefix native and added the
+  `trtllm_kv_cache_utilization` and `trtllm_kv_cache_hit_rate` gauges.
+* "trtllm-full": PR #12545 and later (2026-03) added iteration stats (running, waiting, KV
+  blocks; with `enable_iter_perf_stats: true`), token counters, phase histograms, prompt-cache
+  and speculative-decoding counters.
+
+A series exists only once recorded (labelled prometheus_client metrics), so the stages are
+told apart by the names present; what a stage lacks is `unavailable` with the reason, never 0.
+"""
+
+from __future__ import annotations
+
+from collections import defaultdict
+
+from collectors.parse import (
+    MAX_SERIES,
+    ParsedScrape,
+    ScrapeFormatError,
+    Series,
+    parse_exposition,
+)
+from kneepoint.samples import (
+    REPLICA_COUNTERS,
+    REPLICA_GAUGES,
+    CacheConfig,
+    Histogram,
+    ReplicaSample,
+)
+
+ENGINE = "trtllm"
+PREFIX = "trtllm_"
+
+# PR #5785's names, exposed without a prefix: read as their later `trtllm_` names.
+UNPREFIXED = (
+    "request_success_total",
+    *(
+        f"{base}_{part}"
+        for base in (
+            "e2e_request_latency_seconds",
+            "time_to_first_token_seconds",
+            "time_per_output_token_seconds",
+            "request_queue_time_seconds",
+        )
+        for part in ("bucket", "sum", "count")
+    ),
+)
+
+UTILIZATION = "trtllm_kv_cache_utilization"
+HIT_RATE = "trtllm_kv_cache_hit_rate"
+MAX_BLOCKS = "trtllm_kv_cache_max_blocks"
+USED_BLOCKS = "trtllm_kv_cache_used_blocks"
+TOKENS_PER_BLOCK = "trtllm_kv_cache_tokens_per_block"
+RUNNING = "trtllm_num_requests_running"
+WAITING = "trtllm_num_requests_waiting"
+PROMPT_TOKENS = "trtllm_prompt_tokens_total"
+GENERATION_TOKENS = "trtllm_generation_tokens_total"
+CACHED_TOKENS = "trtllm_prompt_cached_tokens_total"
+REUSED_BLOCKS = "trtllm_kv_cache_reused_blocks_total"
+MISSED_BLOCKS = "trtllm_kv_cache_missed_blocks_total"
+SUCCESS = "trtllm_request_success_total"
+DRAFT_TOKENS = "trtllm_spec_decode_num_draft_tokens_total"
+ACCEPTED_TOKENS = "trtllm_spec_decode_num_accepted_tokens_total"
+DRAFTED_PER_POSITION = "trtllm_spec_decode_drafted_tokens_total"
+ACCEPTED_PER_POSITION = "trtllm_spec_decode_accepted_tokens_total"
+# Draft positions kept (as vLLM's normalizer): a larger token_position is a broken exporter.
+MAX_POSITIONS = 64
+
+# Iteration stats: published only with `enable_iter_perf_stats: true`.
+ITERATION = (UTILIZATION, MAX_BLOCKS, USED_BLOCKS, TOKENS_PER_BLOCK, RUNNING, WAITING)
+# Names of the production metrics (PR #12545 and later) that mark "trtllm-full".
+FULL_MARKERS = (
+    PROMPT_TOKENS,
+    GENERATION_TOKENS,
+    CACHED_TOKENS,
+    REUSED_BLOCKS,
+    RUNNING,
+    MAX_BLOCKS,
+)
+
+HISTOGRAMS: dict[str, str] = {
+    "ttft": "trtllm_time_to_first_token_seconds",
+    # A per-request mean time per output token (TPOT), the closest TRT-LLM has to an ITL.
+    "itl": "trtllm_time_per_output_token_seconds",
+    "e2e": "trtllm_e2e_request_latency_seconds",
+    "queue": "trtllm_request_queue_time_seconds",
+}
+FINISH_REASONS = ("stop", "length", "abort", "error", "repetition")
+
+JSON_BODY = (
+    "this is trtllm-serve's JSON /metrics (iteration stats), not Prometheus text: point "
+    "the target at /prometheus/metrics on the same port (served with "
+    "return_perf_metrics: true)"
+)
+ITER_STATS = "needs enable_iter_perf_stats: true in trtllm-serve's config"
+BEFORE_FULL = "not exposed by trtllm-serve before PR #12545 (2026-03), which added its"
+ALWAYS: dict[str, str] = {
+    "preemptions": (
+        "not exposed by TensorRT-LLM: it counts no preemptions "
+        "(trtllm_num_paused_requests is only a gauge of paused requests)"
+    ),
+    "requests_waiting_capacity": (
+        "not exposed by TensorRT-LLM: its waiting queue is not split by reason"
+    ),
+}
+
+
+def canonical_name(name: str) -> str:
+    """Dynamo's `trtllm:` and PR #5785's unprefixed names, read as `trtllm_…`."""
+    if name[:7] == "trtllm:":
+        return PREFIX + name[7:]
+    if name in UNPREFIXED:
+        return PREFIX + name
+    return name
+
+
+def _wanted_names() -> frozenset[str]:
+    names = {
+        UTILIZATION,
+        HIT_RATE,
+        *ITERATION,
+        PROMPT_TOKENS,
+        GENERATION_TOKENS,
+        CACHED_TOKENS,
+        REUSED_BLOCKS,
+        MISSED_BLOCKS,
+        SUCCESS,
+        DRAFT_TOKENS,
+        ACCEPTED_TOKENS,
+        DRAFTED_PER_POSITION,
+        ACCEPTED_PER_POSITION,
+    }
+    for base in HISTOGRAMS.values():
+        names.update({f"{base}_bucket", f"{base}_sum", f"{base}_count"})
+    return frozenset(names)
+
+
+WANTED = _wanted_names()
+
+
+def parse_trtllm(text: str, max_series: int = MAX_SERIES) -> ReplicaSample:
+    """Parse and normalize one trtllm-serve /prometheus/metrics body; raise ScrapeFormatError
+    if it is not one (with the way out when it is the JSON /metrics)."""
+    if text.lstrip()[:1] in ("{", "["):
+        raise ScrapeFormatError(JSON_BODY)
+    if not text.strip():
+        raise ScrapeFormatError(
+            "the response body is empty (trtllm-serve shows a series only once recorded: "
+            "before its first finished request, with no iteration stats, there is none)"
+        )
+    parsed = parse_exposition(text, WANTED.__contains__, canonical_name, max_series=max_series)
+    if not parsed.samples:
+        raise ScrapeFormatError(
+            "no TensorRT-LLM metric (trtllm_* or trtllm-serve's request metrics) found; is "
+            "this trtllm-serve's /prometheus/metrics?"
+        )
+    return normalize_trtllm(parsed)
+
+
+def normalize_trtllm(parsed: ParsedScrape) -> ReplicaSample:
+    generation = detect_generation(parsed)
+    gauges: dict[str, float | None] = dict.fromkeys(REPLICA_GAUGES)
+    counters: dict[str, float | None] = dict.fromkeys(REPLICA_COUNTERS)
+    usage = _usage(parsed)
+    if usage:
+        gauges["kv_cache_usage"] = max(usage)
+        gauges["kv_cache_usage_mean"] = sum(usage) / len(usage)
+    gauges["requests_running"] = _sum(parsed.series(RUNNING))
+    gauges["requests_waiting"] = _sum(parsed.series(WAITING))
+    gauges["prefix_cache_hit_rate_gauge"] = _mean(parsed.series(HIT_RATE))
+    counters["prompt_tokens"] = _sum(parsed.series(PROMPT_TOKENS))
+    counters["generation_tokens"] = _sum(parsed.series(GENERATION_TOKENS))
+    counters["prefix_cache_queries"], counters["prefix_cache_hits"] = _prefix_cache(parsed)
+    for reason in FINISH_REASONS:
+        counters[f"requests_finished_{reason}"] = _finished(parsed, reason)
+    drafted = _per_position(parsed.series(DRAFTED_PER_POSITION), DRAFTED_PER_POSITION)
+    accepted = _per_position(parsed.series(ACCEPTED_PER_POSITION), ACCEPTED_PER_POSITION)
+    if drafted is not None and accepted is not None:
+        accepted += [0.0] * (len(drafted) - len(accepted))  # counted only once above 0
+    counters["spec_decode_draft_tokens"] = _sum(parsed.series(DRAFT_TOKENS))
+    counters["spec_decode_accepted_tokens"] = _sum(parsed.series(ACCEPTED_TOKENS))
+    if drafted is not None:
+        # Every draft drafts position 0: its count is the number of drafts.
+        counters["spec_decode_drafts"] = drafted[0]
+        if counters["spec_decode_draft_tokens"] is None:
+            counters["spec_decode_draft_tokens"] = sum(drafted)
+            counters["spec_decode_accepted_tokens"] = sum(accepted or [])
+    return ReplicaSample(
+        engine=ENGINE,
+        generation=generation,
+        engines=1,
+        model_names=_model_names(parsed),
+        gauges=gauges,
+        counters=counters,
+        histograms=_histograms(parsed),
+        accepted_per_position=accepted if drafted is not None else None,
+        cache=_cache(parsed),
+        unavailable=_unavailable(parsed, generation),
+    )
+
+
+def detect_generation(parsed: ParsedScrape) -> str:
+    """Name the stage of trtllm-serve's metrics from the names it exposes (module doc)."""
+    if any(parsed.has(name) for name in FULL_MARKERS):
+        return "trtllm-full"
+    if parsed.has(UTILIZATION) or parsed.has(HIT_RATE):
+        return "trtllm-kv"
+    return "trtllm-basic"
+
+
+def _unavailable(parsed: ParsedScrape, generation: str) -> dict[str, str]:
+    reasons = dict(ALWAYS)
+    has_kv = parsed.has(UTILIZATION) or (parsed.has(USED_BLOCKS) and parsed.has(MAX_BLOCKS))
+    if generation == "trtllm-full":
+        iteration = f"not published by this trtllm-serve: {ITER_STATS}"
+        if not has_kv:
+            reasons["kv_cache_occupancy"] = iteration
+        if not (parsed.has(MAX_BLOCKS) and parsed.has(TOKENS_PER_BLOCK)):
+            reasons["kv_cache_capacity_tokens"] = iteration
+        if not parsed.has(RUNNING):
+            reasons["requests_running"] = iteration
+        if not parsed.has(WAITING):
+            reasons["requests_waiting"] = iteration
+        return reasons
+    if not has_kv:
+        reasons["kv_cache_occupancy"] = (
+            "not exposed by this trtllm-serve: its KV gauges came with PR #11243 (~1.3) and "
+            "are published only with enable_iter_perf_stats: true"
+        )
+    if not parsed.has(HIT_RATE):
+        reasons["prefix_cache_hit_rate"] = (
+            "not exposed by this trtllm-serve: its KV-cache hit rate came with PR #11243 "
+            "(~1.3) and needs enable_iter_perf_stats: true"
+        )
+    for quantity in ("kv_cache_capacity_tokens", "requests_running", "requests_waiting"):
+        reasons[quantity] = f"{BEFORE_FULL} iteration stats"
+    for quantity in ("prompt_tokens", "generation_tokens"):
+        reasons[quantity] = f"{BEFORE_FULL} token counters"
+    reasons["spec_decode_acceptance"] = f"{BEFORE_FULL} speculative-decoding counters"
+    return reasons
+
+
+def _usage(parsed: ParsedScrape) -> list[float]:
+    """KV occupancy per process: the utilization gauge (used / max blocks), or that ratio
+    from the block gauges where only they are present."""
+    usage = [value for _, value in parsed.series(UTILIZATION)]
+    if usage:
+        return usage
+    used, blocks = _sum(parsed.series(USED_BLOCKS)), _sum(parsed.series(MAX_BLOCKS))
+    return [used / blocks] if used is not None and blocks else []
+
+
+def _prefix_cache(parsed: ParsedScrape) -> tuple[float | None, float | None]:
+    """(queries, hits): in tokens where the prompt-cache counter exists (queries are all
+    prompt tokens, which include the cached ones), else in blocks (reused + missed)."""
+    hits = _sum(parsed.series(CACHED_TOKENS))
+    queries = _sum(parsed.series(PROMPT_TOKENS))
+    if hits is not None and queries is not None:
+        return queries, hits
+    reused, missed = _sum(parsed.series(REUSED_BLOCKS)), _sum(parsed.series(MISSED_BLOCKS))
+    if reused is not None and missed is not None:
+        return reused + missed, reused
+    return None, None
+
+
+def _finished(parsed: ParsedScrape, reason: str) -> float | None:
+    # The merged code labels it finished_reason; PR #5785's sample shows finish_reason.
+    values = [
+        value
+        for labels, value in parsed.series(SUCCESS)
+        if labels.get("finished_reason", labels.get("finish_reason")) == reason
+    ]
+    return sum(values) if values else None
+
+
+def _sum(series: Series) -> float | None:
+    return sum(value for _, value in series) if series else None
+
+
+def _mean(series: Series) -> float | None:
+    return sum(value for _, value in series) / len(series) if series else None
+
+
+def _model_names(parsed: ParsedScrape) -> list[str]:
+    names = set()
+    for series in parsed.samples.values():
+        for labels, _ in series:
+            name = labels.get("model_name")
+            if name and name != "undefined":  # hard-coded before PR #12545
+                names.add(name)
+    return sorted(names)
+
+
+def _cache(parsed: ParsedScrape) -> CacheConfig:
+    blocks = _sum(parsed.series(MAX_BLOCKS))
+    per_block = _mean(parsed.series(TOKENS_PER_BLOCK))
+    if blocks is None or per_block is None:
+        return CacheConfig()
+    return CacheConfig(
+        block_size=int(per_block),
+        num_gpu_blocks=int(blocks),
+        capacity_tokens=int(blocks) * int(per_block),
+    )
+
+
+def _per_position(series: Series, name: str) -> list[float] | None:
+    if not series:
+        return None
+    by_position: dict[int, float] = defaultdict(float)
+    for labels, value in series:
+        text = labels.get("token_position", "")
+        if not text.isdigit() or int(text) >= MAX_POSITIONS:
+            raise ScrapeFormatError(
+                f"{name} has token_position={text!r}: not a draft position below {MAX_POSITIONS}"
+            )
+        by_position[int(text)] += value
+    return [by_position[position] for position in range(max(by_position) + 1)]
+
+
+def _histograms(parsed: ParsedScrape) -> dict[str, Histogram]:
+    histograms: dict[str, Histogram] = {}
+    for field, base in HISTOGRAMS.items():
+        buckets = parsed.series(f"{base}_bucket")
+        if not buckets:
+            continue
+        counts: dict[float, float] = defaultdict(float)
+        for labels, value in buckets:
+            counts[_bucket_bound(base, labels)] += value
+        bounds = tuple(sorted(counts))
+        if bounds[-1] != float("inf"):
+            raise ScrapeFormatError(f"{base} has no +Inf bucket")
+        total = sum(value for _, value in parsed.series(f"{base}_sum"))
+        histograms[field] = Histogram(bounds, tuple(counts[b] for b in bounds), total)
+    return histograms
+
+
+def _bucket_bound(name: str, labels: dict[str, str]) -> float:
+    text = labels.get("le")
+    if text is None:
+        raise ScrapeFormatError(f"a bucket of {name} has no le label")
+    try:
+        return float(text)
+    except ValueError:
+        raise ScrapeFormatError(f"a bucket of {name} has le={text!r}: not a number") from None
