@@ -74,6 +74,7 @@ DRAFT_TOKENS = "trtllm_spec_decode_num_draft_tokens_total"
 ACCEPTED_TOKENS = "trtllm_spec_decode_num_accepted_tokens_total"
 DRAFTED_PER_POSITION = "trtllm_spec_decode_drafted_tokens_total"
 ACCEPTED_PER_POSITION = "trtllm_spec_decode_accepted_tokens_total"
+ACCEPTANCE_LENGTH = "trtllm_spec_decode_acceptance_length"
 # Draft positions kept (as vLLM's normalizer): a larger token_position is a broken exporter.
 MAX_POSITIONS = 64
 
@@ -140,6 +141,7 @@ def _wanted_names() -> frozenset[str]:
         ACCEPTED_TOKENS,
         DRAFTED_PER_POSITION,
         ACCEPTED_PER_POSITION,
+        ACCEPTANCE_LENGTH,
     }
     for base in HISTOGRAMS.values():
         names.update({f"{base}_bucket", f"{base}_sum", f"{base}_count"})
@@ -179,6 +181,8 @@ def normalize_trtllm(parsed: ParsedScrape) -> ReplicaSample:
     gauges["requests_running"] = _sum(parsed.series(RUNNING))
     gauges["requests_waiting"] = _sum(parsed.series(WAITING))
     gauges["prefix_cache_hit_rate_gauge"] = _mean(parsed.series(HIT_RATE))
+    # The engine's own figure from its last iteration, beside the counters.
+    gauges["spec_decode_acceptance_length_gauge"] = _mean(parsed.series(ACCEPTANCE_LENGTH))
     counters["prompt_tokens"] = _sum(parsed.series(PROMPT_TOKENS))
     counters["generation_tokens"] = _sum(parsed.series(GENERATION_TOKENS))
     counters["prefix_cache_queries"], counters["prefix_cache_hits"] = _prefix_cache(parsed)

@@ -111,6 +111,9 @@ def test_speculative_decoding_counts_and_positions() -> None:
     assert sample.counters["spec_decode_drafts"] == drafted[0] > 0
     assert sample.accepted_per_position == accepted
     assert accepted[0] > accepted[1] > accepted[2] > 0
+    assert sample.gauges["spec_decode_acceptance_length_gauge"] == total(
+        text, "trtllm_spec_decode_acceptance_length"
+    )
 
 
 def test_without_iteration_counters_the_per_position_ones_give_the_totals() -> None:
