@@ -87,6 +87,14 @@ def test_channel(
         fail(f"--channel: no channel named {channel_name!r} (channels: {known})", 2)
     sessions = open_sessions(settings)
     state, error = send_trial(sessions, settings, channel_name, clock.system_clock())
+    from kneepoint import audit
+    from kneepoint.auth import local_identity
+
+    with sessions.begin() as session:
+        change = audit.Change(f"channel {channel_name}", after={"state": state})
+        audit.record(
+            session, local_identity(), "channel.test", "done", change, clock.system_clock()
+        )
     if state == "sent":
         typer.echo(f"{channel_name}: delivered")
     elif state == "pending":

@@ -156,9 +156,14 @@ def import_results(
     merged, bad = read_all(list(files))
     if label:
         merged = group([replace(run, label=label) for run in merged])
+    from kneepoint import audit
+    from kneepoint.auth import local_identity
+
     with sessions.begin() as session:
         for run in merged:
             save_run(session, run, time.time())
+        change = audit.Change(", ".join(files)[:200], after={"stored": [r.label for r in merged]})
+        audit.record(session, local_identity(), "run.import", "done", change, time.time())
     for run in merged:
         steps = ", ".join(str(p.concurrency) for p in run.points)
         typer.echo(f"imported {run.label} ({run.source}, {run.model}): concurrency {steps}")
