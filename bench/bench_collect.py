@@ -4,7 +4,8 @@
 
 Prints (1) CPU milliseconds per scrape, split into parse + normalize and store, for the real
 ~50 KB vLLM 0.32 capture, and (2) bytes stored per replica-day at a 15 s interval, raw and
-after rollups, with what a year of one replica takes under the default retention.
+after rollups, with what a year of one replica takes under the default retention, and (3)
+parse + normalize CPU per scrape of each other engine's fixture (ENGINE_CAPTURES).
 """
 
 from __future__ import annotations
@@ -16,11 +17,14 @@ import statistics
 import sys
 import tempfile
 import time
+from collections.abc import Callable
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
+from collectors.tgi import parse_tgi  # noqa: E402
+from collectors.trtllm import parse_trtllm  # noqa: E402
 from collectors.vllm import parse_vllm  # noqa: E402
 from kneepoint.config import Retention  # noqa: E402
 from kneepoint.samples import Histogram, ReplicaSample  # noqa: E402
@@ -31,6 +35,17 @@ from kneepoint.store.writer import ensure_targets, record_replica  # noqa: E402
 CAPTURE = ROOT.parent / "shared" / "fixtures" / "vllm-0.32.0-cpu-prefix-caching.prom"
 DAY = 86400.0
 INTERVAL = 15.0
+
+FIXTURES = ROOT / "tests" / "fixtures"
+# Each engine's exposition whose parse + normalize CPU is measured beside vLLM's: (label,
+# file, normalizer). Add an engine by adding its row.
+ENGINE_CAPTURES: list[tuple[str, Path, Callable[[str], ReplicaSample]]] = [
+    ("TGI 3.3.7", FIXTURES / "tgi-3.3.7-speculate2.prom", parse_tgi),
+    ("TGI 2.2.0", FIXTURES / "tgi-2.2.0-idle.prom", parse_tgi),
+    ("TensorRT-LLM full", FIXTURES / "trtllm-full-iteration-stats.prom", parse_trtllm),
+    ("TensorRT-LLM kv", FIXTURES / "trtllm-1.3-kv-gauges.prom", parse_trtllm),
+    ("TensorRT-LLM basic", FIXTURES / "trtllm-1.0-unprefixed.prom", parse_trtllm),
+]
 
 
 def cpu_per_scrape(text: str, sessions, batches: int = 7, rounds: int = 60):  # type: ignore[no-untyped-def]
@@ -58,6 +73,19 @@ def cpu_per_scrape(text: str, sessions, batches: int = 7, rounds: int = 60):  # 
         "parse": (statistics.median(parse_ms), min(parse_ms)),
         "store": (statistics.median(store_ms), min(store_ms)),
     }
+
+
+def parse_cpu(
+    text: str, parse: Callable[[str], ReplicaSample], batches: int = 7, rounds: int = 60
+) -> tuple[float, float]:
+    """CPU ms of parse + normalize per scrape, (median, best) over batches."""
+    per_batch = []
+    for _ in range(batches):
+        began = time.process_time()
+        for _ in range(rounds):
+            parse(text)
+        per_batch.append((time.process_time() - began) / rounds * 1000)
+    return statistics.median(per_batch), min(per_batch)
 
 
 def a_day_of_scrapes(base: ReplicaSample, start: float) -> list[tuple[float, ReplicaSample]]:
@@ -152,6 +180,13 @@ def main() -> None:
         f"after minute rollup {minute / 1e6:.3f} MB, after hour rollup {hour / 1e3:.1f} kB"
     )
     print(f"one replica for a year (48h raw, 35d minute, rest hourly): {year / 1e6:.1f} MB")
+    for label, path, parse in ENGINE_CAPTURES:
+        engine_text = path.read_text()
+        median, best = parse_cpu(engine_text, parse)
+        print(
+            f"{label} ({path.name}, {len(engine_text.encode()) / 1024:.1f} KiB): parse + "
+            f"normalize {median:.2f} ms median, {best:.2f} ms best of 7 batches"
+        )
     print(f"machine: sum(range(10**7)) takes {machine_speed():.0f} ms of CPU here")
 
 
