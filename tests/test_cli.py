@@ -277,3 +277,20 @@ def test_audit_text_is_not_rich_markup(audited: Path) -> None:
         )
     table = run("audit", "--config", str(audited))
     assert "alertname=[bold red]x[/bold red]" in table.stdout
+
+
+def test_a_command_line_import_is_in_the_audit_trail(audited: Path, tmp_path: Path) -> None:
+    result = tmp_path / "bench.json"
+    result.write_text(
+        json.dumps({"label": "cli", "model_id": "m", "max_concurrency": 4, "output_throughput": 9})
+    )
+    imported = run("import", str(result), "--config", str(audited))
+    assert imported.returncode == 0, imported.stderr
+    (entry,) = json.loads(run("audit", "--json", "--config", str(audited)).stdout)
+    assert (entry["action"], entry["outcome"], entry["via"], entry["role"]) == (
+        "run.import",
+        "done",
+        "cli",
+        "admin",
+    )
+    assert entry["actor"].startswith("cli:") and entry["after"] == {"stored": ["cli"]}
