@@ -10,6 +10,7 @@ import pytest
 from collectors.engines import detect_engine, parse_replica
 from collectors.parse import ScrapeFormatError
 from collectors.tgi import parse_tgi
+from kneepoint.samples import QUANTITIES
 from tests.conftest import OWN_FIXTURES, VLLM_032, read
 
 TGI_3 = OWN_FIXTURES / "tgi-3.3.7-speculate2.prom"
@@ -192,3 +193,9 @@ def test_auto_detection_and_the_engine_registry_pick_tgi() -> None:
     assert detect_engine(text) == "tgi"
     assert parse_replica("auto", text) == parse_tgi(text)
     assert parse_replica("tgi", read(TGI_2)).generation == "tgi-2"
+
+
+@pytest.mark.parametrize("fixture", [TGI_3, TGI_2])
+def test_every_unavailable_key_is_a_canonical_quantity(fixture) -> None:  # type: ignore[no-untyped-def]
+    unavailable = parse_tgi(read(fixture)).unavailable
+    assert unavailable and set(unavailable) <= set(QUANTITIES)

@@ -12,6 +12,7 @@ import pytest
 from collectors.engines import detect_engine, parse_replica
 from collectors.parse import ScrapeFormatError
 from collectors.trtllm import parse_trtllm
+from kneepoint.samples import QUANTITIES
 from tests.conftest import OWN_FIXTURES, VLLM_032, read
 
 BASIC = OWN_FIXTURES / "trtllm-1.0-unprefixed.prom"
@@ -266,3 +267,9 @@ def test_auto_detection_and_the_engine_registry_pick_trtllm() -> None:
         text = read(fixture)
         assert detect_engine(text) == "trtllm"
         assert parse_replica("auto", text) == parse_trtllm(text)
+
+
+@pytest.mark.parametrize("fixture", [FULL, KV, BASIC])
+def test_every_unavailable_key_is_a_canonical_quantity(fixture) -> None:  # type: ignore[no-untyped-def]
+    unavailable = parse_trtllm(read(fixture)).unavailable
+    assert unavailable and set(unavailable) <= set(QUANTITIES)
