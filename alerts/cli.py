@@ -136,6 +136,7 @@ def list_alerts(
             .where(AlertRow.state.in_(["pending", "firing"]))
             .order_by(AlertRow.state, AlertRow.rule, AlertRow.replica)
         ).all()
+        not_exposed = _not_exposed(session, rules, {t.name for t in settings.targets})
         alerts: list[dict[str, Any]] = [
             {
                 "rule": row.rule,
@@ -151,7 +152,9 @@ def list_alerts(
         ]
     if as_json:
         listed = [r.model_dump(by_alias=True) for r in rules]
-        typer.echo(json.dumps({"alerts": alerts, "rules": listed}, indent=2))
+        typer.echo(
+            json.dumps({"alerts": alerts, "rules": listed, "not_exposed": not_exposed}, indent=2)
+        )
         return
     table = Table(title=f"{len(alerts)} alerts pending or firing ({len(rules)} rules)")
     for column in ("state", "rule", "replica", "value", "threshold", "since"):
@@ -166,6 +169,27 @@ def list_alerts(
             str(a["fired_at"] or a["pending_since"] or ""),
         )
     Console().print(table)
+    for n in not_exposed:
+        typer.echo(f"{n['rule']} does not apply to {n['replica']}: {n['reason']}")
+
+
+def _not_exposed(session: Any, rules: list[Rule], names: set[str]) -> list[dict[str, str]]:
+    """Each replica rule whose metric the replica's engine does not expose (as its latest
+    scrape says: targets.unavailable), with the reason. Such a rule never pends or fires
+    there, and never says "no data" (alerts.engine.evaluate)."""
+    from kneepoint.samples import unavailable_reason
+    from kneepoint.store import queries
+
+    out = []
+    for name, row in queries.targets(session).items():
+        if name not in names:  # a target no longer configured
+            continue
+        unavailable = json.loads(row.unavailable) if row.unavailable else {}
+        for rule in rules:
+            reason = unavailable_reason(unavailable, rule.metric)
+            if rule.scope != "fleet" and reason is not None:
+                out.append({"rule": rule.name, "replica": name, "reason": reason})
+    return out
 
 
 def register(app: typer.Typer) -> None:

@@ -54,6 +54,9 @@ class Transition:
     alert: Alert  # its `value` is the one seen at this evaluation (None: no data)
     before: str | None  # None: the alert did not exist
     after: str
+    # Why there is no value, where it is not mere missing data: the replica's engine does
+    # not expose the rule's quantity (the alert ended; kneepoint.samples.QUANTITIES).
+    note: str | None = None
 
     @property
     def no_data(self) -> bool:
@@ -113,8 +116,13 @@ def evaluate(
     values: dict[str, dict[str, float | None]],
     alerts: dict[str, Alert],
     now: float,
+    not_exposed: dict[str, dict[str, str]] | None = None,
 ) -> tuple[dict[str, Alert], list[Transition]]:
-    """Every rule on every replica (or the fleet, by scope): the new states and what changed."""
+    """Every rule on every replica (or the fleet, by scope): the new states and what changed.
+
+    A rule whose metric the replica's engine does not expose (`not_exposed`: replica ->
+    metric -> reason) does not apply there: it never pends or fires, whatever its `no_data`,
+    and an alert it had (the target's engine changed) ends, resolved, with the reason."""
     states: dict[str, Alert] = {}
     transitions: list[Transition] = []
     for rule in rules:
@@ -122,6 +130,15 @@ def evaluate(
         for replica in scopes:
             key = fingerprint(rule, replica)
             last = alerts.get(key)
+            reason = (not_exposed or {}).get(replica, {}).get(rule.metric)
+            if reason is not None:
+                if last is not None and last.state != RESOLVED:
+                    ended = replace(last, state=RESOLVED, value=None, resolved_at=now)
+                    states[key] = ended
+                    transitions.append(Transition(ended, last.state, RESOLVED, note=reason))
+                elif last is not None:
+                    states[key] = last
+                continue
             value = values.get(replica, {}).get(rule.metric)
             new = step(rule, replica, value, last, now)
             before = None if last is None else last.state

@@ -12,7 +12,7 @@ from alerts import slo
 from alerts.engine import FIRING, Alert, Transition, evaluate
 from alerts.outbox import enqueue
 from alerts.rules import effective_rules
-from alerts.values import FLEET, monitor_values, values
+from alerts.values import FLEET, monitor_values, not_exposed, values
 from kneepoint.config import Config
 from kneepoint.secrets import Secret
 from kneepoint.status import build_status, fleet_window
@@ -103,7 +103,7 @@ def evaluate_once(session: Session, config: Config, now: float) -> list[Transiti
             **watched[FLEET],
             **slo.burn_values(config.slos, burn_rates_cached(session, config, now)),
         }
-    states, transitions = evaluate(rules, watched, current, now)
+    states, transitions = evaluate(rules, watched, current, now, not_exposed(view.status))
     notified = dict(session.execute(select(AlertRow.fingerprint, AlertRow.notified_at)).all())
     news = {c.alert.fingerprint for c in transitions if c.after == FIRING}
     reminders = [
@@ -131,6 +131,7 @@ def evaluate_once(session: Session, config: Config, now: float) -> list[Transiti
                 before=change.before,
                 after=change.after,
                 value=change.alert.value,  # the value seen now (None: no data)
+                note=change.note,
             )
         )
     return transitions

@@ -8,8 +8,10 @@ from typing import Any
 from sqlalchemy import func, select
 from sqlalchemy.orm import Session
 
+from alerts.rules import METRICS
 from kneepoint.config import Config
 from kneepoint.health import check_jobs
+from kneepoint.samples import unavailable_reason
 from kneepoint.status import stale_targets
 from kneepoint.store.models import NotificationRow
 from kneepoint.views import View
@@ -77,6 +79,24 @@ def values(view: View, baseline: dict[str, Any]) -> dict[str, dict[str, float | 
         **replica_values({**fleet, "up": None}, {}, view.status["gpus"], baseline["fleet"]),
         "recompute_share_of_prefill": max(known_shares) if known_shares else None,
     }
+    return out
+
+
+def not_exposed(status: dict[str, Any]) -> dict[str, dict[str, str]]:
+    """Per replica ("" for the fleet): each rule metric its engine does not expose, and why
+    (from the replica's `unavailable` in the status; the fleet's lists what no replica
+    exposes)."""
+    blocks = [(r["name"], r.get("unavailable") or {}) for r in status["replicas"]]
+    blocks.append((FLEET, status["fleet"].get("unavailable") or {}))
+    out: dict[str, dict[str, str]] = {}
+    for name, unavailable in blocks:
+        reasons = {
+            metric: reason
+            for metric in METRICS
+            if (reason := unavailable_reason(unavailable, metric)) is not None
+        }
+        if reasons:
+            out[name] = reasons
     return out
 
 

@@ -16,7 +16,7 @@ from alerts.silences import Silence
 from alerts.slo import Report
 from kneepoint import audit
 from kneepoint.auth import Limits
-from kneepoint.config import Config, config_path, load_config
+from kneepoint.config import ENGINE_KINDS, Config, config_path, load_config
 from kneepoint.knee.detect import Assessment, assess
 from kneepoint.knee.passive import ProductionCurve, replica_curve
 from kneepoint.series import COLUMNS as SERIES_COLUMNS
@@ -57,7 +57,7 @@ def limits() -> Limits:
 
 def replica_names() -> list[str]:
     config, _ = store()
-    return [t.name for t in config.targets if t.kind == "vllm"]
+    return [t.name for t in config.targets if t.kind in ENGINE_KINDS]
 
 
 def status(window: float, now: float) -> dict[str, Any]:
@@ -108,6 +108,8 @@ def _health(path: str, start: float, end: float) -> tuple[pd.DataFrame, pd.DataF
                 {
                     "target": row.name,
                     "kind": row.kind,
+                    "engine": row.engine,
+                    "generation": row.generation,
                     # A stale target (not scraped lately) is down, as in `kneepoint status`.
                     "up": False if is_stale(row.last_scrape_at, config, end) else row.up,
                     "stale": is_stale(row.last_scrape_at, config, end),
@@ -191,8 +193,13 @@ def _alerts(path: str, start: float, end: float) -> tuple[pd.DataFrame, pd.DataF
         for column in columns:
             frame[column] = pd.to_datetime(frame[column], unit="s", utc=True)
         frame["replica"] = frame["replica"].replace("", "fleet")
-        # No value is "no data" (a firing alert held while its data is missing), not a blank.
-        frame["value"] = ["no data" if pd.isna(v) else f"{v:.4g}" for v in frame["value"]]
+        # No value is "no data" (a firing alert held while its data is missing), not a blank,
+        # or the reason the replica's engine does not give the number (alert_history.note).
+        notes = frame["note"] if "note" in frame else pd.Series([None] * len(frame))
+        frame["value"] = [
+            note if isinstance(note, str) else ("no data" if pd.isna(v) else f"{v:.4g}")
+            for v, note in zip(frame["value"], notes, strict=True)
+        ]
     return current, history
 
 

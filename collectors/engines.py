@@ -14,7 +14,7 @@ import re
 from collections.abc import Callable
 
 from collectors.parse import MAX_SERIES, ParsedScrape, ScrapeFormatError
-from kneepoint.samples import ENGINES, ReplicaSample
+from kneepoint.samples import ENGINE_NAMES, ENGINES, ReplicaSample
 
 Parser = Callable[[str, int], ReplicaSample]
 
@@ -23,14 +23,7 @@ _MODULES: dict[str, tuple[str, str]] = {
     engine: (f"collectors.{engine}", f"parse_{engine}") for engine in ENGINES
 }
 
-# What the engines are called in sentences ("not exposed by llama.cpp").
-DISPLAY = {
-    "vllm": "vLLM",
-    "sglang": "SGLang",
-    "llamacpp": "llama.cpp",
-    "tgi": "TGI",
-    "trtllm": "TensorRT-LLM",
-}
+DISPLAY = ENGINE_NAMES  # what the engines are called in sentences
 
 
 def _load() -> dict[str, Parser]:

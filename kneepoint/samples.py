@@ -9,6 +9,14 @@ GENERATIONS = ("v0", "v1-0.8", "v1-0.10", "v1")
 
 # The inference engines a replica target can be (collectors/engines.py reads each one).
 ENGINES = ("vllm", "sglang", "llamacpp", "tgi", "trtllm")
+# What they are called in sentences ("not exposed by llama.cpp").
+ENGINE_NAMES = {
+    "vllm": "vLLM",
+    "sglang": "SGLang",
+    "llamacpp": "llama.cpp",
+    "tgi": "TGI",
+    "trtllm": "TensorRT-LLM",
+}
 
 # The canonical quantities an engine may be unable to give (the keys of
 # ReplicaSample.unavailable), each with the numbers of `kneepoint status --json` and of the

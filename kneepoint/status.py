@@ -14,12 +14,13 @@ from typing import Any
 import pandas as pd
 from sqlalchemy.orm import Session
 
-from kneepoint.config import Config
+from kneepoint.config import ENGINE_KINDS, Config
 from kneepoint.counters import increase
 from kneepoint.derived import ratios
 from kneepoint.derived.cost import per_million, window_cost
 from kneepoint.derived.latency import quantiles
 from kneepoint.derived.window import Window, frame_windows, merge
+from kneepoint.samples import QUANTITIES
 from kneepoint.store import queries
 from kneepoint.store.models import TargetRow
 
@@ -46,7 +47,7 @@ def build_status(
     # scrapes, and a 6-hour `gpu-idle` rule must see the level, not the last instant).
     busy = [_busy_mean(frame) for _, frame in by_gpu]
     replicas, windows, costs = [], [], []
-    names = [t.name for t in config.targets if t.kind == "vllm"]
+    names = [t.name for t in config.targets if t.kind in ENGINE_KINDS]
     if spans is None:
         spans = frame_windows(samples, layouts, _edge_reader(session, samples))
     by_target = dict(iter(samples.groupby("target_id", sort=False)))
@@ -64,7 +65,8 @@ def build_status(
         )
         busy_now = _mean([b for g, b in zip(gpu_block, busy, strict=True) if g["replica"] == name])
         stale = row is not None and is_stale(row.last_scrape_at, config, now)
-        replicas.append(_replica(name, row, frame, span, mine, cost, busy_now, stale))
+        kind = config.target(name).kind
+        replicas.append(_replica(name, kind, row, frame, span, mine, cost, busy_now, stale))
         windows.append(span)
         costs.append(cost)
     return {
@@ -77,13 +79,23 @@ def build_status(
 
 
 def derived(
-    window: Window, generation: str | None, cost: float | None, v0_hit_rate: float | None = None
+    window: Window,
+    generation: str | None,
+    cost: float | None,
+    hit_rate_gauge: float | None = None,
+    spec_gauges: tuple[float | None, float | None] = (None, None),
 ) -> dict[str, Any]:
-    """The windowed numbers of design.md's contract, from one window."""
+    """The windowed numbers of design.md's contract, from one window.
+
+    `generation` is a vLLM generation (None for other engines). Where the engine has no
+    prefix-cache hit and query counters (vLLM v0, SGLang 0.4.0), its own hit-rate gauge is
+    the hit rate; where it has no draft and accept counters (SGLang, TensorRT-LLM), its own
+    acceptance length and rate gauges (`spec_gauges`) are the acceptance figures."""
     d = window.deltas
+    counted = d.get("prefix_cache_hits") is not None or d.get("prefix_cache_queries") is not None
     hit_rate = (
-        v0_hit_rate
-        if generation == "v0"
+        hit_rate_gauge
+        if generation == "v0" or not counted
         else ratios.hit_rate(d.get("prefix_cache_hits"), d.get("prefix_cache_queries"))
     )
     recompute = ratios.recompute(
@@ -104,12 +116,17 @@ def derived(
     )
     generated, prompt = d.get("generation_tokens"), d.get("prompt_tokens")
     served = None if generated is None or prompt is None else generated + prompt
+    own_length, own_rate = spec_gauges if spec.mean_acceptance_length is None else (None, None)
     return {
         "prefix_cache_hit_rate": hit_rate,
         "preemption_recompute_tokens": recompute.tokens,
         "preemption_recompute_is_estimate": recompute.is_estimate,
-        "spec_decode_acceptance_rate": spec.acceptance_rate,
-        "spec_decode_mean_acceptance_length": spec.mean_acceptance_length,
+        "spec_decode_acceptance_rate": spec.acceptance_rate
+        if spec.acceptance_rate is not None
+        else own_rate,
+        "spec_decode_mean_acceptance_length": spec.mean_acceptance_length
+        if spec.mean_acceptance_length is not None
+        else own_length,
         "spec_decode_per_position_acceptance": spec.per_position,
         "ttft_seconds": quantiles(window.histograms.get("ttft")),
         "itl_seconds": quantiles(window.histograms.get("itl")),
@@ -121,6 +138,7 @@ def derived(
 
 def _replica(
     name: str,
+    kind: str,
     row: TargetRow | None,
     frame: pd.DataFrame,
     window: Window,
@@ -131,6 +149,10 @@ def _replica(
 ) -> dict[str, Any]:
     latest = frame.iloc[-1] if len(frame) else None
     generation = row.generation if row else None
+    # The engine of the stored samples; before the first one, the configured kind says it
+    # (unless it is `auto`).
+    engine = (row.engine if row else None) or (None if kind == "auto" else kind)
+    unavailable: dict[str, str] = json.loads(row.unavailable) if row and row.unavailable else {}
     result: dict[str, Any] = {
         "name": name,
         # A stale target is down: its last answer is too old to vouch for it.
@@ -138,7 +160,9 @@ def _replica(
         "stale": stale,
         "last_scrape_at": iso(row.last_scrape_at) if row and row.last_scrape_at else None,
         "last_error": row.last_error if row else None,
+        "engine": engine,
         "engine_generation": generation,
+        "unavailable": unavailable,
         "engines": row.engines if row else None,
         "model_names": json.loads(row.model_names) if row and row.model_names else [],
         "kv_cache_occupancy": _value(latest, "kv_cache_usage"),
@@ -153,7 +177,27 @@ def _replica(
         "generation_tokens_per_second": _per_second(window, "generation_tokens"),
         "gpu_utilization": gpu_utilization,
     }
-    result.update(derived(window, generation, cost, _value(latest, "prefix_cache_hit_rate_gauge")))
+    result.update(
+        derived(
+            window,
+            generation if engine == "vllm" else None,
+            cost,
+            # The engine's own hit rate only where it has no counters (not for a window
+            # that merely holds one sample of an engine that has them).
+            None
+            if _value(latest, "prefix_cache_queries") is not None
+            else _value(latest, "prefix_cache_hit_rate_gauge"),
+            (
+                _value(latest, "spec_decode_acceptance_length_gauge"),
+                _value(latest, "spec_decode_acceptance_rate_gauge"),
+            ),
+        )
+    )
+    # What the engine cannot give is null with its reason, never a number read elsewhere.
+    for quantity in unavailable:
+        for key in QUANTITIES.get(quantity, (quantity,)):
+            if key in result:
+                result[key] = None
     return result
 
 
@@ -168,6 +212,7 @@ def _fleet(
         return sum(found) if found else None
 
     generations = set(values("engine_generation"))
+    engines = set(values("engine"))
     scraped = values("last_scrape_at")
     fleet: dict[str, Any] = {
         "name": "fleet",
@@ -175,9 +220,11 @@ def _fleet(
         "stale": any(r["stale"] for r in replicas),
         "last_scrape_at": max(scraped) if scraped else None,
         "last_error": next(iter(values("last_error")), None),
+        "engine": engines.pop() if len(engines) == 1 else ("mixed" if engines else None),
         "engine_generation": generations.pop()
         if len(generations) == 1
         else ("mixed" if generations else None),
+        "unavailable": _fleet_unavailable(replicas),
         "engines": total("engines"),
         "model_names": sorted({m for r in replicas for m in r["model_names"]}),
         # A fraction is never summed: the fleet's occupancy is its fullest replica.
@@ -197,15 +244,29 @@ def _fleet(
     ):
         fleet[key] = total(key)
     known_costs = [c for c in costs if c is not None]
-    generation = fleet["engine_generation"] if fleet["engine_generation"] != "mixed" else None
-    v0_rates = [
+    only_vllm = fleet["engine"] == "vllm"
+    generation = (
+        fleet["engine_generation"] if only_vllm and fleet["engine_generation"] != "mixed" else None
+    )
+    # Replicas whose hit rate is their engine's own gauge (no counters to merge): their mean,
+    # where no replica has counters.
+    gauge_rates = [
         r["prefix_cache_hit_rate"]
-        for r in replicas
-        if r["engine_generation"] == "v0" and r["prefix_cache_hit_rate"] is not None
+        for r, w in zip(replicas, windows, strict=True)
+        if r["prefix_cache_hit_rate"] is not None
+        and w.deltas.get("prefix_cache_queries") is None
+        and w.deltas.get("prefix_cache_hits") is None
     ]
     fleet.update(
         derived(
-            merge(windows), generation, sum(known_costs) if known_costs else None, _mean(v0_rates)
+            merge(windows),
+            generation,
+            sum(known_costs) if known_costs else None,
+            _mean(gauge_rates),
+            (
+                _mean(values("spec_decode_mean_acceptance_length")),
+                _mean(values("spec_decode_acceptance_rate")),
+            ),
         )
     )
     # Recompute depends on each replica's own request shape and hit rate: add them up.
@@ -213,6 +274,18 @@ def _fleet(
     fleet["preemption_recompute_is_estimate"] = any(estimates) if estimates else None
     fleet["preemption_recompute_tokens"] = total("preemption_recompute_tokens")
     return fleet
+
+
+def _fleet_unavailable(replicas: list[dict[str, Any]]) -> dict[str, str]:
+    """Quantities no replica of the fleet can give: the reason, or each engine's."""
+    if not replicas:
+        return {}
+    common = set.intersection(*(set(r["unavailable"]) for r in replicas))
+    out = {}
+    for quantity in sorted(common):
+        reasons = sorted({r["unavailable"][quantity] for r in replicas})
+        out[quantity] = "; ".join(reasons)
+    return out
 
 
 def _gpu(frame: pd.DataFrame, config: Config, rows: dict[str, TargetRow]) -> dict[str, Any]:
@@ -340,4 +413,4 @@ def fleet_window(session: Session, config: Config, now: float, window: float) ->
 
 
 def _replica_names(config: Config) -> set[str]:
-    return {t.name for t in config.targets if t.kind == "vllm"}
+    return {t.name for t in config.targets if t.kind in ENGINE_KINDS}

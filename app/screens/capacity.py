@@ -6,7 +6,7 @@ import pandas as pd
 import streamlit as st
 
 from app import data, filters
-from app.format import quantile, show
+from app.format import engine_label, quantile, show, why
 from dashboards.charts import lines
 from kneepoint.derived.capacity import Plan, what_ifs
 from kneepoint.derived.details import SATURATION
@@ -24,11 +24,16 @@ chosen = [
 for replica in chosen:
     extra = view.rows[replica["name"]]
     st.subheader(replica["name"])
+    st.caption(engine_label(replica))
     a, b, c, d, e = st.columns(5)
     a.metric(
         "KV occupancy",
         show(replica["kv_cache_occupancy"], "%"),
-        help="Latest KV-cache usage (max over engines): 1 − free blocks ÷ blocks.",
+        help=why(
+            replica,
+            "kv_cache_occupancy",
+            "Latest KV-cache usage (max over engines): 1 − free blocks ÷ blocks.",
+        ),
     )
     b.metric(
         "Sequence slots left",
@@ -55,7 +60,12 @@ for replica in chosen:
     f.metric(
         "Capacity",
         show(replica["kv_cache_capacity_tokens"], "tokens", 0),
-        help="num_gpu_blocks × block_size from cache_config_info.",
+        help=why(
+            replica,
+            "kv_cache_capacity_tokens",
+            "KV capacity in tokens (vLLM: num_gpu_blocks × block_size from cache_config_info; "
+            "docs/engines.md for the others).",
+        ),
     )
     g.metric(
         "Live mean context",
@@ -65,12 +75,20 @@ for replica in chosen:
     h.metric(
         "Preemptions / s",
         show(replica["preemptions_per_second"], "/s", 3),
-        help="Increase of num_preemptions_total over the window ÷ its length.",
+        help=why(
+            replica,
+            "preemptions_per_second",
+            "Increase of the preemption (SGLang: retraction) counter over the window ÷ its length.",
+        ),
     )
     i.metric(
         "Recompute share",
         show(extra["recompute_share_of_prefill"], "%"),
-        help="Recomputed prefill tokens ÷ all prefill work in the window.",
+        help=why(
+            replica,
+            "recompute_share_of_prefill",
+            "Recomputed prefill tokens ÷ all prefill work in the window.",
+        ),
     )
     estimate = " (estimate)" if replica["preemption_recompute_is_estimate"] else ""
     j.metric(

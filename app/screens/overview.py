@@ -5,6 +5,7 @@ from __future__ import annotations
 import streamlit as st
 
 from app import data, filters
+from app.format import engine_label, why
 from dashboards.overview import replica_lines
 
 config, _ = data.store()
@@ -21,7 +22,7 @@ def tiles() -> None:
     report = data.status(300.0, data.now())
     shown = [r for r in report["replicas"] if not view.replicas or r["name"] in view.replicas]
     if not shown:
-        st.info("No vLLM targets are configured: add some under `targets:` in kneepoint.yaml.")
+        st.info("No engine targets are configured: add some under `targets:` in kneepoint.yaml.")
         return
     columns = st.columns(min(4, len(shown)))
     for index, replica in enumerate(shown):
@@ -33,13 +34,29 @@ def tiles() -> None:
             elif replica["up"] is False and replica["last_error"]:
                 st.caption(replica["last_error"])
             left, right = st.columns(2)
-            left.metric("KV occupancy", _fmt(replica["kv_cache_occupancy"], "{:.0%}"))
-            right.metric("Running", _fmt(replica["requests_running"], "{:.0f}"))
-            left.metric("Waiting", _fmt(replica["requests_waiting"], "{:.0f}"))
-            right.metric("Gen tok/s", _fmt(replica["generation_tokens_per_second"], "{:.0f}"))
+            left.metric(
+                "KV occupancy",
+                _fmt(replica["kv_cache_occupancy"], "{:.0%}"),
+                help=why(replica, "kv_cache_occupancy", "Latest KV-cache usage."),
+            )
+            right.metric(
+                "Running",
+                _fmt(replica["requests_running"], "{:.0f}"),
+                help=why(replica, "requests_running", "Requests in the running batch."),
+            )
+            left.metric(
+                "Waiting",
+                _fmt(replica["requests_waiting"], "{:.0f}"),
+                help=why(replica, "requests_waiting", "Requests waiting to be scheduled."),
+            )
+            right.metric(
+                "Gen tok/s",
+                _fmt(replica["generation_tokens_per_second"], "{:.0f}"),
+                help=why(replica, "generation_tokens_per_second", "Generated tokens per second."),
+            )
             st.caption(
                 f"prompt {_fmt(replica['prompt_tokens_per_second'], '{:.0f}')} tok/s · "
-                f"{replica['engine_generation'] or 'unknown'} engine"
+                f"{engine_label(replica)}"
             )
     st.caption(f"Last 5 minutes, as of {report['generated_at']}")
 

@@ -5,7 +5,7 @@ from __future__ import annotations
 import streamlit as st
 
 from app import data, filters
-from app.format import show
+from app.format import show, why
 from dashboards.charts import events, lines
 from kneepoint.derived.details import divergence
 
@@ -43,7 +43,12 @@ for replica in view.status["replicas"]:
     left.metric(
         f"{replica['name']}: hit rate",
         show(replica["prefix_cache_hit_rate"], "%"),
-        help="Δprefix_cache_hits ÷ Δprefix_cache_queries (tokens) over the window.",
+        help=why(
+            replica,
+            "prefix_cache_hit_rate",
+            "Δprefix_cache_hits ÷ Δprefix_cache_queries (tokens) over the window; where the "
+            "engine has no such counters, its own hit-rate gauge (docs/engines.md).",
+        ),
     )
     right.metric(
         f"{replica['name']}: cross-check",

@@ -214,6 +214,9 @@ class AlertHistoryRow(Base):
     before: Mapped[str | None] = mapped_column(String(16))
     after: Mapped[str] = mapped_column(String(16))
     value: Mapped[float | None] = mapped_column(Float)
+    # Why there is no value beyond "no data": the replica's engine does not expose the
+    # rule's quantity ("not exposed by llama.cpp since …"), which ended the alert.
+    note: Mapped[str | None] = mapped_column(Text)
 
 
 class NotificationRow(Base):

@@ -204,3 +204,29 @@ def test_no_data_must_be_keep_resolve_or_alert() -> None:
     assert rule().no_data == "keep"
     with pytest.raises(ValueError, match="no_data"):
         rule(no_data="ignore")
+
+
+@pytest.mark.parametrize("no_data", ["keep", "resolve", "alert"])
+def test_a_metric_the_engine_does_not_expose_never_pends_or_fires(no_data: str) -> None:
+    the_rule = rule(**{"for": 0, "no_data": no_data})
+    why = {"r": {"kv_cache_occupancy": "not exposed by llama.cpp since its KV gauges went"}}
+    alerts: dict = {}
+    for now in (0.0, 10.0, 20.0):
+        alerts, changes = evaluate(
+            [the_rule], {"r": {"kv_cache_occupancy": None}}, alerts, now, why
+        )
+        assert alerts == {} and changes == []
+
+
+def test_an_alert_whose_metric_stops_being_exposed_ends_with_the_reason() -> None:
+    # An `auto` target that now runs another engine: its firing alert ends, saying why.
+    the_rule = rule(**{"for": 0})
+    alerts, _ = evaluate([the_rule], {"r": {"kv_cache_occupancy": 0.95}}, {}, 0.0)
+    assert next(iter(alerts.values())).state == FIRING
+    why = {"r": {"kv_cache_occupancy": "not exposed by llama.cpp since its KV gauges went"}}
+    alerts, changes = evaluate([the_rule], {"r": {"kv_cache_occupancy": None}}, alerts, 10.0, why)
+    (change,) = changes
+    assert (change.before, change.after) == (FIRING, RESOLVED)
+    assert change.note == why["r"]["kv_cache_occupancy"] and change.alert.value is None
+    alerts, changes = evaluate([the_rule], {"r": {"kv_cache_occupancy": None}}, alerts, 20.0, why)
+    assert changes == [] and next(iter(alerts.values())).state == RESOLVED

@@ -1,5 +1,6 @@
 """each replica target's engine (vllm, sglang, llamacpp, tgi, trtllm) and what it cannot give;
-the engine's own speculative-decoding gauges
+the engine's own speculative-decoding gauges; alert_history.note (why an alert ended without
+a value)
 
 Revision ID: 0011
 Revises: 0010
@@ -30,11 +31,15 @@ def upgrade() -> None:
         with op.batch_alter_table(table) as batch:
             for column in SPEC_GAUGES:
                 batch.add_column(sa.Column(column, sa.Float(), nullable=True))
+    with op.batch_alter_table("alert_history") as batch:
+        batch.add_column(sa.Column("note", sa.Text(), nullable=True))
     # Every replica stored before engines other than vLLM were read was a vLLM.
     op.execute("UPDATE targets SET engine = 'vllm' WHERE kind = 'vllm'")
 
 
 def downgrade() -> None:
+    with op.batch_alter_table("alert_history") as batch:
+        batch.drop_column("note")
     for table in ("replica_samples", "replica_rollups"):
         with op.batch_alter_table(table) as batch:
             for column in SPEC_GAUGES:
