@@ -88,6 +88,16 @@ def every_secret(values: dict[str, str]) -> Config:
                 {"name": "pd", "type": "pagerduty", "routing_key": values["pd"]},
             ],
             "heartbeat": {"url": f"https://hc-ping.com/{values['heartbeat']}"},
+            "auth": {
+                "mode": "oidc",
+                "oidc": {
+                    "issuer": "https://idp.example",
+                    "client_id": "kneepoint",
+                    "client_secret": values["oidc_client"],
+                    "cookie_secret": values["oidc_cookie"],
+                    "redirect_uri": "https://kneepoint.example/oauth2callback",
+                },
+            },
         }
     )
 
@@ -105,6 +115,8 @@ SECRET_FIELDS = (
     "tg",
     "pd",
     "heartbeat",
+    "oidc_client",
+    "oidc_cookie",
 )
 
 
@@ -151,6 +163,11 @@ def test_no_repr_or_dump_of_a_config_shows_a_secret() -> None:
         ("{channels: [{name: c, type: slack, secret: {CANARY: 1}}]}", "channels[0].secret"),
         ("{heartbeat: {url: 'https:///CANARY'}}", "heartbeat.url"),
         ("{database: [CANARY]}", "database"),
+        (
+            "{auth: {mode: oidc, oidc: {issuer: 'https://i', client_id: k, client_secret: [CANARY],"
+            " redirect_uri: 'https://k/oauth2callback'}}}",
+            "auth.oidc.client_secret",
+        ),
     ],
 )
 def test_a_config_error_never_quotes_a_secret(yaml_value: str, field: str) -> None:
