@@ -127,7 +127,7 @@ def _print_status(report: dict) -> None:
     for column in (
         "replica",
         "up",
-        "gen",
+        "engine",
         "KV occ.",
         "running",
         "waiting",
@@ -144,7 +144,7 @@ def _print_status(report: dict) -> None:
         table.add_row(
             r["name"],
             {True: "up", False: "DOWN", None: "?"}[r["up"]],
-            r["engine_generation"] or "–",
+            " ".join(v for v in (r["engine"], r["engine_generation"]) if v) or "–",
             show(r["kv_cache_occupancy"], "{:.0%}"),
             show(r["requests_running"]),
             show(r["requests_waiting"]),

@@ -302,6 +302,11 @@ class Config(Strict):
         for index, target in enumerate(self.targets):
             if target.gpus and target.kind == "dcgm":
                 raise ValueError(f"targets[{index}].gpus is only for engine targets, not dcgm")
+            if self.prometheus is not None and target.kind not in ("vllm", "dcgm"):
+                raise ValueError(
+                    f"targets[{index}].kind {target.kind} cannot be read through prometheus: "
+                    "(only vllm and dcgm targets can); leave prometheus: out to scrape it"
+                )
         if self.scrape_interval <= 0:
             raise ValueError("scrape_interval must be positive")
         return self

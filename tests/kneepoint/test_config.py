@@ -29,6 +29,11 @@ BAD = {
         "targets: [{name: a, kind: dcgm, url: 'http://x/m', gpus: ['n/0']}]",
         "targets[0].gpus is only for engine targets, not dcgm",
     ),
+    "an SGLang target read through Prometheus": (
+        "prometheus: {url: 'http://p:9090'}\n"
+        "targets: [{name: a, kind: sglang, url: 'http://x/m'}]",
+        "targets[0].kind sglang cannot be read through prometheus:",
+    ),
     "a rule naming an unknown channel": (
         "rules: [{name: r, metric: kv_cache_occupancy, op: '>', threshold: 0.9, channels: [x]}]",
         "rules[0].channels names unknown channel 'x'",
