@@ -10,6 +10,7 @@ is then recorded down with the reason, and `auto` never picks it.
 from __future__ import annotations
 
 import importlib
+import logging
 import re
 from collections.abc import Callable
 
@@ -17,6 +18,7 @@ from collectors.parse import MAX_SERIES, ParsedScrape, ScrapeFormatError
 from kneepoint.samples import ENGINE_NAMES, ENGINES, ReplicaSample
 
 Parser = Callable[[str, int], ReplicaSample]
+log = logging.getLogger(__name__)
 
 # Engine -> (module, function) of its normalizer.
 _MODULES: dict[str, tuple[str, str]] = {
@@ -31,11 +33,12 @@ def _load() -> dict[str, Parser]:
     for engine, (module_name, function) in _MODULES.items():
         try:
             module = importlib.import_module(module_name)
+            parsers[engine] = getattr(module, function)
         except ModuleNotFoundError as error:
             if error.name != module_name:  # the module exists but an import inside it fails
-                raise
-            continue
-        parsers[engine] = getattr(module, function)
+                log.exception("cannot load the %s normalizer; its targets stay down", engine)
+        except Exception:  # one broken normalizer must not stop the others' collection
+            log.exception("cannot load the %s normalizer; its targets stay down", engine)
     return parsers
 
 
