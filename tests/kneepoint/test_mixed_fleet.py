@@ -157,3 +157,51 @@ def test_a_rule_over_a_number_an_engine_does_not_expose_never_fires_and_says_why
     assert "no-retraction-counter does not apply to sglang-old: not exposed by SGLang" in (
         table.output
     )
+
+
+def test_an_alert_ends_with_the_reason_when_an_auto_target_changes_engine(
+    metrics_server: MetricsServer, tmp_path: Path
+) -> None:
+    # An `auto` target that served vLLM (3 sequences waiting for KV capacity: the rule fires)
+    # and now serves SGLang, which has no such number: the alert ends, and its history says why.
+    bodies = {"now": read(OWN_FIXTURES / "vllm-0.10.2-dp2.prom")}
+    metrics_server.routes["/r"] = Route(lambda: bodies["now"].encode())
+    config = tmp_path / "kneepoint.yaml"
+    config.write_text(
+        f"database: sqlite:///{tmp_path / 'k.db'}\n"
+        f"targets:\n  - {{name: r, kind: auto, url: '{metrics_server.url('/r')}'}}\n"
+        "rules:\n  - {name: capacity-wait, metric: requests_waiting_capacity, op: '>',"
+        " threshold: 0, for: 0s}\n"
+    )
+    migrated(config)
+    runner = CliRunner()
+
+    def round_() -> None:
+        for command in (["collect", "--once"], ["alerts", "eval", "--once"]):
+            result = runner.invoke(app, [*command, "--config", str(config)])
+            assert result.exit_code == 0, result.output
+
+    round_()
+    listed = json.loads(
+        runner.invoke(app, ["alerts", "list", "--json", "--config", str(config)]).stdout
+    )
+    states = {a["rule"]: a["state"] for a in listed["alerts"]}
+    assert states["capacity-wait"] == "firing"
+    bodies["now"] = read(OWN_FIXTURES / "sglang-0.5.23-priority.prom")
+    round_()
+    listed = json.loads(
+        runner.invoke(app, ["alerts", "list", "--json", "--config", str(config)]).stdout
+    )
+    ended = {"capacity-wait", "waiting-for-kv-capacity"}  # the built-in one had pended
+    assert not ended & {a["rule"] for a in listed["alerts"]}
+    assert "capacity-wait" in {n["rule"] for n in listed["not_exposed"]}
+    from kneepoint.config import load_config
+    from kneepoint.store import queries
+    from kneepoint.store.db import open_store
+
+    sessions = open_store(load_config(config, environ={}).database)
+    with sessions() as session:
+        history = queries.alert_history(session, 0.0, 4e9)
+    last = history[history.rule == "capacity-wait"].iloc[0]
+    assert (last["before"], last["after"]) == ("firing", "resolved")
+    assert last["note"].startswith("not exposed by SGLang")
