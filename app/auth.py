@@ -21,7 +21,8 @@ _SIGNED_IN = "kneepoint-signed-in"
 
 
 def peer_address() -> str | None:
-    """The session connection's peer. Streamlit reports a loopback peer as None; kneepoint
+    """The session connection's peer. Streamlit reports a loopback peer (127.0.0.1 or ::1)
+    as None, returned here as 127.0.0.1 (ProxyAuth.trusts treats every loopback alike); kneepoint
     starts its server trusting no X-Forwarded-For (FORWARDED_ALLOW_IPS is empty), so this is
     the TCP peer itself, not what a client claims."""
     address = st.context.ip_address

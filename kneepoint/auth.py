@@ -77,8 +77,16 @@ class ProxyAuth(Strict):
         return trusted
 
     def trusts(self, address: str | None) -> bool:
+        """Whether a connection from `address` comes from the proxy. Streamlit reports the
+        peers 127.0.0.1 and ::1 alike (as no address; app/auth.py passes "127.0.0.1"), so
+        either one trusted stands for both."""
         if address is None:
             return False
+        if address in ("127.0.0.1", "::1"):
+            return any(self._contains(peer) for peer in ("127.0.0.1", "::1"))
+        return self._contains(address)
+
+    def _contains(self, address: str) -> bool:
         try:
             peer = ipaddress.ip_address(address.strip("[]"))
         except ValueError:

@@ -136,7 +136,6 @@ def test_the_proxy_is_trusted_only_from_its_addresses_and_networks() -> None:
     outside: tuple[str | None, ...] = (
         "11.0.0.1",
         "192.168.5.8",
-        "127.0.0.1",  # loopback is not trusted unless listed
         "fe80::1",
         "",
         "not-an-address",
@@ -145,6 +144,7 @@ def test_the_proxy_is_trusted_only_from_its_addresses_and_networks() -> None:
     )
     for peer in outside:
         assert not proxy.trusts(peer), peer
+    assert not ProxyAuth(trusted=["10.0.0.0/8"]).trusts("127.0.0.1")  # loopback: only if listed
 
 
 def test_a_host_address_with_bits_set_counts_as_its_network() -> None:
@@ -242,3 +242,12 @@ def test_the_secrets_file_for_st_login_carries_the_revealed_secrets_and_the_prom
     again = tomllib.loads(oidc_secrets(unset.auth.oidc))["auth"]  # type: ignore[union-attr]
     assert "prompt" not in again["client_kwargs"]
     assert len(again["cookie_secret"]) >= 32  # random per start when unset
+
+
+def test_a_trusted_ipv6_loopback_proxy_is_recognised_though_streamlit_hides_it() -> None:
+    # Streamlit reports 127.0.0.1 and ::1 peers alike; app/auth.py passes "127.0.0.1".
+    assert ProxyAuth(trusted=["::1/128"]).trusts("127.0.0.1")
+    assert ProxyAuth(trusted=["127.0.0.1/32"]).trusts("::1")
+    # Another loopback address is reported as itself and is not 127.0.0.1.
+    assert not ProxyAuth(trusted=["127.0.0.2/32"]).trusts("127.0.0.1")
+    assert ProxyAuth(trusted=["127.0.0.2/32"]).trusts("127.0.0.2")
