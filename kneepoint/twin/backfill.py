@@ -4,6 +4,10 @@ Simulating a week step by step would take hours, so each replica's engine is run
 time at a few levels of agent load until it is steady; what it does per second at each level
 (token and request rates, histogram fills, occupancy, queues, GPU activity) is then laid
 along a daily load shape, scrape by scrape, and written to the store as the collector would.
+
+An SGLang replica is measured through its twin's SGLang exposition, read by kneepoint's own
+SGLang normalizer: its history has exactly the numbers, histogram buckets and unavailable
+quantities its live scrapes have.
 """
 
 from __future__ import annotations
@@ -17,6 +21,7 @@ from dataclasses import dataclass, field
 
 from sqlalchemy.orm import Session, sessionmaker
 
+from collectors.sglang import parse_sglang
 from kneepoint.config import Retention
 from kneepoint.samples import CacheConfig, GpuSample, Histogram, ReplicaSample
 from kneepoint.store.rollup import rollup
@@ -26,6 +31,8 @@ from kneepoint.twin.dcgm import GpuState
 from kneepoint.twin.engine import Engine, EngineConfig
 from kneepoint.twin.fleet import Fleet
 from kneepoint.twin.openai_api import chat_prompt, tokenize
+from kneepoint.twin.sglang import SglangMetrics
+from kneepoint.twin.sglang import render as render_sglang
 from kneepoint.twin.stats import Stats
 
 LEVELS = (1, 3, 8, 20, 48)  # concurrent agent sessions measured per replica
@@ -48,6 +55,7 @@ class Level:
     sums: dict[str, float] = field(default_factory=dict)
     per_position: list[float] = field(default_factory=list)
     gpu: dict[str, float] = field(default_factory=dict)  # busy, compute, memory fractions
+    bounds: dict[str, tuple[float, ...]] = field(default_factory=dict)  # finite, if not vLLM's
 
 
 def counters(stats: Stats) -> dict[str, float]:
@@ -78,10 +86,19 @@ def counters(stats: Stats) -> dict[str, float]:
 
 
 def measure(
-    config: EngineConfig, sessions: int, seconds: float = 90.0, warmup: float = 30.0, seed: int = 0
+    config: EngineConfig,
+    sessions: int,
+    seconds: float = 90.0,
+    warmup: float = 30.0,
+    seed: int = 0,
+    sglang_version: str | None = None,
 ) -> Level:
-    """Run `sessions` closed-loop agents on a fresh engine in virtual time; return per second."""
+    """Run `sessions` closed-loop agents on a fresh engine in virtual time; return per second.
+
+    With `sglang_version` the engine is an SGLang replica's: its counters and histograms are
+    what kneepoint's SGLang normalizer reads from its exposition."""
     engine = Engine(config, seed=seed)
+    metrics = SglangMetrics(engine, sglang_version) if sglang_version else None
     rng = random.Random(seed)
     due: list[tuple[float, int]] = []  # (time the next step is sent, session number)
     scripts = {}
@@ -106,11 +123,14 @@ def measure(
             if done:
                 heapq.heappush(due, (at + step.pause_after, number))
 
-        engine.add(tokenize(chat_prompt(step.messages)), step.max_tokens, sink)
+        request = engine.add(tokenize(chat_prompt(step.messages)), step.max_tokens, sink)
+        if metrics is not None:  # agents call without streaming, as the live traffic does
+            request.sink = metrics.track(request, sink, stream=False)
 
     for number in range(sessions):
         start(number, rng.uniform(0, 5))
     before: Stats | None = None
+    scraped: ReplicaSample | None = None
     while engine.now < warmup + seconds:
         while due and due[0][0] <= engine.now:
             send(heapq.heappop(due)[1])
@@ -119,6 +139,7 @@ def measure(
             continue
         if before is None and engine.now >= warmup:
             before = copy.deepcopy(engine.stats)
+            scraped = _scrape(metrics) if metrics else None
         duration = engine.step()
         if before is not None:
             gauges["kv_cache_usage"] += engine.kv.usage * duration
@@ -126,7 +147,56 @@ def measure(
             gauges["requests_waiting"] += len(engine.waiting) * duration
             gauges["requests_waiting_capacity"] += engine.waiting_for_capacity * duration
     assert before is not None
-    return _per_second(sessions, before, engine.stats, gauges, seconds)
+    level = _per_second(sessions, before, engine.stats, gauges, seconds)
+    if metrics is None or scraped is None:
+        return level
+    return _sglang_level(level, scraped, _scrape(metrics), before, engine.stats, seconds)
+
+
+def _scrape(metrics: SglangMetrics) -> ReplicaSample:
+    return parse_sglang(render_sglang(metrics, "twin").decode())
+
+
+def _sglang_level(
+    level: Level,
+    before: ReplicaSample,
+    after: ReplicaSample,
+    old: Stats,
+    new: Stats,
+    seconds: float,
+) -> Level:
+    """The level as an SGLang scrape tells it: its counters, its histograms' buckets, its
+    own hit-rate and speculative-decoding gauges (the engine's time-weighted queues and
+    occupancy kept)."""
+    rates = {
+        name: (value - (before.counters.get(name) or 0.0)) / seconds
+        for name, value in after.counters.items()
+        if value is not None
+    }
+    gauges = {k: v for k, v in level.gauges.items() if k != "requests_waiting_capacity"}
+    queries = new.prefix_cache_queries - old.prefix_cache_queries
+    hits = new.prefix_cache_hits - old.prefix_cache_hits
+    gauges["prefix_cache_hit_rate_gauge"] = hits / queries if queries else 0.0
+    drafts = new.spec_drafts - old.spec_drafts
+    if drafts:
+        accepted = new.spec_accepted - old.spec_accepted
+        gauges["spec_decode_acceptance_length_gauge"] = (accepted + drafts) / drafts
+        gauges["spec_decode_acceptance_rate_gauge"] = accepted / (
+            new.spec_draft_tokens - old.spec_draft_tokens
+        )
+    out = Level(level.sessions, rates, gauges, gpu=level.gpu)
+    for name, histogram in after.histograms.items():
+        start = before.histograms.get(name)
+        counts = _per_bucket(histogram.counts)
+        first = _per_bucket(start.counts) if start else [0.0] * len(counts)
+        out.buckets[name] = [(b - a) / seconds for a, b in zip(first, counts, strict=True)]
+        out.sums[name] = (histogram.total - (start.total if start else 0.0)) / seconds
+        out.bounds[name] = tuple(b for b in histogram.bounds if math.isfinite(b))
+    return out
+
+
+def _per_bucket(cumulative: tuple[float, ...]) -> list[float]:
+    return [b - a for a, b in zip((0.0, *cumulative[:-1]), cumulative, strict=True)]
 
 
 def _per_second(
@@ -156,17 +226,38 @@ def _per_second(
     return level
 
 
-def profile(config: EngineConfig, seed: int = 0) -> list[Level]:
+def profile(
+    config: EngineConfig, seed: int = 0, sglang_version: str | None = None
+) -> list[Level]:
     """The replica's levels from idle to overload, sorted by load."""
     idle = Level(0.0)
-    measured = [measure(config, sessions, seed=seed) for sessions in LEVELS]
+    measured = [
+        measure(config, sessions, seed=seed, sglang_version=sglang_version)
+        for sessions in LEVELS
+    ]
+    _align(measured)
     idle.rates = dict.fromkeys(measured[0].rates, 0.0)
     idle.gauges = dict.fromkeys(measured[0].gauges, 0.0)
     idle.buckets = {name: [0.0] * len(b) for name, b in measured[0].buckets.items()}
     idle.sums = dict.fromkeys(measured[0].sums, 0.0)
     idle.per_position = [0.0] * len(measured[0].per_position)
     idle.gpu = dict.fromkeys(measured[0].gpu, 0.0)
+    idle.bounds = measured[0].bounds
     return [idle, *measured]
+
+
+def _align(levels: list[Level]) -> None:
+    """Give every level the counters and histograms any has (an SGLang series appears at its
+    first observation: a light load may never retract a request)."""
+    for level in levels:
+        for other in levels:
+            for name in other.rates:
+                level.rates.setdefault(name, 0.0)
+            for name, per_bucket in other.buckets.items():
+                level.buckets.setdefault(name, [0.0] * len(per_bucket))
+                level.sums.setdefault(name, 0.0)
+            for name, bounds in other.bounds.items():
+                level.bounds.setdefault(name, bounds)
 
 
 def at_load(levels: list[Level], sessions: float) -> Level:
@@ -192,6 +283,7 @@ def at_load(levels: list[Level], sessions: float) -> Level:
         {k: mix(low.sums[k], high.sums[k]) for k in high.sums},
         [mix(a, b) for a, b in zip(low.per_position, high.per_position, strict=True)],
         {k: mix(low.gpu[k], high.gpu[k]) for k in high.gpu},
+        high.bounds,
     )
 
 
@@ -207,6 +299,8 @@ class History:
     buckets: dict[str, list[float]] = field(default_factory=dict)
     sums: dict[str, float] = field(default_factory=dict)
     per_position: list[float] = field(default_factory=list)
+    # An SGLang replica's scrape shape (engine, generation, cache, unavailable), else None.
+    template: ReplicaSample | None = None
 
     def advance(
         self, sessions: float, seconds: float, cold_cache: bool = False
@@ -214,8 +308,13 @@ class History:
         level = at_load(self.levels, sessions)
         rates = dict(level.rates)
         if cold_cache:  # a prompt deploy: every prefix misses, all of it is computed
-            rates["prompt_tokens_local_compute"] += rates["prompt_tokens_local_cache_hit"]
-            rates["prompt_tokens_local_cache_hit"] = rates["prefix_cache_hits"] = 0.0
+            if "prompt_tokens_local_cache_hit" in rates:
+                rates["prompt_tokens_local_compute"] += rates["prompt_tokens_local_cache_hit"]
+                rates["prompt_tokens_local_cache_hit"] = 0.0
+            if "prefix_cache_hits" in rates:
+                rates["prefix_cache_hits"] = 0.0
+            if "prefix_cache_hit_rate_gauge" in level.gauges:
+                level.gauges = {**level.gauges, "prefix_cache_hit_rate_gauge": 0.0}
         for name, rate in rates.items():
             self.totals[name] = self.totals.get(name, 0.0) + rate * seconds
         for name, per_bucket in level.buckets.items():
@@ -227,7 +326,7 @@ class History:
             self.per_position = [0.0] * len(level.per_position)
         for index, rate in enumerate(level.per_position):
             self.per_position[index] += rate * seconds
-        replica = self._replica(level)
+        replica = self._replica(level) if self.template is None else self._sglang(level)
         busy, compute, memory = (level.gpu[k] for k in ("busy", "compute", "memory"))
         self.gpu.busy, self.gpu.tensor = min(1.0, busy), min(1.0, 0.85 * compute)
         self.gpu.dram = min(1.0, 0.9 * memory)
@@ -241,7 +340,7 @@ class History:
         }
         histograms = {}
         for name, per_bucket in self.buckets.items():
-            bounds = (*self._bounds(name), math.inf)
+            bounds = (*(level.bounds.get(name) or self._bounds(name)), math.inf)
             running, cumulative = 0.0, []
             for value in per_bucket:
                 running += value
@@ -272,6 +371,30 @@ class History:
 
     def _bounds(self, name: str) -> tuple[float, ...]:
         return Stats(self.config.max_model_len).histograms[HISTOGRAMS[name]].bounds
+
+    def _sglang(self, level: Level) -> ReplicaSample:
+        """The scrape an SGLang replica's normalizer gives at this level."""
+        template = self.template
+        assert template is not None
+        sample = self._replica(level)
+        gauges: dict[str, float | None] = dict.fromkeys(template.gauges)
+        for name, value in level.gauges.items():
+            if name in ("kv_cache_usage", "requests_running", "requests_waiting"):
+                gauges[name] = sample.gauges[name]
+            else:
+                gauges[name] = round(value, 4)
+        gauges["kv_cache_usage_mean"] = gauges["kv_cache_usage"]
+        return ReplicaSample(
+            generation=template.generation,
+            engines=template.engines,
+            model_names=[self.served_name],
+            gauges=gauges,
+            counters=sample.counters,
+            histograms=sample.histograms,
+            cache=template.cache,
+            engine=template.engine,
+            unavailable=template.unavailable,
+        )
 
     def _gpu(self) -> GpuSample:
         gpu = self.gpu
@@ -327,11 +450,13 @@ def backfill_week(
             pod=live.pod,
             uuid=live.uuid,
         )
+        version = replica.sglang.version if replica.sglang else None
         history = History(
             replica.engine.config,
             replica.served_name,
-            profile(replica.engine.config, seed=seed),
+            profile(replica.engine.config, seed=seed, sglang_version=version),
             gpu,
+            template=_scrape(replica.sglang) if replica.sglang else None,
         )
         load = load_at(peaks.get(spec.name, 8.0), random.Random(seed))
         replica_rows: list[tuple[float, ReplicaSample]] = []

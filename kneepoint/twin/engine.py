@@ -27,6 +27,8 @@ STEP_OVERHEAD_SECONDS = 0.0015  # scheduling, sampling and kernel launches per s
 ACTIVATION_RESERVE_GIB = 1.0  # activations and CUDA graphs, outside the KV cache
 
 TokenSink = Callable[[int, bool, float], None]  # (new tokens, finished, engine time)
+# Called after each step with its work (request, tokens scheduled) and duration.
+StepObserver = Callable[[list[tuple["Request", int]], float], None]
 
 
 @dataclass(frozen=True)
@@ -87,6 +89,7 @@ class Request:
     first_scheduled: float | None = None
     first_token: float | None = None
     preemptions: int = 0
+    cached: int = 0  # prompt tokens found in the prefix cache when first scheduled
 
     @property
     def prompt_len(self) -> int:
@@ -107,6 +110,8 @@ class Engine:
         self.waiting: deque[Request] = deque()
         self.running: list[Request] = []
         self.waiting_for_capacity = 0
+        self.admitted: list[Request] = []  # requests scheduled for the first time this step
+        self.observers: list[StepObserver] = []
         self._rng = random.Random(seed)
 
     @property
@@ -148,6 +153,7 @@ class Engine:
         """Run one engine step; return its duration in seconds (0 when there is no work)."""
         if self.idle:
             return 0.0
+        self.admitted = []
         budget = self.config.max_num_batched_tokens
         work: list[tuple[Request, int]] = []
         preempted_now = False
@@ -176,6 +182,8 @@ class Engine:
         duration = self._duration(work)
         self.now += duration
         self._finish_step(work, duration)
+        for observe in self.observers:
+            observe(work, duration)
         return duration
 
     def _wanted(self, request: Request) -> int:
@@ -205,6 +213,8 @@ class Engine:
         request.computed = 0
         request.preemptions += 1
         self.stats.preemptions += 1
+        self.stats.preempted_prompt_tokens += request.prompt_len
+        self.stats.preempted_output_tokens += request.generated
         self.waiting.appendleft(request)
 
     def _release(self, request: Request) -> None:
@@ -244,7 +254,8 @@ class Engine:
     def _count_first_schedule(self, request: Request) -> None:
         stats = self.stats
         request.first_scheduled = self.now
-        hit = request.computed
+        hit = request.cached = request.computed
+        self.admitted.append(request)
         stats.prefix_cache_queries += request.prompt_len
         stats.prefix_cache_hits += hit
         stats.prompt_cache_hit += hit

@@ -2,7 +2,7 @@
 
 host: 127.0.0.1
 nodes:
-  - {name: gpu-node-1, port: 9401, gpus: [h100-80gb, h100-80gb]}
+  - {name: gpu-node-1, port: 9401, gpus: [h100-80gb, h100-80gb, l4]}
 replicas:
   - {name: qwen3-32b-a, port: 8101, model: qwen3-32b, node: gpu-node-1, gpu_index: 0}
   - name: llama-8b-spec
@@ -11,6 +11,9 @@ replicas:
     node: gpu-node-1
     gpu_index: 1
     speculative: {tokens: 3, acceptance: 0.7, draft_cost: 0.08}
+  # A replica is vLLM (vllm_version, default the newest) or, with engine: sglang, SGLang
+  # (sglang_version, default the newest): the same engine model, SGLang's metrics and API.
+  - {name: qwen3-4b-sgl, model: qwen3-4b, node: gpu-node-1, gpu_index: 2, engine: sglang}
 """
 
 from __future__ import annotations
@@ -30,6 +33,8 @@ from kneepoint.twin.engine import EngineConfig
 from kneepoint.twin.profiles import GPUS, MODELS, gpu, model
 from kneepoint.twin.replica import Replica
 from kneepoint.twin.server import TwinServer
+from kneepoint.twin.sglang import NEWEST as SGLANG_NEWEST
+from kneepoint.twin.sglang import VERSIONS as SGLANG_VERSIONS
 
 Port = Annotated[int, Field(ge=0, le=65535)]
 
@@ -52,7 +57,9 @@ class ReplicaSpec(Strict):
     model: Literal[tuple(MODELS)]  # type: ignore[valid-type]
     node: str
     gpu_index: Annotated[int, Field(ge=0)] = 0
+    engine: Literal["vllm", "sglang"] = "vllm"
     vllm_version: Literal["0.32", "0.10", "0.8", "0.5"] = "0.32"
+    sglang_version: Literal[SGLANG_VERSIONS] = SGLANG_NEWEST  # type: ignore[valid-type]
     max_num_seqs: Annotated[int, Field(ge=1)] = 256
     max_num_batched_tokens: Annotated[int, Field(ge=16)] = 2048
     max_model_len: Annotated[int, Field(ge=64)] = 32768
@@ -148,6 +155,7 @@ class Fleet:
                 replica.vllm_version,
                 speed=spec.speed,
                 seed=seed,
+                sglang_version=replica.sglang_version if replica.engine == "sglang" else None,
             )
             self.replicas[replica.name] = twin
             state.stats = lambda twin=twin: twin.engine.stats  # type: ignore[misc]
@@ -180,7 +188,7 @@ class Fleet:
         targets = [
             Target(
                 name=spec.name,
-                kind="vllm",
+                kind=spec.engine,
                 url=SecretURL(f"{self.url(spec.name)}/metrics"),
                 gpus=[f"{spec.node}/{spec.gpu_index}"],
             )

@@ -40,6 +40,11 @@ class KvCache:
         return self.usable - self._in_use
 
     @property
+    def evictable(self) -> int:
+        """Cached blocks no request uses (counted as free; reclaimed when space is needed)."""
+        return len(self._evictable)
+
+    @property
     def usage(self) -> float:
         return 1.0 - self.free / self.usable
 

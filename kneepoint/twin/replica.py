@@ -9,6 +9,7 @@ import time
 from collections.abc import Sequence
 from dataclasses import dataclass
 
+from kneepoint.twin import sglang
 from kneepoint.twin.engine import Engine, EngineConfig
 from kneepoint.twin.exposition import Snapshot, render
 
@@ -31,12 +32,18 @@ class Replica:
         vllm_version: str = "0.32",
         speed: float = 1.0,
         seed: int = 0,
+        sglang_version: str | None = None,
     ) -> None:
+        """A vLLM replica of `vllm_version`, or with `sglang_version` an SGLang one."""
         self.name = name
         self.served_name = served_name
         self.vllm_version = vllm_version
         self.speed = speed  # engine seconds per wall second (1: real time)
         self.engine = Engine(config, seed=seed)
+        # SGLang's metric state (its scheduler's logs, its tokenizer's request counts).
+        self.sglang = (
+            sglang.SglangMetrics(self.engine, sglang_version) if sglang_version else None
+        )
         self.started_at = time.time()
         self._origin = time.monotonic()
         self._lock = threading.Condition()
@@ -54,12 +61,26 @@ class Replica:
             self._lock.notify_all()
         self._thread.join(timeout=5)
 
+    @property
+    def engine_name(self) -> str:
+        """The engine this replica plays: "vllm" or "sglang"."""
+        return "sglang" if self.sglang else "vllm"
+
+    @property
+    def version(self) -> str:
+        return self.sglang.version if self.sglang else self.vllm_version
+
     def submit(
-        self, tokens: Sequence[int], max_tokens: int, stop_after: int | None = None
+        self,
+        tokens: Sequence[int],
+        max_tokens: int,
+        stop_after: int | None = None,
+        stream: bool = False,
     ) -> queue.Queue[Tokens]:
         """Queue a request; its tokens arrive on the returned queue as the engine makes them.
 
-        `stop_after` ends it early with finish reason "stop" (the model's end of sequence)."""
+        `stop_after` ends it early with finish reason "stop" (the model's end of sequence);
+        `stream` says whether its client streams (SGLang's metrics tell them apart)."""
         events: queue.Queue[Tokens] = queue.Queue()
         limit = min(max_tokens, stop_after) if stop_after else max_tokens
         reason = "stop" if stop_after and stop_after < max_tokens else "length"
@@ -69,12 +90,18 @@ class Replica:
 
         with self._lock:
             self._sync_clock()
-            self.engine.add(tokens, limit, sink, finish_reason=reason, max_tokens_param=max_tokens)
+            request = self.engine.add(
+                tokens, limit, sink, finish_reason=reason, max_tokens_param=max_tokens
+            )
+            if self.sglang is not None:
+                request.sink = self.sglang.track(request, sink, stream)
             self._lock.notify_all()
         return events
 
     def metrics(self) -> bytes:
         with self._lock:
+            if self.sglang is not None:
+                return sglang.render(self.sglang, self.served_name)
             snapshot = Snapshot(
                 self.engine,
                 self.served_name,

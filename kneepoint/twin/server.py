@@ -31,7 +31,7 @@ class _Handler(BaseHTTPRequestHandler):
         elif path == "/v1/models" and isinstance(target, Replica):
             self._json(200, openai_api.models(target))
         else:
-            self._json(404, openai_api.error_body(f"{path} not found", 404))
+            self._not_found(path)
 
     def do_POST(self) -> None:
         target = self.server.target
@@ -40,7 +40,7 @@ class _Handler(BaseHTTPRequestHandler):
             "/v1/completions",
             "/v1/chat/completions",
         ):
-            self._json(404, openai_api.error_body(f"{path} not found", 404))
+            self._not_found(path)
             return
         body = self.rfile.read(int(self.headers.get("Content-Length") or 0))
         try:
@@ -49,9 +49,11 @@ class _Handler(BaseHTTPRequestHandler):
                 path.endswith("chat/completions"),
                 target.served_name,
                 target.engine.config.max_model_len,
+                target.engine_name,
             )
         except openai_api.BadRequest as error:
-            self._json(400, openai_api.error_body(str(error)))
+            reply = openai_api.error_body(str(error), 400, target.engine_name, error.kind)
+            self._json(400, reply)
             return
         if not call.stream:
             self._json(200, openai_api.respond(target, call))
@@ -67,8 +69,17 @@ class _Handler(BaseHTTPRequestHandler):
         except (BrokenPipeError, ConnectionResetError):
             pass  # the client went away; the engine finishes the request regardless
 
+    def _not_found(self, path: str) -> None:
+        target = self.server.target
+        engine = target.engine_name if isinstance(target, Replica) else "vllm"
+        self._json(404, openai_api.error_body(f"{path} not found", 404, engine))
+
     def _json(self, status: int, payload: dict[str, Any]) -> None:
-        self._send(status, json.dumps(payload).encode(), "application/json")
+        target = self.server.target
+        # SGLang answers through ORJSONResponse: compact JSON.
+        compact = isinstance(target, Replica) and target.engine_name == "sglang"
+        text = json.dumps(payload, separators=(",", ":")) if compact else json.dumps(payload)
+        self._send(status, text.encode(), "application/json")
 
     def _send(self, status: int, body: bytes, content_type: str) -> None:
         try:

@@ -128,6 +128,8 @@ class Stats:
     prompt_tokens: int = 0
     generation_tokens: int = 0
     preemptions: int = 0
+    preempted_prompt_tokens: int = 0  # prompt and output tokens of the requests preempted
+    preempted_output_tokens: int = 0
     prefix_cache_queries: int = 0
     prefix_cache_hits: int = 0
     prompt_local_compute: int = 0

@@ -28,8 +28,9 @@ def test_the_documented_fleet_file_is_valid(tmp_path: Path) -> None:
     path = tmp_path / "fleet.yaml"
     path.write_text(example())
     spec = load_fleet(path)
-    assert [r.name for r in spec.replicas] == ["qwen3-32b-a", "llama-8b-spec"]
+    assert [r.name for r in spec.replicas] == ["qwen3-32b-a", "llama-8b-spec", "qwen3-4b-sgl"]
     assert spec.replicas[1].speculative is not None
+    assert [r.engine for r in spec.replicas] == ["vllm", "vllm", "sglang"]
 
 
 BAD = {
