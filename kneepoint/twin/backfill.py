@@ -226,14 +226,11 @@ def _per_second(
     return level
 
 
-def profile(
-    config: EngineConfig, seed: int = 0, sglang_version: str | None = None
-) -> list[Level]:
+def profile(config: EngineConfig, seed: int = 0, sglang_version: str | None = None) -> list[Level]:
     """The replica's levels from idle to overload, sorted by load."""
     idle = Level(0.0)
     measured = [
-        measure(config, sessions, seed=seed, sglang_version=sglang_version)
-        for sessions in LEVELS
+        measure(config, sessions, seed=seed, sglang_version=sglang_version) for sessions in LEVELS
     ]
     _align(measured)
     idle.rates = dict.fromkeys(measured[0].rates, 0.0)

@@ -41,9 +41,7 @@ class Replica:
         self.speed = speed  # engine seconds per wall second (1: real time)
         self.engine = Engine(config, seed=seed)
         # SGLang's metric state (its scheduler's logs, its tokenizer's request counts).
-        self.sglang = (
-            sglang.SglangMetrics(self.engine, sglang_version) if sglang_version else None
-        )
+        self.sglang = sglang.SglangMetrics(self.engine, sglang_version) if sglang_version else None
         self.started_at = time.time()
         self._origin = time.monotonic()
         self._lock = threading.Condition()

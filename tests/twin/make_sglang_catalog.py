@@ -305,8 +305,18 @@ def main() -> None:
         wheel = next(args.wheels.glob(f"sglang-{version}-*.whl"), None)
         if wheel is None:
             subprocess.run(
-                [sys.executable, "-m", "pip", "download", f"sglang=={version}", "--no-deps",
-                 "--only-binary", ":all:", "-d", str(args.wheels)],
+                [
+                    sys.executable,
+                    "-m",
+                    "pip",
+                    "download",
+                    f"sglang=={version}",
+                    "--no-deps",
+                    "--only-binary",
+                    ":all:",
+                    "-d",
+                    str(args.wheels),
+                ],
                 check=True,
             )
             wheel = next(args.wheels.glob(f"sglang-{version}-*.whl"))
