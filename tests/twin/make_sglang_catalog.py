@@ -211,7 +211,8 @@ def catalog(gen: Any, version: str, wheel: Path) -> list[dict[str, Any]]:
         idle = families(expose(gen, version, Path(root), served=False))
         served = families(expose(gen, version, Path(root), served=True))
     entries = []
-    for name, family in served.items():
+    # By name: the multiprocess collector's own order follows its files' (pids') order.
+    for name, family in sorted(served.items()):
         before = idle.get(name, {"series": {}})["series"]
         eager = {
             labels: (value if not math.isnan(value) else "nan")
