@@ -134,13 +134,13 @@ def test_the_alerts_page_shows_what_fires_and_what_changed(seeded: Path) -> None
 def test_silences_are_created_and_expired_on_the_alerts_page(seeded: Path) -> None:
     page = AppTest.from_file(str(PAGES_DIR / "alerts.py"), default_timeout=60).run()
     page.text_input[0].input("alertname=kv-cache-saturated, replica=replica-a")
-    page.text_input[1].input("ana")
-    page.text_input[2].input("resizing")
+    page.text_input[1].input("resizing")  # the comment; the author is the signed-in user
     page.button[-1].click().run()  # the form's submit (the last button)
     assert not page.exception, [e.value for e in page.exception]
     assert any("Silence #1 created." in box.value for box in page.success)
     (silence,) = data.silence_list()
     assert silence.matchers == {"alertname": "kv-cache-saturated", "replica": "replica-a"}
+    assert (silence.author, silence.comment) == ("local user", "resizing")
     page.run()
     page.button(key="expire-1").click().run()
     assert data.silence_list()[0].ends_at <= time.time()
