@@ -99,6 +99,10 @@ def parse_replica(kind: str, text: str, max_series: int = MAX_SERIES) -> Replica
     if kind == "auto":
         if not text.strip():
             raise ScrapeFormatError("the response body is empty")
+        if text.lstrip().startswith(("{", "[")):  # trtllm-serve's /metrics is JSON
+            from collectors.trtllm import JSON_BODY
+
+            raise ScrapeFormatError(JSON_BODY)
         found = detect_engine(text)
         if found is None:
             raise ScrapeFormatError(

@@ -66,3 +66,9 @@ def test_an_lmcache_or_dynamo_series_beside_an_engine_does_not_change_its_engine
 def test_an_empty_body_is_refused_for_auto() -> None:
     with pytest.raises(ScrapeFormatError, match="empty"):
         parse_replica("auto", "\n")
+
+
+def test_auto_on_trtllm_serve_s_json_metrics_says_where_its_prometheus_text_is() -> None:
+    body = '[{"gpuMemUsage": 123, "iter": 7, "kvCacheStats": {"usedNumBlocks": 3}}]'
+    with pytest.raises(ScrapeFormatError, match="/prometheus/metrics"):
+        parse_replica("auto", body)
