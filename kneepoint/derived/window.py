@@ -110,8 +110,17 @@ def merge(windows: Sequence[Window]) -> Window:
 
 def _add(histograms: Sequence[Histogram | None]) -> Histogram | None:
     known = [h for h in histograms if h is not None]
-    if not known or any(h.bounds != known[0].bounds for h in known):
-        return known[0] if len(known) == 1 else None
+    if not known:
+        return None
+    if any(h.bounds != known[0].bounds for h in known):
+        # Engines bucket differently (a vLLM and an SGLang replica): a cumulative count is
+        # exact at any of its own bounds, so the fleet's is exact at the bounds all share.
+        shared = set(known[0].bounds).intersection(*(h.bounds for h in known[1:]))
+        bounds = tuple(sorted(shared))
+        known = [
+            Histogram(bounds, tuple(h.counts[h.bounds.index(b)] for b in bounds), h.total)
+            for h in known
+        ]
     counts = tuple(sum(values) for values in zip(*(h.counts for h in known), strict=True))
     return Histogram(known[0].bounds, counts, sum(h.total for h in known))
 
