@@ -14,7 +14,9 @@ import httpx
 import pytest
 import yaml
 
+from alerts.evaluate import slo_problems
 from kneepoint.config import load_config
+from kneepoint.status import fleet_window
 from kneepoint.store import queries
 from kneepoint.store.db import open_store
 from kneepoint.store.models import RAW
@@ -62,13 +64,25 @@ def test_the_demo_shows_every_replica_and_gpu_within_two_minutes(tmp_path: Path)
         while time.monotonic() - began < 120:
             report = status(config)
             replicas, gpus = report["replicas"], report["gpus"]
-            if len(gpus) == 3 and all(
+            if len(gpus) == 4 and all(
                 r["up"] and r["generation_tokens_per_second"] for r in replicas
             ):
                 break
             time.sleep(2)
         assert time.monotonic() - began < 120, f"no data from every target: {replicas}"
-        assert {r["name"] for r in replicas} == {"llama-8b-a", "llama-8b-b", "qwen3-4b-l4"}
+        # A mixed fleet: the SGLang replica is read as SGLang, beside the vLLM ones.
+        engines = {r["name"]: (r["engine"], r["engine_generation"]) for r in replicas}
+        assert engines == {
+            "llama-8b-a": ("vllm", "v1"),
+            "llama-8b-b": ("vllm", "v1"),
+            "qwen3-4b-l4": ("vllm", "v1"),
+            "qwen3-4b-sglang": ("sglang", "0.5.23"),
+        }
+        sglang_replica = next(r for r in replicas if r["engine"] == "sglang")
+        assert (
+            sglang_replica["kv_cache_capacity_tokens"]
+            and sglang_replica["prompt_tokens_per_second"]
+        )
         assert all(g["replica"] and g["power_watts"] for g in gpus)
         output = log.read_text()
         assert f"config:   {config}" in output and str(tmp_path / "demo" / "kneepoint.db") in output
@@ -79,9 +93,19 @@ def test_the_demo_shows_every_replica_and_gpu_within_two_minutes(tmp_path: Path)
             start, end = time.time() - 7 * 86400, time.time() - 6 * 86400
             old = queries.replica_frame(session, start, end, coarsest=RAW)
             hourly = queries.replica_frame(session, start, end, coarsest=3600)
-        assert old.target_id.nunique() == 3 and len(old) > 3 * 1000
-        assert hourly.target_id.nunique() == 3 and set(hourly.resolution) > {3600}
-        urls = [t["url"] for t in yaml.safe_load(config.read_text())["targets"]]
+        assert old.target_id.nunique() == 4 and len(old) > 4 * 1000
+        assert old.hist_ttft.notna().all()  # the SGLang replica's too, in its own buckets
+        assert hourly.target_id.nunique() == 4 and set(hourly.resolution) > {3600}
+        with open_store(settings.database)() as session:
+            # The SLOs read the fleet's histograms, vLLM's and SGLang's buckets together.
+            day = fleet_window(session, settings, time.time() - 86400, 3600)
+            assert day.histograms["ttft"] and day.histograms["itl"]
+            assert slo_problems(session, settings, time.time() - 86400) == []
+        targets = yaml.safe_load(config.read_text())["targets"]
+        assert {t["name"]: t["kind"] for t in targets if t["kind"] != "dcgm"} == {
+            name: engine for name, (engine, _) in engines.items()
+        }
+        urls = [t["url"] for t in targets]
         # The Knee points page has the twin sweeps to show: one per replica and a what-if.
         knee = subprocess.run(
             [sys.executable, "-m", "kneepoint.cli", "knee", "--json", "--config", str(config)],
@@ -94,6 +118,7 @@ def test_the_demo_shows_every_replica_and_gpu_within_two_minutes(tmp_path: Path)
             "llama-8b-a-sweep",
             "llama-8b-b-sweep",
             "qwen3-4b-l4-sweep",
+            "qwen3-4b-sglang-sweep",
             "qwen3-4b-l4-fp8-kv-sweep",
         }
         assert all(r["knee_concurrency"] for r in runs)
