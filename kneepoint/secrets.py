@@ -233,6 +233,13 @@ def _remember(secret: Secret) -> None:
                 _known.setdefault(text, shown)
 
 
+def forget_all() -> None:
+    """Forget every remembered secret (tests: one test's secrets must not mask another's
+    output; a process that loads a new config keeps the old secrets masked, by design)."""
+    with _known_lock:
+        _known.clear()
+
+
 def scrub(text: str, *also: Secret) -> str:
     """`text` with every known secret (every Secret made in this process, and `also`) and
     its parts replaced by their masks: for messages that others wrote (an exception's, a

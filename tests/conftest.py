@@ -28,6 +28,16 @@ def read(path: Path) -> str:
     return path.read_text(encoding="utf-8")
 
 
+@pytest.fixture(autouse=True)
+def _forget_secrets() -> Iterator[None]:
+    """Each test starts with no remembered secrets: `scrub` masks every secret loaded in the
+    process, so one test's config (a password "kneepoint", say) would mask another's text."""
+    from kneepoint.secrets import forget_all
+
+    forget_all()
+    yield
+
+
 def require_real(reason: str) -> None:
     """Skip on a developer machine without the system; fail in CI (KNEEPOINT_REQUIRE_REAL=1)."""
     if os.environ.get("KNEEPOINT_REQUIRE_REAL") == "1":

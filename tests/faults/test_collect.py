@@ -115,14 +115,14 @@ def test_any_exception_in_a_normalizer_costs_its_target_only(
     metrics_server: MetricsServer, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     """A bug no body can trigger today: the normalizer raising something unexpected."""
-    real = collectors.collect.parse_vllm
+    real = collectors.collect.parse_replica
 
-    def broken_for_one(text: str, max_series: int) -> object:
+    def broken_for_one(kind: str, text: str, max_series: int) -> object:
         if "poison" in text:
             raise KeyError("engine")
-        return real(text, max_series)
+        return real(kind, text, max_series)
 
-    monkeypatch.setattr(collectors.collect, "parse_vllm", broken_for_one)
+    monkeypatch.setattr(collectors.collect, "parse_replica", broken_for_one)
     metrics_server.routes = {
         "/good": Route(VLLM.encode()),
         "/bad": Route((VLLM + "# poison\n").encode()),
