@@ -46,8 +46,9 @@ def test_the_knee_falls_at_the_sglang_twins_running_cap(twin: str) -> None:
             point.completed * settings.output_tokens
         )
         assert point.input_tokens_mean and point.itl_mean_seconds
-    # The server's own numbers, read from SGLang's /metrics: past the cap requests queue.
-    assert by_step[16].server["requests_running_peak"] == CAP
+    # The server's own numbers, read from SGLang's /metrics (sampled each second): past the
+    # cap, requests queue and never run more than the cap at once.
+    assert 0 < (by_step[16].server["requests_running_peak"] or 0) <= CAP
     assert (by_step[16].server["requests_waiting_peak"] or 0) > 0
     assert (by_step[1].server["requests_waiting_peak"] or 0) == 0
     assert by_step[16].server["kv_cache_occupancy_peak"]
