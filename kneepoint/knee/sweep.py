@@ -1,4 +1,5 @@
-"""A concurrency sweep against any OpenAI-compatible server (vLLM, SGLang, the fleet twin).
+"""A concurrency sweep against any OpenAI-compatible server (vLLM, SGLang, llama.cpp, the
+fleet twin).
 
 Each step runs `concurrency` closed-loop clients: each sends a streaming completion of fixed
 input and output length, waits for it to finish, and sends the next, until the step's request
@@ -17,11 +18,12 @@ import re
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
+from typing import Any
 
 import aiohttp
 import numpy as np
 
-from collectors.vllm import parse_vllm
+from collectors.engines import parse_replica
 from kneepoint.knee.runs import Point, Run
 from kneepoint.samples import ReplicaSample
 
@@ -95,11 +97,29 @@ async def one_request(http: aiohttp.ClientSession, settings: SweepSettings, prom
     }
     if settings.ignore_eos:
         body["ignore_eos"] = True
+    # llama.cpp's server closes the connection after each streamed response although it
+    # answers "Keep-Alive": a request on such a pooled connection finds it dead before the
+    # server has read a byte. It is sent again (on the next pooled connection, at worst a new
+    # one), as curl does; the request's clock starts again with it.
+    pooled = http.connector.limit if http.connector is not None else 0
+    for _ in range(pooled + 1):
+        outcome, stale = await _stream(http, settings.completions_url, body)
+        if not stale:
+            break
+    return outcome
+
+
+async def _stream(
+    http: aiohttp.ClientSession, url: str, body: dict[str, Any]
+) -> tuple[Outcome, bool]:
+    """One streamed request, and whether it failed on a dead connection before any answer."""
     outcome = Outcome(start=time.perf_counter())
     last = outcome.start
     chunks = 0
+    answered = stale = False
     try:
-        async with http.post(settings.completions_url, json=body) as response:
+        async with http.post(url, json=body) as response:
+            answered = True
             if response.status != 200:
                 text = (await response.read()).decode(errors="replace")[:200]
                 outcome.error = f"HTTP {response.status}: {text}"
@@ -123,6 +143,11 @@ async def one_request(http: aiohttp.ClientSession, settings: SweepSettings, prom
                             usage = payload["usage"]
                             outcome.output_tokens = int(usage["completion_tokens"])
                             outcome.prompt_tokens = int(usage.get("prompt_tokens") or 0)
+                            # llama.cpp's closing chunk carries its usage (always, asked for
+                            # or not) beside a choice with empty text and the finish reason:
+                            # no token, whatever its choices.
+                            if not _carries_text(payload):
+                                continue
                         if _NO_CHOICES.search(event):  # the usage chunk carries no token
                             continue
                         if outcome.ttft is None:
@@ -135,10 +160,26 @@ async def one_request(http: aiohttp.ClientSession, settings: SweepSettings, prom
                     outcome.error = "the stream ended without a token"
     except (aiohttp.ClientError, TimeoutError, json.JSONDecodeError, KeyError, ValueError) as error:
         outcome.error = f"{type(error).__name__}: {error}"[:200]
+        # A connection that could not be opened is no stale one: the server is not there.
+        stale = (
+            not answered
+            and isinstance(error, (aiohttp.ClientOSError, aiohttp.ServerDisconnectedError))
+            and not isinstance(error, aiohttp.ClientConnectorError)
+        )
     outcome.end = time.perf_counter()
     if outcome.error is None and outcome.output_tokens == 0:
         outcome.output_tokens = chunks  # servers without usage in streams: a token per chunk
-    return outcome
+    return outcome, stale
+
+
+def _carries_text(payload: dict[str, Any]) -> bool:
+    """Whether a parsed stream chunk holds generated text (a completion's `text`, a chat
+    delta's `content`)."""
+    for choice in payload.get("choices") or ():
+        delta = choice.get("delta") or {}
+        if choice.get("text") or delta.get("content") or delta.get("reasoning_content"):
+            return True
+    return False
 
 
 def _quantile(values: list[float], q: float) -> float | None:
@@ -200,7 +241,8 @@ class ServerWatch:
         try:
             async with self.http.get(self.url, timeout=aiohttp.ClientTimeout(total=5)) as response:
                 response.raise_for_status()
-                sample = parse_vllm(await response.text())
+                # Any engine's /metrics (vLLM, SGLang, llama.cpp, ...), told by its names.
+                sample = parse_replica("auto", await response.text())
         except (aiohttp.ClientError, TimeoutError, ValueError):
             return None  # a missed capture loses that capture, never the step
         for gauge in ("kv_cache_usage", "requests_running", "requests_waiting"):

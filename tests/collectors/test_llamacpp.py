@@ -24,8 +24,9 @@ from tests.conftest import OWN_FIXTURES, VLLM_032, read
 BUSY = OWN_FIXTURES / "llamacpp-b11434-busy.prom"
 SPEC = OWN_FIXTURES / "llamacpp-b11434-spec.prom"
 NO_KV_2025 = OWN_FIXTURES / "llamacpp-2025-06-pr-13196.prom"
-KV_GAUGES = OWN_FIXTURES / "llamacpp-ik_llama-kv-gauges-capture.prom"
-ALL = (BUSY, SPEC, NO_KV_2025, KV_GAUGES)
+KV_GAUGES = OWN_FIXTURES / "llamacpp-7841fc7-busy.prom"
+IK_LLAMA = OWN_FIXTURES / "llamacpp-ik_llama-kv-gauges-capture.prom"
+ALL = (BUSY, SPEC, NO_KV_2025, KV_GAUGES, IK_LLAMA)
 
 
 def samples(text: str, name: str) -> list[tuple[str, float]]:
@@ -47,6 +48,7 @@ def value(text: str, name: str) -> float:
 
 
 def test_it_reads_the_newest_build_under_load() -> None:
+    """The real b11434 server, busy."""
     text = read(BUSY)
     sample = parse_llamacpp(text)
     assert (sample.engine, sample.generation) == ("llamacpp", "cached-tokens")
@@ -130,8 +132,9 @@ def test_a_2025_build_has_no_kv_gauge_and_no_cached_counter() -> None:
     assert sample.counters["spec_decode_drafts"] is None
 
 
-def test_a_build_with_the_kv_gauges_reads_them() -> None:
-    text = read(KV_GAUGES)
+@pytest.mark.parametrize("path", [KV_GAUGES, IK_LLAMA], ids=lambda p: p.name)
+def test_a_build_with_the_kv_gauges_reads_them(path) -> None:  # type: ignore[no-untyped-def]
+    text = read(path)
     sample = parse_llamacpp(text)
     assert sample.generation == "kv-gauges"
     ratio = value(text, "llamacpp:kv_cache_usage_ratio")
@@ -140,13 +143,28 @@ def test_a_build_with_the_kv_gauges_reads_them() -> None:
     assert "kv_cache_occupancy" not in sample.unavailable
     assert sample.gauges["requests_running"] == value(text, "llamacpp:requests_processing")
     assert sample.gauges["requests_waiting"] == value(text, "llamacpp:requests_deferred")
+    # prompt_tokens_total excluded cached tokens then too, and nothing counted those.
     assert sample.counters["prompt_tokens"] is None
+    assert sample.unavailable["prompt_tokens"] == NO_CACHED_COUNTER
     assert sample.counters["prompt_tokens_local_compute"] == value(
         text, "llamacpp:prompt_tokens_total"
     )
+    assert sample.counters["generation_tokens"] == value(text, "llamacpp:tokens_predicted_total")
     # The KV gauges never gave the capacity (the context size is not in /metrics).
     assert sample.cache.capacity_tokens is None
     assert "kv_cache_capacity_tokens" in sample.unavailable
+    assert sample.unavailable["spec_decode_acceptance"] == NO_SPEC
+
+
+def test_the_2025_server_under_load() -> None:
+    """The real pre-May-2025 server, busy: its slots' requests running, the rest deferred,
+    KV occupancy its own gauge, and n_busy_slots_per_decode still typed a counter."""
+    text = read(KV_GAUGES)
+    sample = parse_llamacpp(text)
+    assert sample.gauges["requests_running"] == 2
+    assert sample.gauges["requests_waiting"] == value(text, "llamacpp:requests_deferred") > 0
+    assert sample.gauges["kv_cache_usage"] == value(text, "llamacpp:kv_cache_usage_ratio") > 0
+    assert "# TYPE llamacpp:n_busy_slots_per_decode counter" in text
 
 
 def test_the_throughput_gauges_are_never_read() -> None:
@@ -160,16 +178,6 @@ def test_the_throughput_gauges_are_never_read() -> None:
     second = parse_llamacpp(text)
     assert (second.gauges, second.counters) == (first.gauges, first.counters)
     assert 123456.5 not in [*second.gauges.values(), *second.counters.values()]
-
-
-def test_busy_slots_per_decode_typed_counter_in_older_builds_still_parses() -> None:
-    text = read(BUSY)
-    older = text.replace(
-        "# TYPE llamacpp:n_busy_slots_per_decode gauge",
-        "# TYPE llamacpp:n_busy_slots_per_decode counter",
-    )
-    assert older != text
-    assert parse_llamacpp(older).counters == parse_llamacpp(text).counters
 
 
 @pytest.mark.parametrize("path", ALL, ids=lambda p: p.name)

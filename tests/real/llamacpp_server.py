@@ -33,12 +33,13 @@ class LlamaCpp:
 
 @contextmanager
 def running_llamacpp(
-    workdir: Path, *flags: str, context: int = 4096, slots: int = 4
+    workdir: Path, *flags: str, context: int = 4096, slots: int = 4, binary: Path = LLAMA_SERVER
 ) -> Iterator[LlamaCpp]:
-    """`llama-server --metrics` on the tiny model with `slots` parallel slots sharing
-    `context` tokens, started with `flags`; stopped afterwards."""
-    if not LLAMA_SERVER.exists():
-        require_real(f"no llama.cpp server at {LLAMA_SERVER} (run scripts/setup-llamacpp)")
+    """`llama-server --metrics` (`binary`: by default scripts/setup-llamacpp's) on the tiny
+    model with `slots` parallel slots sharing `context` tokens, started with `flags`; stopped
+    afterwards."""
+    if not binary.exists():
+        require_real(f"no llama.cpp server at {binary} (run scripts/setup-llamacpp)")
     model = workdir / "tiny.gguf"
     if not model.exists():
         subprocess.run(
@@ -50,7 +51,7 @@ def running_llamacpp(
     port = free_port()
     log_path = workdir / f"llama-server-{port}.log"
     command = [
-        str(LLAMA_SERVER),
+        str(binary),
         "-m",
         str(model),
         "--alias",
