@@ -23,6 +23,7 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
+from collectors.llamacpp import parse_llamacpp  # noqa: E402
 from collectors.tgi import parse_tgi  # noqa: E402
 from collectors.trtllm import parse_trtllm  # noqa: E402
 from collectors.vllm import parse_vllm  # noqa: E402
@@ -45,6 +46,7 @@ ENGINE_CAPTURES: list[tuple[str, Path, Callable[[str], ReplicaSample]]] = [
     ("TensorRT-LLM full", FIXTURES / "trtllm-full-iteration-stats.prom", parse_trtllm),
     ("TensorRT-LLM kv", FIXTURES / "trtllm-1.3-kv-gauges.prom", parse_trtllm),
     ("TensorRT-LLM basic", FIXTURES / "trtllm-1.0-unprefixed.prom", parse_trtllm),
+    ("llama.cpp b11434", FIXTURES / "llamacpp-b11434-busy.prom", parse_llamacpp),
 ]
 
 
