@@ -13,6 +13,7 @@ import sys
 from collections.abc import Iterator
 from pathlib import Path
 
+import aiohttp
 import httpx
 import pytest
 from prometheus_client.parser import text_string_to_metric_families
@@ -21,6 +22,7 @@ from collectors.collect import collect_once
 from collectors.engines import parse_replica
 from collectors.llamacpp import NO_KV
 from kneepoint.config import Config, Target
+from kneepoint.knee.sweep import SweepSettings, one_request
 from kneepoint.status import build_status
 from kneepoint.store import queries
 from kneepoint.store.db import open_store
@@ -174,6 +176,26 @@ def test_the_throughput_gauges_reset_on_every_read_and_kneepoint_does_not_use_th
     sample = parse_replica("llamacpp", text)
     assert sample.counters["generation_tokens"] == second[P + "tokens_predicted_total"]
     assert not [v for v in sample.gauges.values() if v == first[P + "predicted_tokens_seconds"]]
+
+
+def test_the_sweep_client_reads_llamacpps_stream(server: LlamaCpp) -> None:
+    """One token per chunk (the tiny model's tokens are whole words), the closing chunk with
+    the usage and an empty choice is no token, and a request on the connection the server
+    closed after the previous stream is sent again, not failed."""
+    output = 16
+    settings = SweepSettings(url=server.url, model="tiny", output_tokens=output)
+
+    async def three() -> list:  # type: ignore[type-arg]
+        connector = aiohttp.TCPConnector(limit=1)  # one pooled connection: always reused
+        async with aiohttp.ClientSession(connector=connector) as http:
+            return [await one_request(http, settings, "the agent reads the file") for _ in "abc"]
+
+    for outcome in asyncio.run(three()):
+        assert outcome.error is None, outcome.error
+        assert outcome.output_tokens == output
+        assert outcome.ttft is not None
+        assert len(outcome.gaps) == output - 1, "one gap between each two tokens, none more"
+        assert outcome.prompt_tokens > 0
 
 
 def test_kneepoint_sweep_runs_a_knee_sweep_against_llamacpp(
