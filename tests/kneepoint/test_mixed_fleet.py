@@ -24,6 +24,8 @@ FLEET = {
     "trtllm-a": ("trtllm", OWN_FIXTURES / "trtllm-full-iteration-stats.prom", "trtllm"),
     "auto-sglang": ("auto", OWN_FIXTURES / "sglang-0.5.10-tp2-all-schedulers.prom", "sglang"),
     "auto-vllm": ("auto", OWN_FIXTURES / "vllm-0.10.2-dp2.prom", "vllm"),
+    "llamacpp-a": ("llamacpp", OWN_FIXTURES / "llamacpp-b11434-busy.prom", "llamacpp"),
+    "auto-llamacpp-old": ("auto", OWN_FIXTURES / "llamacpp-7841fc7-busy.prom", "llamacpp"),
 }
 # Keys of a replica that the fleet adds up (design.md: counts and rates add, fractions never).
 ADDITIVE = (
@@ -99,6 +101,8 @@ def test_each_replica_says_its_engine_and_generation(fleet: Path) -> None:
     # kind: auto stores what the first scrape's names say.
     assert replicas["auto-sglang"]["engine_generation"] == "0.5.10"
     assert replicas["auto-vllm"]["engine_generation"] == "v1-0.10"
+    assert replicas["llamacpp-a"]["engine_generation"] == "cached-tokens"
+    assert replicas["auto-llamacpp-old"]["engine_generation"] == "kv-gauges"
     assert report["fleet"]["engine"] == "mixed"
 
 
@@ -114,6 +118,17 @@ def test_what_an_engine_does_not_give_is_null_with_the_reason(fleet: Path) -> No
     assert replicas["sglang-a"]["preemptions"] is not None
     assert replicas["vllm-a"]["requests_waiting_capacity"] is not None
     assert "requests_waiting_capacity" not in replicas["vllm-a"]["unavailable"]
+    # llama.cpp: no KV gauge since May 2025, and before its cached-token counter no count of
+    # all prompt tokens (its prompt_tokens_total leaves the cached ones out).
+    new, old_cpp = replicas["llamacpp-a"], replicas["auto-llamacpp-old"]
+    assert new["kv_cache_occupancy"] is None
+    assert new["unavailable"]["kv_cache_occupancy"].startswith(
+        "not exposed by llama.cpp since its KV gauges were removed"
+    )
+    assert new["prompt_tokens_per_second"] is not None and new["prefix_cache_hit_rate"] is not None
+    assert old_cpp["kv_cache_occupancy"] is not None
+    assert old_cpp["prompt_tokens_per_second"] is None
+    assert "excludes" in old_cpp["unavailable"]["prompt_tokens"]
 
 
 def test_fleet_totals_add_up_across_engines(fleet: Path) -> None:
@@ -123,7 +138,7 @@ def test_fleet_totals_add_up_across_engines(fleet: Path) -> None:
         known = [r[key] for r in replicas if r[key] is not None]
         assert total[key] == pytest.approx(sum(known)), key
     engines_with_tokens = {r["engine"] for r in replicas if r["prompt_tokens_per_second"]}
-    assert engines_with_tokens == {"vllm", "sglang", "trtllm"}
+    assert engines_with_tokens == {"vllm", "sglang", "trtllm", "llamacpp"}
     # A fraction is never added: the fleet's occupancy is its fullest replica's.
     occupancy = [r["kv_cache_occupancy"] for r in replicas if r["kv_cache_occupancy"] is not None]
     assert total["kv_cache_occupancy"] == max(occupancy)
