@@ -24,6 +24,7 @@ ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
 from collectors.llamacpp import parse_llamacpp  # noqa: E402
+from collectors.sglang import parse_sglang  # noqa: E402
 from collectors.tgi import parse_tgi  # noqa: E402
 from collectors.trtllm import parse_trtllm  # noqa: E402
 from collectors.vllm import parse_vllm  # noqa: E402
@@ -47,6 +48,8 @@ ENGINE_CAPTURES: list[tuple[str, Path, Callable[[str], ReplicaSample]]] = [
     ("TensorRT-LLM kv", FIXTURES / "trtllm-1.3-kv-gauges.prom", parse_trtllm),
     ("TensorRT-LLM basic", FIXTURES / "trtllm-1.0-unprefixed.prom", parse_trtllm),
     ("llama.cpp b11434", FIXTURES / "llamacpp-b11434-busy.prom", parse_llamacpp),
+    ("SGLang 0.5.23", FIXTURES / "sglang-0.5.23-priority.prom", parse_sglang),
+    ("SGLang 0.5.10 tp2", FIXTURES / "sglang-0.5.10-tp2-all-schedulers.prom", parse_sglang),
 ]
 
 
