@@ -54,9 +54,11 @@ def evaluate(
         with sessions.begin() as session:
             for change in evaluate_once(session, settings, clock.system_clock()):
                 alert = change.alert
+                seen = "no data" if alert.value is None else f"value {alert.value:.4g}"
+                why = f"; {change.note}" if change.note else ""
                 typer.echo(
                     f"{alert.rule} on {alert.replica or 'fleet'}: {change.before or 'inactive'}"
-                    f" -> {change.after} (value {alert.value}, threshold {alert.threshold})"
+                    f" -> {change.after} ({seen}, threshold {alert.threshold:g}{why})"
                 )
         with sessions() as session:
             counts = deliver_due(session, settings, clock.system_clock(), http_sender())

@@ -230,3 +230,16 @@ def test_a_held_breach_of_a_bursty_gauge_reaches_firing_and_history_says_what_wa
     ]
     # What was recorded is the window's level the rule compared, under the threshold.
     assert all(value is not None and 0.2 < value < 0.3 for _, _, value in changes)
+
+
+def test_eval_says_no_data_in_words_never_value_none(tmp_path: Path) -> None:
+    config = seed(tmp_path, time.time())
+    config.write_text(
+        config.read_text()
+        + "rules:\n  - {name: kv-blind, metric: kv_cache_occupancy, op: '>=', threshold: 0.9,"
+        + " for: 0s, no_data: alert}\n"
+    )
+    said = cli(config, "alerts", "eval", "--once")["out"]
+    # replica-down never answered: no data, which this rule counts as a breach.
+    assert "kv-blind on replica-down: inactive -> firing (no data, threshold 0.9" in said, said
+    assert "None" not in said, said
