@@ -577,8 +577,9 @@ def send_trial(
             request = prepare(row, notice, spec, now)
         except Exception as error:  # Refused, or a channel's bug: this row refused, with why
             why = str(error) if isinstance(error, Refused) else f"{type(error).__name__}: {error}"
-            _fail(row, why[:500])
-            return "failed", why[:500]
+            why = scrub_secrets(why)[:500]  # scrubbed before the cut, so no half secret survives it
+            _fail(row, why)
+            return "failed", why
         row.claimed_by, row.claimed_until = token, now + DEADLINE + LEASE_MARGIN
         row.maybe_sent = True
     claim = Claim(row_id, channel_name, spec.type, request, False)

@@ -63,9 +63,12 @@ def create(
 
 
 def broad(matchers: dict[str, str]) -> bool:
-    """A silence naming no alertname and no replica mutes a whole class of alerts (every
-    page, say): the app lets only an admin create one."""
-    return "alertname" not in matchers and "replica" not in matchers
+    """A silence naming no alertname and no replica (or only replica=fleet) mutes a whole
+    class of alerts (every page, say): the app lets only an admin create one."""
+    if "alertname" in matchers:
+        return False
+    # replica=fleet names every fleet-wide alert (the SLO burn rates): as broad as none.
+    return matchers.get("replica", "fleet") == "fleet"
 
 
 def get(session: Session, silence_id: int) -> Silence | None:

@@ -21,12 +21,15 @@ _SIGNED_IN = "kneepoint-signed-in"
 
 
 def peer_address() -> str | None:
-    """The session connection's peer. Streamlit reports a loopback peer (127.0.0.1 or ::1)
-    as None, returned here as 127.0.0.1 (ProxyAuth.trusts treats every loopback alike); kneepoint
-    starts its server trusting no X-Forwarded-For (FORWARDED_ALLOW_IPS is empty), so this is
-    the TCP peer itself, not what a client claims."""
-    address = st.context.ip_address
-    return address if isinstance(address, str) else "127.0.0.1"
+    """The session connection's TCP peer, or None when there is none (not a browser's
+    WebSocket). kneepoint starts its server trusting no X-Forwarded-For (FORWARDED_ALLOW_IPS
+    is empty), so this is the peer itself, not what a client claims. Read from the session's
+    client context: st.context.ip_address reports a loopback peer and no peer alike (None)."""
+    from streamlit.runtime.context import _get_client_context
+
+    context = _get_client_context()
+    address = getattr(context, "remote_ip", None)
+    return address if isinstance(address, str) else None
 
 
 def current() -> Identity:
@@ -43,8 +46,14 @@ def current() -> Identity:
         groups = _groups(st.user.get(auth.oidc.groups_claim))
         email = st.user.get("email")
         who = signed_in(auth, str(email) if email else None, groups, "oidc", address)
-        if st.user.get("email_verified") is False:  # the provider says it did not check
+        verified = st.user.get("email_verified") in (True, "true")
+        if not (verified or auth.oidc.trust_unverified_email):
             return replace(who, role=None, why_not=f"the provider has not verified {who.name}")
+        signed_at = st.user.get("iat")
+        if not isinstance(signed_at, int | float) or session_expired(
+            float(signed_at), time.time(), auth.oidc.max_session
+        ):
+            return Identity("not signed in", None, "oidc", address=address, why_not="sign in")
         return who
     assert auth.proxy is not None
     proxy = auth.proxy
@@ -57,10 +66,24 @@ def current() -> Identity:
             why_not=f"the connection from {address} did not come through the trusted proxy",
         )
     headers = st.context.headers
-    email = headers.get(proxy.email_header)
-    raw = headers.get(proxy.groups_header) if proxy.groups_header else None
+    emails = headers.get_all(proxy.email_header)
+    raws = headers.get_all(proxy.groups_header) if proxy.groups_header else []
+    if len(emails) > 1 or len(raws) > 1:  # a proxy that appends instead of replacing
+        return Identity(
+            "unknown",
+            None,
+            "proxy",
+            address=address,
+            why_not="the identity headers came more than once",
+        )
+    raw = raws[0] if raws else None
     groups = _groups(raw.split(proxy.groups_separator) if raw else None)
-    return signed_in(auth, email, groups, "proxy", address)
+    return signed_in(auth, emails[0] if emails else None, groups, "proxy", address)
+
+
+def session_expired(signed_at: float, now: float, max_session: float) -> bool:
+    """Whether an OIDC sign-in (its ID token's issue time) is older than auth.oidc.max_session."""
+    return now - signed_at > max_session
 
 
 def _groups(value: object) -> tuple[str, ...]:

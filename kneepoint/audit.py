@@ -18,6 +18,7 @@ from sqlalchemy import select
 from sqlalchemy.orm import Session
 
 from kneepoint.auth import Identity, Refused, Role, require
+from kneepoint.secrets import scrub
 from kneepoint.store.models import AuditRow
 
 # A transaction that commits when its block ends without error (a sessionmaker's .begin).
@@ -128,7 +129,7 @@ def mutation(
             record(session, who, action, "refused", change, now)
         raise
     except Exception as error:
-        change.detail = f"{type(error).__name__}: {error}"[:500]
+        change.detail = scrub(f"{type(error).__name__}: {error}")[:500]
         with begin() as session:
             record(session, who, action, "failed", change, now)
         raise

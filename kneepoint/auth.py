@@ -49,6 +49,14 @@ class OidcAuth(Strict):
     # The OIDC `prompt` st.login sends (Streamlit's default asks to select an account;
     # Keycloak wants "login" or none at all). Unset: Streamlit's default.
     prompt: Literal["none", "login", "consent", "select_account"] | None = None
+    # Streamlit's identity cookie lasts 30 days and carries the groups of its sign-in:
+    # kneepoint asks for a new sign-in after this long, so a removal at the provider (or a
+    # group change) takes effect within it.
+    max_session: Annotated[float, Field(gt=0), BeforeValidator(parse_duration)] = 12 * 3600.0
+    # An e-mail the provider does not say it verified (`email_verified` missing or false)
+    # gets no role, since role lists and allowed domains trust the address. Entra ID sends
+    # no such claim; set this only for a provider whose e-mail cannot be chosen by its user.
+    trust_unverified_email: bool = False
 
     @property
     def metadata_url(self) -> str:
@@ -91,6 +99,8 @@ class ProxyAuth(Strict):
             peer = ipaddress.ip_address(address.strip("[]"))
         except ValueError:
             return False
+        if isinstance(peer, ipaddress.IPv6Address) and peer.ipv4_mapped:
+            peer = peer.ipv4_mapped  # an IPv4 peer of a server listening on ::
         return any(peer in ipaddress.ip_network(entry, strict=False) for entry in self.trusted)
 
 
@@ -110,6 +120,10 @@ class Auth(Strict):
     default_role: Role | None = "viewer"
     # mode none: the role of every visitor (no sign-in, so no names).
     anonymous_role: Role = "viewer"
+    # Host names the app is reached by (Streamlit's server.allowedHosts: a WebSocket with
+    # another Host header is refused, which stops DNS rebinding). Empty: any host. Without
+    # `auth:` kneepoint allows only localhost, 127.0.0.1 and ::1.
+    hosts: list[str] = []
 
     @model_validator(mode="after")
     def _mode_settings(self) -> Auth:
@@ -152,8 +166,11 @@ def require(who: Identity, needed: Role, action: str) -> None:
 
 
 def role_for(auth: Auth, email: str, groups: tuple[str, ...]) -> tuple[Role | None, str]:
-    """The role of a signed-in person, and why they have none when None."""
+    """The role of a signed-in person, and why they have none when None. E-mails compare
+    without case; groups exactly; a role entry is an e-mail or `group:NAME`."""
     email = email.strip().lower()
+    if email.count("@") != 1 or email.startswith("@") or email.endswith("@"):
+        return None, f"{email!r} is not an e-mail address"
     domain = email.rpartition("@")[2]
     allowed_emails = {e.lower() for e in auth.allowed_emails}
     allowed_domains = {d.lower().lstrip("@") for d in auth.allowed_domains}
@@ -161,14 +178,15 @@ def role_for(auth: Auth, email: str, groups: tuple[str, ...]) -> tuple[Role | No
         email in allowed_emails or domain in allowed_domains
     ):
         return None, f"{email} is not in auth.allowed_emails or auth.allowed_domains"
-    names = {email} | {f"group:{g}" for g in groups}  # e-mails compare without case
     ranked: tuple[tuple[Role, list[str]], ...] = (
         ("admin", auth.admins),
         ("operator", auth.operators),
         ("viewer", auth.viewers),
     )
     for role, members in ranked:
-        if names & {m if m.startswith("group:") else m.lower() for m in members}:
+        emails = {m.lower() for m in members if not m.startswith("group:")}
+        named_groups = {m.removeprefix("group:") for m in members if m.startswith("group:")}
+        if email in emails or named_groups & set(groups):
             return role, ""
     if auth.default_role is None:
         return None, f"{email} is named in no role list and auth.default_role is unset"
@@ -182,10 +200,11 @@ def signed_in(
     via: Literal["oidc", "proxy"],
     address: str | None,
 ) -> Identity:
+    email = (email or "").strip().lower()
     if not email:
         return Identity("unknown", None, via, None, groups, address, "no e-mail was given")
     role, why = role_for(auth, email, groups)
-    return Identity(email.lower(), role, via, email.lower(), groups, address, why)
+    return Identity(email, role, via, email, groups, address, why)
 
 
 def anonymous(auth: Auth | None, address: str | None) -> Identity:

@@ -55,6 +55,15 @@ def oidc_secrets(oidc: OidcAuth) -> str:
     )
 
 
+def allowed_hosts(config: Config) -> list[str]:
+    """The Host names the app's WebSocket accepts (empty: any). Without `auth:` the local user
+    is admin, so only loopback names: a web page that re-points its own name at 127.0.0.1
+    (DNS rebinding) is refused."""
+    if config.auth is None:
+        return ["localhost", "127.0.0.1", "::1"]
+    return list(config.auth.hosts)
+
+
 def app_process(
     config: Config,
     config_file: Path,
@@ -91,7 +100,16 @@ def app_process(
         "false",
         "--client.toolbarMode",
         "viewer",
+        # An exception's text may carry what a secret-scrubbing log would have caught:
+        # pages show its type only; the log has the rest.
+        "--client.showErrorDetails",
+        "type",
+        # Streamlit's agent API drives the app over plain HTTP with no WebSocket peer.
+        "--server.enableAgentApi",
+        "false",
     ]
+    for name in allowed_hosts(config):
+        command += ["--server.allowedHosts", name]
     private: Path | None = None
     if config.auth is not None and config.auth.oidc is not None:
         private = Path(tempfile.mkdtemp(prefix="kneepoint-auth-"))  # 0700
@@ -121,7 +139,8 @@ def run_app(config: Config, config_file: Path, host: str, port: int, open_browse
     def interrupt(*_: object) -> None:
         raise KeyboardInterrupt
 
-    signal.signal(signal.SIGTERM, interrupt)
+    for signum in (signal.SIGTERM, signal.SIGHUP):  # a service manager, a closed terminal
+        signal.signal(signum, interrupt)
     try:
         return process.wait()
     except KeyboardInterrupt:

@@ -199,3 +199,58 @@ def test_a_viewer_opening_the_audit_address_sees_no_audit_trail(browser, served:
         assert page.get_by_text("No sign-in: everyone who can reach").count() >= 1
     finally:
         page.close()
+
+
+@pytest.fixture(scope="module")
+def served_locally(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
+    """`kneepoint serve` on loopback with no `auth:` (the local user is admin)."""
+    folder = tmp_path_factory.mktemp("local")
+    config = seed(folder, time.time())
+    port = free_port()
+    log = folder / "serve.log"
+    with log.open("w") as output:
+        process = subprocess.Popen(
+            [
+                *(sys.executable, "-m", "kneepoint.cli", "serve", "--port", str(port)),
+                *("--no-browser", "--config", str(config)),
+            ],
+            stdout=output,
+            stderr=subprocess.STDOUT,
+        )
+    try:
+        url = f"http://127.0.0.1:{port}"
+        wait_until_healthy(process, f"{url}/_stcore/health", 90, log.read_text)
+        yield url
+    finally:
+        process.terminate()
+        assert process.wait(timeout=30) == 0, log.read_text()[-3000:]
+
+
+def websocket_status(url: str, host: str) -> str:
+    """The status line the app's WebSocket endpoint answers a handshake with this Host (and
+    a matching Origin, as a browser on that name would send)."""
+    import socket
+
+    port = int(url.rsplit(":", 1)[1])
+    request = (
+        "GET /_stcore/stream HTTP/1.1\r\n"
+        f"Host: {host}:{port}\r\n"
+        f"Origin: http://{host}:{port}\r\n"
+        "Upgrade: websocket\r\nConnection: Upgrade\r\n"
+        "Sec-WebSocket-Key: dGhlIHNhbXBsZSBub25jZQ==\r\nSec-WebSocket-Version: 13\r\n"
+        "Sec-WebSocket-Protocol: streamlit\r\n\r\n"
+    )
+    with socket.create_connection(("127.0.0.1", port), timeout=10) as connection:
+        connection.sendall(request.encode())
+        return connection.recv(4096).decode("latin-1").split("\r\n", 1)[0]
+
+
+def test_without_auth_a_page_on_another_name_cannot_open_the_app_dns_rebinding(
+    served_locally: str,
+) -> None:
+    """A web page whose own name was re-pointed at 127.0.0.1 reaches the app with its own
+    name as Host and Origin; the local user is admin, so only loopback names are let in."""
+    assert " 101 " in websocket_status(served_locally, "localhost") + " "
+    assert " 101 " in websocket_status(served_locally, "127.0.0.1") + " "
+    refused = websocket_status(served_locally, "rebound.attacker.example")
+    assert " 101 " not in refused + " ", refused

@@ -70,7 +70,7 @@ if not active:
 for silence in active:
     left, right = st.columns([4, 1])
     matchers = ", ".join(f"{k}={v}" for k, v in silence.matchers.items())
-    left.write(f"#{silence.id} `{matchers}`, {silence.author}: {silence.comment}")
+    left.text(f"#{silence.id} {matchers}, {silence.author}: {silence.comment}")  # typed text
     if right.button("Expire", key=f"expire-{silence.id}", help="Needs operator."):
         try:
             actions.expire_silence(silence.id)

@@ -6,7 +6,7 @@ from __future__ import annotations
 import pandas as pd
 import streamlit as st
 
-from app import actions, data, filters
+from app import actions, auth, data, filters
 from dashboards.knee import knee_chart
 from kneepoint.auth import Refused
 from kneepoint.knee import tables
@@ -119,18 +119,21 @@ with st.expander("Import result files", expanded=not assessments):
         "vllm bench serve (--save-result), GuideLLM benchmarks.json, AIPerf / GenAI-Perf "
         "profile exports, LLMPerf summaries."
     )
-    uploads = st.file_uploader(
-        "Result files",
-        accept_multiple_files=True,
-        type=["json", "jsonl"],
-        help=f"At most {data.limits().upload_mb:g} MB each (limits.upload_mb). Needs operator.",
-    )
-    if uploads and st.button("Import"):
-        try:
-            stored, refused = actions.import_results([(u.name, u.getvalue()) for u in uploads])
-        except Refused as error:
-            stored, refused = [], [str(error)]
-        for run in stored:
-            st.success(f"Imported {run.label} ({run.source}): {len(run.points)} steps.")
-        for reason in refused:
-            st.error(reason)
+    if not auth.current().can("operator"):  # the uploader stores files before any action
+        st.caption("Importing runs needs the operator role.")
+    else:
+        uploads = st.file_uploader(
+            "Result files",
+            accept_multiple_files=True,
+            type=["json", "jsonl"],
+            help=f"At most {data.limits().upload_mb:g} MB each (limits.upload_mb). Needs operator.",
+        )
+        if uploads and st.button("Import"):
+            try:
+                stored, refused = actions.import_results([(u.name, u.getvalue()) for u in uploads])
+            except Refused as error:
+                stored, refused = [], [str(error)]
+            for run in stored:
+                st.success(f"Imported {run.label} ({run.source}): {len(run.points)} steps.")
+            for reason in refused:
+                st.error(reason)

@@ -251,3 +251,35 @@ def test_a_trusted_ipv6_loopback_proxy_is_recognised_though_streamlit_hides_it()
     # Another loopback address is reported as itself and is not 127.0.0.1.
     assert not ProxyAuth(trusted=["127.0.0.2/32"]).trusts("127.0.0.1")
     assert ProxyAuth(trusted=["127.0.0.2/32"]).trusts("127.0.0.2")
+
+
+def test_an_asserted_e_mail_that_looks_like_a_group_entry_gets_no_role() -> None:
+    auth = Auth(mode="proxy", proxy=ProxyAuth(trusted=["10.0.0.1"]), admins=["group:sre-leads"])
+    assert role_for(auth, "group:sre-leads", ())[0] is None
+    assert role_for(auth, "a@b@example.com", ())[0] is None
+    assert role_for(auth, "lead@example.com", ("sre-leads",))[0] == "admin"
+    # A group named like an admin's e-mail is still only a group.
+    named = Auth(mode="proxy", proxy=ProxyAuth(trusted=["10.0.0.1"]), admins=["boss@example.com"])
+    assert role_for(named, "x@example.com", ("boss@example.com",))[0] == "viewer"
+
+
+def test_an_ipv4_peer_of_a_server_on_every_ipv6_address_is_matched_as_ipv4() -> None:
+    assert ProxyAuth(trusted=["10.0.0.0/8"]).trusts("::ffff:10.1.2.3")
+    assert not ProxyAuth(trusted=["10.0.0.0/8"]).trusts("::ffff:11.1.2.3")
+
+
+def test_the_allowed_hosts_are_loopback_names_without_auth_and_the_configured_ones_with() -> None:
+    from kneepoint.config import parse_config
+    from kneepoint.webapp import allowed_hosts
+
+    assert allowed_hosts(parse_config("")) == ["localhost", "127.0.0.1", "::1"]
+    assert allowed_hosts(parse_config("auth: {mode: none}")) == []
+    hosts = parse_config("auth: {mode: none, hosts: [kneepoint.example.com]}")
+    assert allowed_hosts(hosts) == ["kneepoint.example.com"]
+
+
+def test_an_oidc_sign_in_older_than_max_session_must_be_renewed() -> None:
+    from app.auth import session_expired
+
+    assert not session_expired(signed_at=1000.0, now=1000.0 + 12 * 3600, max_session=12 * 3600)
+    assert session_expired(signed_at=1000.0, now=1001.0 + 12 * 3600, max_session=12 * 3600)
