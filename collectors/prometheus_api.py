@@ -123,10 +123,20 @@ class PrometheusReader:
         try:
             return list(self.client.custom_query(query, params={"time": at}))
         except (PrometheusApiClientException, RequestException) as error:
-            # The source's URL shown redacted; its secrets masked in the client's message
-            # before it is cut, so no part of one is left.
-            why = scrub(str(error), self.source.url, *self.source.headers.values())
-            raise PrometheusSourceError(f"cannot read {self.source.url}: {why[:200]}") from None
+            raise self._error(error) from None
+
+    def _error(self, error: Exception) -> PrometheusSourceError:
+        # The source's URL shown redacted; its secrets masked in the client's message
+        # before it is cut, so no part of one is left.
+        why = scrub(str(error), self.source.url, *self.source.headers.values())
+        return PrometheusSourceError(f"cannot read {self.source.url}: {why[:200]}")
+
+    def active_targets(self) -> list[dict[str, Any]]:
+        """The targets Prometheus scrapes now (`/api/v1/targets?state=active`)."""
+        try:
+            return list(self.client.get_targets(state="active").get("activeTargets") or [])
+        except (PrometheusApiClientException, RequestException, ValueError) as error:
+            raise self._error(error) from None
 
     def scrapes(self, kind: str, since: dict[str, float], now: float) -> list[Scrape]:
         """Every scrape of the kind's instances after `since` (per instance), up to `now`,

@@ -47,11 +47,12 @@ def collect_round(
     config: Config, sessions: sessionmaker[Session], clock: Clock = system_clock
 ) -> list[Outcome]:
     """One collection round: scrape the targets, or read them from Prometheus when the
-    config names one (`prometheus:`)."""
+    config names one (`prometheus:`), with the targets `discovery:` finds there added."""
     if config.prometheus is not None:
+        from collectors.discovery import with_discovered
         from collectors.prometheus_api import collect_from_prometheus
 
-        return collect_from_prometheus(config, sessions, clock)
+        return collect_from_prometheus(with_discovered(config), sessions, clock)
     return collect_once(config, sessions, clock)
 
 

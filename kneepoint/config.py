@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import os
 import re
+import string
 from pathlib import Path
 from typing import Annotated, Any, Literal
 
@@ -91,6 +92,11 @@ class Target(Strict):
     headers: dict[str, Secret] = {}
     # With `prometheus:` set: the target's `instance` label there (default: URL's host:port).
     instance: str | None = None
+    # The Kubernetes pod (and namespace) the replica runs in: its GPUs are then the ones
+    # dcgm-exporter labels with that pod, when `gpus:` does not list them. Discovery sets
+    # them from the target's `pod` and `namespace` labels.
+    pod: str | None = None
+    namespace: str | None = None
     timeout: Duration = 5.0
     max_bytes: Annotated[int, Field(gt=0)] = 8 * 1024 * 1024
     max_series: Annotated[int, Field(gt=0)] = 20_000  # more: the target is down, with why
@@ -117,6 +123,57 @@ class PrometheusSource(Strict):
     # loads too many samples, and one unbounded catch-up would then fail every round.
     lookback: Annotated[float, Field(gt=0), BeforeValidator(parse_duration)] = 3600.0
     chunk: Annotated[float, Field(gt=0), BeforeValidator(parse_duration)] = 600.0
+
+
+_NAME_TEXT = re.compile(r"^[A-Za-z0-9_.:-]*$")
+
+
+def _template(template: str) -> str:
+    """A target-name template: `{label}` fields joined by text a target name may hold."""
+    try:
+        parts = list(string.Formatter().parse(template))
+    except ValueError as error:
+        raise ValueError(f"is not a valid template ({error})") from None
+    fields = [field for _, field, _, _ in parts if field is not None]
+    if not fields:
+        raise ValueError("must name at least one label, like {namespace}.{pod}")
+    for text, field, spec, conversion in parts:
+        if not _NAME_TEXT.match(text):
+            raise ValueError(
+                f"holds {text!r}, which a target name cannot (only letters, digits and _ . : -)"
+            )
+        if field is not None and (spec or conversion or not re.fullmatch(r"\w+", field)):
+            raise ValueError(f"field {{{field}}} must be a plain label name")
+    return template
+
+
+NameTemplate = Annotated[str, AfterValidator(_template)]
+
+
+class DiscoveryRule(Strict):
+    """Which of Prometheus's active targets to take (all `jobs`, when listed, and every
+    `match` label equal) and how to name them from their labels."""
+
+    jobs: list[str] = []
+    match: dict[str, str] = {}
+    name: NameTemplate
+
+    @model_validator(mode="after")
+    def _selective(self) -> DiscoveryRule:
+        if not self.jobs and not self.match:
+            raise ValueError("needs jobs or match, so it does not take every target")
+        return self
+
+
+class PrometheusDiscovery(Strict):
+    """Targets from Prometheus's /api/v1/targets: replicas (vLLM) and GPU nodes (DCGM)."""
+
+    replicas: DiscoveryRule | None = None
+    gpu_nodes: DiscoveryRule | None = None
+
+
+class Discovery(Strict):
+    prometheus: PrometheusDiscovery
 
 
 class ApiReference(Strict):
@@ -272,6 +329,7 @@ class Config(Strict):
     dashboard_url: str = "http://localhost:8501"
     targets: list[Target] = []
     prometheus: PrometheusSource | None = None
+    discovery: Discovery | None = None
     pricing: Pricing = Pricing()
     slos: list[Slo] = []
     channels: list[Channel] = []
@@ -307,6 +365,10 @@ class Config(Strict):
                     f"targets[{index}].kind {target.kind} cannot be read through prometheus: "
                     "(only vllm and dcgm targets can); leave prometheus: out to scrape it"
                 )
+        if self.discovery is not None and self.prometheus is None:
+            raise ValueError(
+                "discovery.prometheus needs prometheus: (the source its targets are read from)"
+            )
         if self.scrape_interval <= 0:
             raise ValueError("scrape_interval must be positive")
         return self

@@ -298,7 +298,9 @@ def _gpu(frame: pd.DataFrame, config: Config, rows: dict[str, TargetRow]) -> dic
         "host": host,
         "index": index,
         "model": latest["model"],
-        "replica": replica_of(config, {host, exporter}, index),
+        "replica": replica_of(
+            config, {host, exporter}, index, _text(latest, "pod"), _text(latest, "namespace")
+        ),
         "utilization": _value(latest, "utilization"),
         "gr_engine_active": _value(latest, "gr_engine_active"),
         "sm_active": _value(latest, "sm_active"),
@@ -365,14 +367,34 @@ def stale_targets(session: Session, config: Config, now: float) -> list[str]:
     ]
 
 
-def replica_of(config: Config, hosts: set[str], index: int) -> str | None:
-    """The replica whose `gpus:` lists this GPU, by DCGM hostname or exporter target name."""
+def replica_of(
+    config: Config,
+    hosts: set[str],
+    index: int,
+    pod: str | None = None,
+    namespace: str | None = None,
+) -> str | None:
+    """The replica whose `gpus:` lists this GPU, by DCGM hostname or exporter target name;
+    else the engine target without a `gpus:` list whose `pod` (and namespace, where both
+    are known) dcgm-exporter labels the GPU with. None: the GPU is unassigned."""
     for target in config.targets:
         for ref in target.gpus:
             host, _, position = ref.rpartition("/")
             if host in hosts and int(position) == index:
                 return target.name
+    if pod is None:
+        return None
+    for target in config.targets:
+        if target.gpus or target.kind not in ENGINE_KINDS or target.pod != pod:
+            continue
+        if namespace is None or target.namespace is None or target.namespace == namespace:
+            return target.name
     return None
+
+
+def _text(row: pd.Series, key: str) -> str | None:
+    value = row.get(key)
+    return None if value is None or pd.isna(value) else str(value)
 
 
 def iso(ts: float) -> str:

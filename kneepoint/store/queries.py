@@ -242,8 +242,8 @@ def _rows_at(session: Session, table: Table, pairs: set[tuple[int, float]]) -> p
 def gpu_frame(
     session: Session, start: float, end: float, coarsest: int | None = None
 ) -> pd.DataFrame:
-    """GPU readings with their identity (target, host, index, model, pod), read through the
-    summary tiers like replica_frame."""
+    """GPU readings with their identity (target, host, index, model, pod, namespace), read
+    through the summary tiers like replica_frame."""
     identity = read_frame(
         session,
         select(
@@ -253,6 +253,7 @@ def gpu_frame(
             GpuRow.gpu_index,
             GpuRow.model,
             GpuRow.pod,
+            GpuRow.namespace,
             GpuRow.uuid,
         ),
     )

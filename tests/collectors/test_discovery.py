@@ -1,0 +1,132 @@
+"""Discovery through Prometheus, its own logic: the config's errors, the name template, which
+of /api/v1/targets' active targets become targets, explicit targets winning, and the GPU
+join by pod. (Against a real Prometheus: tests/real/test_discovery.py.)"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import pytest
+
+from collectors.discovery import MissingLabel, discovered_targets, render
+from kneepoint.config import Config, ConfigError, Target, parse_config
+from kneepoint.status import replica_of
+
+SOURCE = "prometheus: {url: 'http://prometheus:9090'}\n"
+
+
+def active(job: str, instance: str, **labels: str) -> dict[str, Any]:
+    """One entry of /api/v1/targets' activeTargets, as Prometheus writes it."""
+    return {
+        "discoveredLabels": {"__address__": instance, "__meta_x": "y", "zone": "eu"},
+        "labels": {"job": job, "instance": instance, **labels},
+        "scrapePool": job,
+        "scrapeUrl": f"http://{instance}/metrics",
+        "health": "up",
+    }
+
+
+def config(discovery: str, targets: str = "") -> Config:
+    return parse_config(SOURCE + discovery + targets)
+
+
+def test_a_template_is_filled_from_labels_and_a_missing_label_is_named() -> None:
+    labels = {"namespace": "inference", "pod": "qwen-0"}
+    assert render("{namespace}.{pod}", labels) == "inference.qwen-0"
+    assert render("vllm-{pod}", labels) == "vllm-qwen-0"
+    with pytest.raises(MissingLabel, match="node"):
+        render("{node}", labels)
+
+
+@pytest.mark.parametrize(
+    ("text", "error"),
+    [
+        (
+            "discovery: {prometheus: {replicas: {jobs: [v], name: '{namespace}/{pod}'}}}",
+            "discovery.prometheus.replicas.name: holds '/', which a target name cannot",
+        ),
+        (
+            "discovery: {prometheus: {replicas: {jobs: [v], name: 'fixed'}}}",
+            "discovery.prometheus.replicas.name: must name at least one label",
+        ),
+        (
+            "discovery: {prometheus: {replicas: {jobs: [v], name: '{pod!r}'}}}",
+            "discovery.prometheus.replicas.name: field {pod} must be a plain label name",
+        ),
+        (
+            "discovery: {prometheus: {replicas: {name: '{pod}'}}}",
+            "discovery.prometheus.replicas: needs jobs or match",
+        ),
+        (
+            "discovery: {prometheus: {replicas: {jobs: [v], name: '{pod}', selector: x}}}",
+            "discovery.prometheus.replicas.selector: is not a known key",
+        ),
+        ("discovery: {prometheus: {}, kubernetes: {}}", "discovery.kubernetes: is not a known key"),
+    ],
+)
+def test_config_errors_are_one_sentence_naming_the_key(text: str, error: str) -> None:
+    with pytest.raises(ConfigError) as caught:
+        parse_config(SOURCE + text)
+    assert error in str(caught.value)
+    assert "\n" not in str(caught.value)
+
+
+def test_discovery_needs_a_prometheus_source() -> None:
+    with pytest.raises(ConfigError, match=r"discovery\.prometheus needs prometheus:"):
+        parse_config("discovery: {prometheus: {replicas: {jobs: [v], name: '{pod}'}}}")
+
+
+DISCOVERY = """discovery:
+  prometheus:
+    replicas: {jobs: [vllm], match: {namespace: inference}, name: "{namespace}.{pod}"}
+    gpu_nodes: {jobs: [dcgm], name: "dcgm-{instance}"}
+"""
+FOUND = [
+    active("vllm", "10.0.0.1:8000", namespace="inference", pod="qwen-0"),
+    active("vllm", "10.0.0.2:8000", namespace="inference", pod="llama-0"),
+    active("vllm", "10.0.0.3:8000", namespace="batch", pod="other-0"),  # match: left out
+    active("vllm", "10.0.0.4:8000", namespace="inference"),  # no pod: left out
+    active("node", "10.0.0.9:9100"),  # another job
+    active("dcgm", "10.0.0.1:9400"),
+]
+
+
+def test_active_targets_become_replicas_and_gpu_nodes_named_by_their_labels() -> None:
+    targets = discovered_targets(config(DISCOVERY), FOUND)
+    assert [(t.name, t.kind, t.instance) for t in targets] == [
+        ("inference.qwen-0", "vllm", "10.0.0.1:8000"),
+        ("inference.llama-0", "vllm", "10.0.0.2:8000"),
+        ("dcgm-10.0.0.1:9400", "dcgm", "10.0.0.1:9400"),
+    ]
+    qwen = targets[0]
+    assert (qwen.pod, qwen.namespace) == ("qwen-0", "inference")
+    assert qwen.url.reveal() == "http://10.0.0.1:8000/metrics"
+    # Labels Prometheus discovered but did not keep serve the template too (`__` meta not).
+    rule = "discovery: {prometheus: {replicas: {jobs: [vllm], name: '{zone}-{pod}'}}}"
+    assert discovered_targets(config(rule), FOUND[:1])[0].name == "eu-qwen-0"
+
+
+def test_explicit_targets_win_on_a_name_or_instance_conflict() -> None:
+    explicit = """targets:
+  - {name: inference.qwen-0, kind: vllm, url: 'http://10.0.0.7:8000/metrics'}
+  - {name: llama, kind: vllm, url: 'http://10.0.0.2:8000/metrics', gpus: [n/0]}
+"""
+    targets = discovered_targets(config(DISCOVERY, explicit), FOUND)
+    names = [t.name for t in targets]
+    assert names == ["inference.qwen-0", "llama", "dcgm-10.0.0.1:9400"]
+    assert targets[0].url.reveal() == "http://10.0.0.7:8000/metrics", "the explicit one kept"
+
+
+def test_a_gpu_joins_the_replica_its_pod_label_names_and_is_unassigned_without_one() -> None:
+    targets = discovered_targets(config(DISCOVERY), FOUND)
+    fleet = config(DISCOVERY).model_copy(update={"targets": targets})
+    hosts = {"gpu-node-1"}
+    assert replica_of(fleet, hosts, 0, "qwen-0", "inference") == "inference.qwen-0"
+    assert replica_of(fleet, hosts, 1, "llama-0", None) == "inference.llama-0"
+    assert replica_of(fleet, hosts, 2, "qwen-0", "batch") is None, "another namespace's pod"
+    assert replica_of(fleet, hosts, 3, "gone-0", "inference") is None, "its pod is gone"
+    assert replica_of(fleet, hosts, 3, None, None) is None
+    # A `gpus:` list still decides first.
+    listed = Target(name="listed", kind="vllm", url="http://h:1/metrics", gpus=["gpu-node-1/0"])
+    both = fleet.model_copy(update={"targets": [*targets, listed]})
+    assert replica_of(both, hosts, 0, "qwen-0", "inference") == "listed"
