@@ -127,6 +127,8 @@ def test_a_gpu_joins_the_replica_its_pod_label_names_and_is_unassigned_without_o
     assert replica_of(fleet, hosts, 3, "gone-0", "inference") is None, "its pod is gone"
     assert replica_of(fleet, hosts, 3, None, None) is None
     # A `gpus:` list still decides first.
-    listed = Target(name="listed", kind="vllm", url="http://h:1/metrics", gpus=["gpu-node-1/0"])
+    listed = Target.model_validate(
+        {"name": "listed", "kind": "vllm", "url": "http://h:1/metrics", "gpus": ["gpu-node-1/0"]}
+    )
     both = fleet.model_copy(update={"targets": [*targets, listed]})
     assert replica_of(both, hosts, 0, "qwen-0", "inference") == "listed"

@@ -4,9 +4,10 @@ from __future__ import annotations
 
 import shutil
 import subprocess
-from collections.abc import Iterator
+from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
 from pathlib import Path
+from typing import Any
 
 import yaml
 
@@ -14,9 +15,14 @@ from tests.conftest import free_port, require_real, wait_until_healthy
 
 
 @contextmanager
-def running_prometheus(workdir: Path, jobs: dict[str, list[str]], interval: str) -> Iterator[str]:
+def running_prometheus(
+    workdir: Path,
+    jobs: dict[str, list[str]],
+    interval: str,
+    scrape_configs: Sequence[dict[str, Any]] = (),
+) -> Iterator[str]:
     """Yield the base URL of a Prometheus scraping each job's `host:port` targets every
-    `interval`; stop it afterwards."""
+    `interval` (and the further `scrape_configs` given whole); stop it afterwards."""
     binary = shutil.which("prometheus")
     if binary is None:
         require_real("no prometheus binary (apt-get install prometheus; scripts/setup does it)")
@@ -28,8 +34,11 @@ def running_prometheus(workdir: Path, jobs: dict[str, list[str]], interval: str)
             {
                 "global": {"scrape_interval": interval, "scrape_timeout": interval},
                 "scrape_configs": [
-                    {"job_name": job, "static_configs": [{"targets": targets}]}
-                    for job, targets in jobs.items()
+                    *(
+                        {"job_name": job, "static_configs": [{"targets": targets}]}
+                        for job, targets in jobs.items()
+                    ),
+                    *scrape_configs,
                 ],
             }
         )
