@@ -32,8 +32,12 @@ from review.weekly import WeeklyReport, build_report
 
 
 def store() -> tuple[Config, sessionmaker[Session]]:
-    """The configuration and its store, opened once per config file."""
-    return _open(str(config_path().resolve()))
+    """The configuration and its store, opened once per config file; with `discovery:`,
+    the targets Prometheus scrapes added (found again each scrape interval at most)."""
+    from collectors.discovery import current
+
+    config, sessions = _open(str(config_path().resolve()))
+    return current(config), sessions
 
 
 @st.cache_resource

@@ -9,8 +9,11 @@ conflict.
 from __future__ import annotations
 
 import logging
+import math
 import re
 import string
+import threading
+import time
 from typing import Any
 
 from kneepoint.config import Config, DiscoveryRule, Target
@@ -120,3 +123,32 @@ def with_discovered(config: Config) -> Config:
 
     active = PrometheusReader(config.prometheus).active_targets()
     return config.model_copy(update={"targets": discovered_targets(config, active)})
+
+
+# The last discovery of each source and discovery config: (when it was tried, its targets).
+_last: dict[str, tuple[float, list[Target] | None]] = {}
+_last_lock = threading.Lock()
+
+
+def current(config: Config, max_age: float | None = None) -> Config:
+    """The config with its discovered targets, discovered again when the last try is older
+    than `max_age` (default: the scrape interval). Where Prometheus cannot be read, the last
+    targets found are kept (explicit ones only, before any), with a warning: a Prometheus
+    outage must not make every discovered replica vanish from the pages and the alerts."""
+    if config.discovery is None or config.prometheus is None:
+        return config
+    from collectors.prometheus_api import PrometheusSourceError
+
+    key = config.prometheus.url.reveal() + "\n" + config.discovery.model_dump_json()
+    age = config.scrape_interval if max_age is None else max_age
+    now = time.monotonic()
+    with _last_lock:
+        tried, targets = _last.get(key, (-math.inf, None))
+    if now - tried >= age:
+        try:
+            targets = with_discovered(config).targets
+        except PrometheusSourceError as error:
+            log.warning("discovery: %s; the targets found before are kept", error)
+        with _last_lock:
+            _last[key] = (now, targets)
+    return config if targets is None else config.model_copy(update={"targets": targets})

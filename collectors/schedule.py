@@ -49,10 +49,10 @@ def collect_round(
     """One collection round: scrape the targets, or read them from Prometheus when the
     config names one (`prometheus:`), with the targets `discovery:` finds there added."""
     if config.prometheus is not None:
-        from collectors.discovery import with_discovered
+        from collectors.discovery import current
         from collectors.prometheus_api import collect_from_prometheus
 
-        return collect_from_prometheus(with_discovered(config), sessions, clock)
+        return collect_from_prometheus(current(config, max_age=0.0), sessions, clock)
     return collect_once(config, sessions, clock)
 
 
@@ -72,9 +72,10 @@ def alerts_job(config: Config, sessions: sessionmaker[Session], clock: Clock) ->
     """Evaluate the rules; what they send goes to the outbox, for `deliver_job` (so no
     receiver, however slow, ever holds evaluation up)."""
     from alerts.evaluate import evaluate_once
+    from collectors.discovery import current
 
     with sessions.begin() as session:
-        evaluate_once(session, config, clock())
+        evaluate_once(session, current(config), clock())
 
 
 def deliver_job(config: Config, sessions: sessionmaker[Session], clock: Clock) -> None:

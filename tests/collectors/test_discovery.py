@@ -4,11 +4,14 @@ join by pod. (Against a real Prometheus: tests/real/test_discovery.py.)"""
 
 from __future__ import annotations
 
-from typing import Any
+import json
+import threading
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from typing import Any, ClassVar
 
 import pytest
 
-from collectors.discovery import MissingLabel, discovered_targets, render
+from collectors.discovery import MissingLabel, current, discovered_targets, render
 from kneepoint.config import Config, ConfigError, Target, parse_config
 from kneepoint.status import replica_of
 
@@ -132,3 +135,41 @@ def test_a_gpu_joins_the_replica_its_pod_label_names_and_is_unassigned_without_o
     )
     both = fleet.model_copy(update={"targets": [*targets, listed]})
     assert replica_of(both, hosts, 0, "qwen-0", "inference") == "listed"
+
+
+class FakeTargetsApi(BaseHTTPRequestHandler):
+    """A loopback /api/v1/targets answering with the class's `active` list."""
+
+    active: ClassVar[list[dict[str, Any]]] = []
+
+    def do_GET(self) -> None:
+        body = json.dumps(
+            {"status": "success", "data": {"activeTargets": self.active, "droppedTargets": []}}
+        ).encode()
+        self.send_response(200)
+        self.send_header("Content-Type", "application/json")
+        self.send_header("Content-Length", str(len(body)))
+        self.end_headers()
+        self.wfile.write(body)
+
+    def log_message(self, *_: object) -> None:
+        pass
+
+
+def test_targets_found_before_are_kept_while_prometheus_cannot_be_read() -> None:
+    server = ThreadingHTTPServer(("127.0.0.1", 0), FakeTargetsApi)
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    url = f"http://127.0.0.1:{server.server_address[1]}"
+    source = f"prometheus: {{url: '{url}', timeout: 2s}}\n"
+    discovery = parse_config(source + DISCOVERY)
+    try:
+        FakeTargetsApi.active = FOUND[:1]
+        assert [t.name for t in current(discovery, 0.0).targets] == ["inference.qwen-0"]
+        FakeTargetsApi.active = FOUND[:2]
+        assert len(current(discovery).targets) == 1, "within the scrape interval: not asked again"
+        assert len(current(discovery, 0.0).targets) == 2, "asked again: the new target"
+    finally:
+        server.shutdown()
+        server.server_close()
+    kept = current(discovery, 0.0).targets
+    assert [t.name for t in kept] == ["inference.qwen-0", "inference.llama-0"]
