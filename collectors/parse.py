@@ -10,6 +10,8 @@ from dataclasses import dataclass, field
 
 from prometheus_client.parser import text_string_to_metric_families
 
+from kneepoint.samples import Histogram
+
 _METRIC_NAME = re.compile(r"[a-zA-Z_:][a-zA-Z0-9_:]*")
 # Series one target may expose (every sample line, kept or not): a misbehaving exporter with a
 # label per request or per user would otherwise cost a round's time and memory. Targets can
@@ -104,3 +106,28 @@ def _add(parsed: ParsedScrape, name: str, labels: dict[str, str], value: float) 
         return
     parsed._seen[key] = value
     parsed.samples.setdefault(name, []).append((labels, value))
+
+
+def histogram(name: str, buckets: Series, total: float, require_inf: bool = False) -> Histogram:
+    """A cumulative histogram from its `_bucket` series, counts added over label sets that
+    share an upper bound (engines, ranks). `require_inf`: a histogram without its +Inf bucket
+    is malformed (vLLM's is read as given)."""
+    counts: dict[float, float] = {}
+    for labels, value in buckets:
+        bound = bucket_bound(name, labels)
+        counts[bound] = counts.get(bound, 0.0) + value
+    bounds = tuple(sorted(counts))
+    if require_inf and (not bounds or bounds[-1] != math.inf):
+        raise ScrapeFormatError(f"{name} has no +Inf bucket")
+    return Histogram(bounds, tuple(counts[b] for b in bounds), total)
+
+
+def bucket_bound(name: str, labels: dict[str, str]) -> float:
+    """A bucket's upper bound (`le`), or ScrapeFormatError saying what is wrong with it."""
+    text = labels.get("le")
+    if text is None:
+        raise ScrapeFormatError(f"a bucket of {name} has no le label")
+    try:
+        return float(text)
+    except ValueError:
+        raise ScrapeFormatError(f"a bucket of {name} has le={text!r}: not a number") from None

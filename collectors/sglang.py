@@ -22,7 +22,14 @@ from __future__ import annotations
 from collections import defaultdict
 from collections.abc import Iterable
 
-from collectors.parse import MAX_SERIES, ParsedScrape, ScrapeFormatError, Series, parse_exposition
+from collectors.parse import (
+    MAX_SERIES,
+    ParsedScrape,
+    ScrapeFormatError,
+    Series,
+    histogram,
+    parse_exposition,
+)
 from kneepoint.samples import CacheConfig, Histogram, ReplicaSample
 
 P = "sglang:"
@@ -308,23 +315,9 @@ def _histograms(parsed: ParsedScrape) -> dict[str, Histogram]:
         if base is None:
             continue
         buckets = _scheduler(parsed.series(f"{base}_bucket"))
-        counts: dict[float, float] = defaultdict(float)
-        for labels, value in buckets:
-            counts[_bound(base, labels)] += value
-        bounds = tuple(sorted(counts))
         total = _sum(_scheduler(parsed.series(f"{base}_sum")))
-        histograms[field] = Histogram(bounds, tuple(counts[b] for b in bounds), total)
+        histograms[field] = histogram(base, buckets, total)
     return histograms
-
-
-def _bound(name: str, labels: dict[str, str]) -> float:
-    text = labels.get("le")
-    if text is None:
-        raise ScrapeFormatError(f"a bucket of {name} has no le label")
-    try:
-        return float(text)
-    except ValueError:
-        raise ScrapeFormatError(f"a bucket of {name} has le={text!r}: not a number") from None
 
 
 def _cache(parsed: ParsedScrape) -> CacheConfig:

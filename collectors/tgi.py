@@ -24,13 +24,12 @@ reports its KV capacity as `tgi_batch_max_total_tokens`) and "tgi-2" (0.9 to 2.3
 
 from __future__ import annotations
 
-from collections import defaultdict
-
 from collectors.parse import (
     MAX_SERIES,
     ParsedScrape,
     ScrapeFormatError,
     Series,
+    histogram,
     parse_exposition,
 )
 from kneepoint.samples import (
@@ -158,7 +157,7 @@ def normalize_tgi(parsed: ParsedScrape) -> ReplicaSample:
 
 
 def detect_generation(parsed: ParsedScrape) -> str:
-    """"tgi-3" where the v3 backend reports its KV capacity (2.3.1+), else "tgi-2"."""
+    """ "tgi-3" where the v3 backend reports its KV capacity (2.3.1+), else "tgi-2"."""
     return "tgi-3" if parsed.has(MAX_TOTAL_TOKENS) else "tgi-2"
 
 
@@ -179,22 +178,6 @@ def _histograms(parsed: ParsedScrape) -> dict[str, Histogram]:
         buckets = parsed.series(f"{base}_bucket")
         if not buckets:
             continue  # not recorded yet: its buckets are unknown, so no histogram
-        counts: dict[float, float] = defaultdict(float)
-        for labels, value in buckets:
-            counts[_bucket_bound(base, labels)] += value
-        bounds = tuple(sorted(counts))
-        if bounds[-1] != float("inf"):
-            raise ScrapeFormatError(f"{base} has no +Inf bucket")
         total = sum(value for _, value in parsed.series(f"{base}_sum"))
-        histograms[field] = Histogram(bounds, tuple(counts[b] for b in bounds), total)
+        histograms[field] = histogram(base, buckets, total, require_inf=True)
     return histograms
-
-
-def _bucket_bound(name: str, labels: dict[str, str]) -> float:
-    text = labels.get("le")
-    if text is None:
-        raise ScrapeFormatError(f"a bucket of {name} has no le label")
-    try:
-        return float(text)
-    except ValueError:
-        raise ScrapeFormatError(f"a bucket of {name} has le={text!r}: not a number") from None

@@ -29,6 +29,7 @@ from collectors.parse import (
     ParsedScrape,
     ScrapeFormatError,
     Series,
+    histogram,
     parse_exposition,
 )
 from kneepoint.samples import (
@@ -338,22 +339,6 @@ def _histograms(parsed: ParsedScrape) -> dict[str, Histogram]:
         buckets = parsed.series(f"{base}_bucket")
         if not buckets:
             continue
-        counts: dict[float, float] = defaultdict(float)
-        for labels, value in buckets:
-            counts[_bucket_bound(base, labels)] += value
-        bounds = tuple(sorted(counts))
-        if bounds[-1] != float("inf"):
-            raise ScrapeFormatError(f"{base} has no +Inf bucket")
         total = sum(value for _, value in parsed.series(f"{base}_sum"))
-        histograms[field] = Histogram(bounds, tuple(counts[b] for b in bounds), total)
+        histograms[field] = histogram(base, buckets, total, require_inf=True)
     return histograms
-
-
-def _bucket_bound(name: str, labels: dict[str, str]) -> float:
-    text = labels.get("le")
-    if text is None:
-        raise ScrapeFormatError(f"a bucket of {name} has no le label")
-    try:
-        return float(text)
-    except ValueError:
-        raise ScrapeFormatError(f"a bucket of {name} has le={text!r}: not a number") from None

@@ -14,6 +14,7 @@ from collectors.parse import (
     ParsedScrape,
     ScrapeFormatError,
     Series,
+    histogram,
     parse_exposition,
 )
 from kneepoint.samples import CacheConfig, Histogram, ReplicaSample
@@ -208,23 +209,9 @@ def _histograms(parsed: ParsedScrape) -> dict[str, Histogram]:
         if name is None:
             continue
         base = name.removesuffix("_bucket")
-        counts: dict[float, float] = defaultdict(float)
-        for labels, value in parsed.series(name):
-            counts[_bucket_bound(name, labels)] += value
-        bounds = tuple(sorted(counts))
         total = sum(value for _, value in parsed.series(f"{base}_sum"))
-        histograms[field] = Histogram(bounds, tuple(counts[b] for b in bounds), total)
+        histograms[field] = histogram(name, parsed.series(name), total)
     return histograms
-
-
-def _bucket_bound(name: str, labels: dict[str, str]) -> float:
-    text = labels.get("le")
-    if text is None:
-        raise ScrapeFormatError(f"a bucket of {name} has no le label")
-    try:
-        return float(text)
-    except ValueError:
-        raise ScrapeFormatError(f"a bucket of {name} has le={text!r}: not a number") from None
 
 
 def _per_position(series: Series) -> list[float] | None:
