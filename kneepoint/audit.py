@@ -1,9 +1,12 @@
 """The audit trail: every mutation, sign-in and refusal, stored with who, when, what (before
 and after) and from which address.
 
-A mutation records its entry in the same transaction as its change (`mutation`), so an
-entry exists exactly when the change was committed. A refusal is recorded in a transaction
-of its own, since the action it refused writes nothing.
+A mutation records its entry in the same transaction as the writes it makes through the
+session `mutation` yields, so for those an entry exists exactly when the change was
+committed. Effects outside that session (a test message sent through the outbox's own
+transactions, a report file written) have happened before the entry is committed; a crash
+in between leaves them without one. A refusal is recorded in a transaction of its own,
+since the action it refused writes nothing.
 """
 
 from __future__ import annotations
