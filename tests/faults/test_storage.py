@@ -62,9 +62,14 @@ class Collecting:
         self.wait(lambda: len(self.rows() - than) >= count, f"{count} new rows")
 
     def wait_for_scrape_error(self, phrase: str) -> None:
-        """Until the log has a line about the scrape that says `phrase`."""
+        """Until the log says a scrape round failed with `phrase` ("scrape job: storage
+        error: …"), not merely that a round's outcome could not be recorded: that line is
+        logged for a round that succeeded too, and then no failed round is ever counted."""
         self.wait(
-            lambda: any("scrape" in line and phrase in line for line in self.said().splitlines()),
+            lambda: any(
+                "scrape job: storage error" in line and phrase in line
+                for line in self.said().splitlines()
+            ),
             f"a failed scrape logged with {phrase!r}",
         )
 
