@@ -47,13 +47,14 @@ def collect_round(
     config: Config, sessions: sessionmaker[Session], clock: Clock = system_clock
 ) -> list[Outcome]:
     """One collection round: scrape the targets, or read them from Prometheus when the
-    config names one (`prometheus:`), with the targets `discovery:` finds there added."""
+    config names one (`prometheus:`), with the targets `discovery:` finds added."""
+    from collectors.discovery import current
+
     if config.prometheus is not None:
-        from collectors.discovery import current
         from collectors.prometheus_api import collect_from_prometheus
 
         return collect_from_prometheus(current(config, max_age=0.0), sessions, clock)
-    return collect_once(config, sessions, clock)
+    return collect_once(current(config, max_age=0.0), sessions, clock)
 
 
 def scrape_job(config: Config, sessions: sessionmaker[Session], clock: Clock) -> None:
