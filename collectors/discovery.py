@@ -1,9 +1,11 @@
-"""Discovery through Prometheus: the targets Prometheus scrapes (its `/api/v1/targets`)
-become kneepoint targets, replicas (vLLM) and GPU nodes (DCGM), named from their labels by
-a template (`{namespace}.{pod}`). Run before every round in Prometheus mode, so targets
-added to or removed from Prometheus are followed; a removed target's rows stay in the store
-(its history), it is only no longer read. Explicit `targets:` win on a name or instance
-conflict.
+"""Discovery: targets found rather than listed. Through Prometheus, the targets it scrapes
+(its `/api/v1/targets`) become kneepoint targets, replicas (vLLM) and GPU nodes (DCGM),
+named from their labels by a template (`{namespace}.{pod}`); through the Kubernetes API
+(collectors/kubernetes.py), the running pods a label selector picks, for direct scraping.
+Found again before every scrape round (in both modes), so targets added or removed are
+followed; a removed target's rows stay in the store (its history), it is only no longer read
+and is shown as gone (kneepoint/status.py). Explicit `targets:` win on a name or instance
+conflict. Each source keeps the last targets it found while it cannot be read.
 """
 
 from __future__ import annotations
@@ -14,9 +16,10 @@ import re
 import string
 import threading
 import time
+from collections.abc import Callable
 from typing import Any
 
-from kneepoint.config import Config, DiscoveryRule, Target
+from kneepoint.config import Config, DiscoveryRule, PrometheusDiscovery, Target
 from kneepoint.secrets import SecretURL
 
 log = logging.getLogger(__name__)
@@ -37,6 +40,11 @@ def render(template: str, labels: dict[str, str]) -> str:
                 raise MissingLabel(field)
             out.append(labels[field])
     return "".join(out)
+
+
+def usable_name(name: str) -> bool:
+    """Can a target be named this (letters, digits and `_ . : -`, at most 200)?"""
+    return bool(_VALID_NAME.match(name)) and len(name) <= 200
 
 
 def _labels(active: dict[str, Any]) -> dict[str, str]:
@@ -77,7 +85,7 @@ def targets_from(
                 missing,
             )
             continue
-        if not _VALID_NAME.match(name) or len(name) > 200:
+        if not usable_name(name):
             log.warning("discovery: %r is not a usable target name; left out", name)
             continue
         if name in found:
@@ -94,30 +102,48 @@ def targets_from(
 
 
 def discovered_targets(config: Config, active_targets: list[dict[str, Any]]) -> list[Target]:
-    """The explicit targets, then the discovered ones that conflict with none of them (by
-    name, or by kind and `instance`)."""
-    assert config.discovery is not None
+    """The explicit targets, then those Prometheus's active targets give that conflict with
+    none of them (by name, or by kind and `instance`)."""
+    assert config.discovery is not None and config.discovery.prometheus is not None
+    return merge(config.targets, from_prometheus(config.discovery.prometheus, active_targets))
+
+
+def from_prometheus(
+    rules: PrometheusDiscovery, active_targets: list[dict[str, Any]]
+) -> list[Target]:
+    found: list[Target] = []
+    for rule, kind in ((rules.replicas, "vllm"), (rules.gpu_nodes, "dcgm")):
+        if rule is not None:
+            found.extend(targets_from(rule, kind, active_targets))
+    return found
+
+
+def merge(explicit: list[Target], *found: list[Target]) -> list[Target]:
+    """The explicit targets, then each discovered one that conflicts with none before it
+    (by name, or by its kind, replica or GPU node, and its `instance`)."""
     from collectors.prometheus_api import instance_of
 
-    rules = config.discovery.prometheus
-    merged = list(config.targets)
+    def key(target: Target) -> tuple[bool, str]:
+        return (target.kind == "dcgm", instance_of(target))
+
+    merged = list(explicit)
     names = {t.name for t in merged}
-    instances: set[tuple[str, str]] = {(t.kind, instance_of(t)) for t in merged}
-    for rule, kind in ((rules.replicas, "vllm"), (rules.gpu_nodes, "dcgm")):
-        if rule is None:
-            continue
-        for target in targets_from(rule, kind, active_targets):
-            if target.name in names or (kind, instance_of(target)) in instances:
+    instances = {key(t) for t in merged}
+    for targets in found:
+        for target in targets:
+            if target.name in names or key(target) in instances:
                 continue
             names.add(target.name)
-            instances.add((kind, instance_of(target)))
+            instances.add(key(target))
             merged.append(target)
     return merged
 
 
 def with_discovered(config: Config) -> Config:
     """The config with the targets Prometheus scrapes now added (see discovered_targets)."""
-    if config.discovery is None or config.prometheus is None:
+    if config.discovery is None or config.discovery.prometheus is None:
+        return config
+    if config.prometheus is None:
         return config
     from collectors.prometheus_api import PrometheusReader
 
@@ -125,30 +151,86 @@ def with_discovered(config: Config) -> Config:
     return config.model_copy(update={"targets": discovered_targets(config, active)})
 
 
-# The last discovery of each source and discovery config: (when it was tried, its targets).
-_last: dict[str, tuple[float, list[Target] | None]] = {}
+# The last discovery of each source and its config: (when it was tried, what it found, the
+# last failure's message: one warning per outage, not one per round).
+_last: dict[str, tuple[float, list[Target] | None, str | None]] = {}
 _last_lock = threading.Lock()
 
 
-def current(config: Config, max_age: float | None = None) -> Config:
-    """The config with its discovered targets, discovered again when the last try is older
-    than `max_age` (default: the scrape interval). Where Prometheus cannot be read, the last
-    targets found are kept (explicit ones only, before any), with a warning: a Prometheus
-    outage must not make every discovered replica vanish from the pages and the alerts."""
-    if config.discovery is None or config.prometheus is None:
-        return config
+def _sources(config: Config) -> list[tuple[str, Callable[[], list[Target]]]]:
+    """Each configured source: its cache key and how to ask it."""
+    found = config.discovery
+    sources: list[tuple[str, Callable[[], list[Target]]]] = []
+    if found is None:
+        return sources
+    if found.prometheus is not None and config.prometheus is not None:
+        from collectors.prometheus_api import PrometheusReader
+
+        source, rules = config.prometheus, found.prometheus
+
+        def prometheus() -> list[Target]:
+            return from_prometheus(rules, PrometheusReader(source).active_targets())
+
+        key = "prometheus\n" + source.url.reveal() + "\n" + rules.model_dump_json()
+        sources.append((key, prometheus))
+    if found.kubernetes is not None:
+        from collectors.kubernetes import discover
+
+        pods = found.kubernetes
+        sources.append(("kubernetes\n" + pods.model_dump_json(), lambda: discover(pods)))
+    return sources
+
+
+def _errors() -> tuple[type[Exception], ...]:
+    from collectors.kubernetes import KubeconfigError, KubernetesApiError
     from collectors.prometheus_api import PrometheusSourceError
 
-    key = config.prometheus.url.reveal() + "\n" + config.discovery.model_dump_json()
+    return (PrometheusSourceError, KubernetesApiError, KubeconfigError)
+
+
+def current(config: Config, max_age: float | None = None) -> Config:
+    """The config with its discovered targets, each source asked again when its last try is
+    older than `max_age` (default: the scrape interval). Where a source cannot be read (or
+    its kubeconfig cannot be used), the last targets it found are kept (none, before any),
+    with one warning per outage: an outage of Prometheus or the Kubernetes API must not
+    make every discovered replica vanish from the rounds, the pages and the alerts."""
+    sources = _sources(config)
+    if not sources:
+        return config
     age = config.scrape_interval if max_age is None else max_age
-    now = time.monotonic()
-    with _last_lock:
-        tried, targets = _last.get(key, (-math.inf, None))
-    if now - tried >= age:
-        try:
-            targets = with_discovered(config).targets
-        except PrometheusSourceError as error:
-            log.warning("discovery: %s; the targets found before are kept", error)
+    found: list[list[Target]] = []
+    for key, ask in sources:
+        now = time.monotonic()
         with _last_lock:
-            _last[key] = (now, targets)
-    return config if targets is None else config.model_copy(update={"targets": targets})
+            tried, targets, failing = _last.get(key, (-math.inf, None, None))
+        if now - tried >= age:
+            try:
+                targets = ask()
+                if failing is not None:
+                    log.warning("discovery: %s answers again", key.partition("\n")[0])
+                failing = None
+            except _errors() as error:
+                if str(error) != failing:
+                    kept = (
+                        f"the {len(targets)} targets found before are kept"
+                        if targets
+                        else "no targets found yet"
+                    )
+                    log.warning("discovery: %s; %s", error, kept)
+                failing = str(error)
+            with _last_lock:
+                _last[key] = (now, targets, failing)
+        found.append(targets or [])
+    if all(not targets for targets in found):
+        return config
+    return config.model_copy(update={"targets": merge(config.targets, *found)})
+
+
+def check(config: Config) -> None:
+    """Raise the ConfigError that makes a source unusable (a bad kubeconfig, no service
+    account), for commands that should fail at start rather than warn each round."""
+    found = config.discovery
+    if found is not None and found.kubernetes is not None:
+        from collectors.kubernetes import connection
+
+        connection(found.kubernetes)

@@ -172,8 +172,96 @@ class PrometheusDiscovery(Strict):
     gpu_nodes: DiscoveryRule | None = None
 
 
+# A label selector as the Kubernetes API takes it: requirements joined by commas, each
+# `key`, `!key`, `key=value`, `key==value`, `key!=value`, `key in (a,b)` or `key notin (a,b)`.
+_SEGMENT = r"[A-Za-z0-9](?:[-A-Za-z0-9_.]*[A-Za-z0-9])?"
+_LABEL_KEY = rf"(?:{_SEGMENT}/)?{_SEGMENT}"
+_LABEL_VALUE = rf"(?:{_SEGMENT})?"
+_REQUIREMENT = re.compile(
+    rf"\s*(?:{_LABEL_KEY}\s+(?:in|notin)\s*\(\s*{_LABEL_VALUE}(?:\s*,\s*{_LABEL_VALUE})*\s*\)"
+    rf"|{_LABEL_KEY}\s*(?:==|=|!=)\s*{_LABEL_VALUE}|!?{_LABEL_KEY})\s*"
+)
+_PORT_NAME = re.compile(r"^[a-z0-9]([a-z0-9-]{0,13})$")
+
+
+def _selector(selector: str) -> str:
+    """A label selector the Kubernetes API accepts (checked here, so a typo is a config
+    error rather than every round's refused request)."""
+    rest = selector
+    while True:
+        match = _REQUIREMENT.match(rest)
+        if match is None or not match.group(0).strip():
+            raise ValueError(
+                "is not a label selector like app=vllm or app in (vllm,sglang),tier!=canary"
+            )
+        rest = rest[match.end() :]
+        if not rest:
+            return selector
+        if not rest.startswith(","):
+            raise ValueError(
+                "is not a label selector like app=vllm or app in (vllm,sglang),tier!=canary"
+            )
+        rest = rest[1:]
+
+
+def _port(port: int | str) -> int | str:
+    if isinstance(port, int):
+        if not 1 <= port <= 65535:
+            raise ValueError("must be a port number (1 to 65535) or a container port's name")
+    elif not _PORT_NAME.match(port) or port.isdigit():
+        raise ValueError("must be a port number or a container port's name (like metrics)")
+    return port
+
+
+class KubernetesRule(Strict):
+    """Which running pods to take (in `namespaces`, every one when empty; those the label
+    `selector` selects), where their metrics are (`scheme`://podIP:`port``path`, the port a
+    number or a container port's name), and how to name them: a template of the pod's labels
+    and `namespace`, `pod` and `node`."""
+
+    namespaces: list[Annotated[str, Field(pattern=r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?$")]] = []
+    selector: Annotated[str, AfterValidator(_selector)]
+    port: Annotated[int | str, AfterValidator(_port)]
+    path: Annotated[str, Field(pattern=r"^/\S*$")] = "/metrics"
+    scheme: Literal["http", "https"] = "http"
+    name: NameTemplate
+
+
+class KubernetesReplicas(KubernetesRule):
+    # The replicas' engine (a target kind), or `auto`: told by the first scrape.
+    engine: Literal["vllm", "sglang", "llamacpp", "tgi", "trtllm", "auto"] = "vllm"
+
+
+class KubernetesDiscovery(Strict):
+    """Targets from the Kubernetes API's pods (collectors/kubernetes.py): replicas and GPU
+    nodes (dcgm-exporter pods). `kubeconfig` omitted: the pod's service account."""
+
+    kubeconfig: str | None = None
+    context: str | None = None  # of the kubeconfig; omitted: its current-context
+    timeout: Annotated[float, Field(gt=0), BeforeValidator(parse_duration)] = 10.0
+    replicas: KubernetesReplicas | None = None
+    gpu_nodes: KubernetesRule | None = None
+
+    @model_validator(mode="after")
+    def _something(self) -> KubernetesDiscovery:
+        if self.replicas is None and self.gpu_nodes is None:
+            raise ValueError("needs replicas or gpu_nodes")
+        if self.context is not None and self.kubeconfig is None:
+            raise ValueError("context is a kubeconfig's: give kubeconfig too")
+        return self
+
+
 class Discovery(Strict):
-    prometheus: PrometheusDiscovery
+    """Where targets are found: Prometheus's targets, the Kubernetes API's pods, or both."""
+
+    prometheus: PrometheusDiscovery | None = None
+    kubernetes: KubernetesDiscovery | None = None
+
+    @model_validator(mode="after")
+    def _a_source(self) -> Discovery:
+        if self.prometheus is None and self.kubernetes is None:
+            raise ValueError("needs prometheus or kubernetes (where targets are found)")
+        return self
 
 
 class ApiReference(Strict):
@@ -306,6 +394,14 @@ class Heartbeat(Strict):
         return url
 
 
+class Collector(Strict):
+    """Several `kneepoint collect` processes on one PostgreSQL database (collectors/cluster.py):
+    each registers and beats every lease/3; one not seen for `lease` is gone and its targets
+    move to the others."""
+
+    lease: Annotated[float, Field(gt=0), BeforeValidator(parse_duration)] = 15.0
+
+
 class Report(Strict):
     schedule: str = "0 9 * * MON"
     channels: list[str] = []
@@ -336,6 +432,7 @@ class Config(Strict):
     rules: list[Rule] = []
     report: Report = Report()
     heartbeat: Heartbeat | None = None
+    collector: Collector = Collector()  # high availability on PostgreSQL (collectors/cluster.py)
     # Sign-in and roles (kneepoint/auth.py). Unset: the app listens on loopback only.
     auth: Auth | None = None
     limits: Limits = Limits()
@@ -365,9 +462,16 @@ class Config(Strict):
                     f"targets[{index}].kind {target.kind} cannot be read through prometheus: "
                     "(only vllm and dcgm targets can); leave prometheus: out to scrape it"
                 )
-        if self.discovery is not None and self.prometheus is None:
+        found = self.discovery
+        if found is not None and found.prometheus is not None and self.prometheus is None:
             raise ValueError(
                 "discovery.prometheus needs prometheus: (the source its targets are read from)"
+            )
+        pods = found.kubernetes.replicas if found and found.kubernetes else None
+        if pods is not None and self.prometheus is not None and pods.engine != "vllm":
+            raise ValueError(
+                f"discovery.kubernetes.replicas.engine {pods.engine} cannot be read through "
+                "prometheus: (only vllm can); leave prometheus: out to scrape the pods"
             )
         if self.scrape_interval <= 0:
             raise ValueError("scrape_interval must be positive")

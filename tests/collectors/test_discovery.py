@@ -64,7 +64,11 @@ def test_a_template_is_filled_from_labels_and_a_missing_label_is_named() -> None
             "discovery: {prometheus: {replicas: {jobs: [v], name: '{pod}', selector: x}}}",
             "discovery.prometheus.replicas.selector: is not a known key",
         ),
-        ("discovery: {prometheus: {}, kubernetes: {}}", "discovery.kubernetes: is not a known key"),
+        (
+            "discovery: {prometheus: {}, kubernetes: {}}",
+            "discovery.kubernetes: needs replicas or gpu_nodes",
+        ),
+        ("discovery: {}", "discovery: needs prometheus or kubernetes"),
     ],
 )
 def test_config_errors_are_one_sentence_naming_the_key(text: str, error: str) -> None:
