@@ -1,5 +1,6 @@
-"""Turn a Prometheus text exposition into {sample name: [(labels, value)]} with the
-prometheus_client parser, keeping only the series a normalizer asks for."""
+"""Turn a Prometheus text exposition into {sample name: [(labels, value)]}, keeping only the
+series a normalizer asks for: canonical lines by a regular expression, others by the
+prometheus_client parser."""
 
 from __future__ import annotations
 
@@ -51,18 +52,25 @@ def parse_exposition(
 ) -> ParsedScrape:
     """Parse `text`, keeping samples whose (renamed) name `wanted` accepts.
 
-    Lines of unwanted series are skipped before the parser sees them: parsing is the cost
-    of a scrape, and a vLLM capture is two thirds series nobody reads (`_created`, buckets
-    of histograms we keep only as sum and count, process and HTTP metrics). Every line's
-    name is still checked, so an HTML page or garbage is an error, not an empty scrape.
-    A body with more than `max_series` sample lines is refused before anything is parsed.
+    Lines of unwanted series are skipped before they are parsed: parsing is the cost of a
+    scrape, and a vLLM exposition is four fifths series nobody reads (`_created`, buckets of
+    histograms we keep only as sum and count, process and HTTP metrics). Every line's name is
+    still checked, so an HTML page or garbage is an error, not an empty scrape. A body with
+    more than `max_series` sample lines is refused before anything is stored.
+
+    A wanted line in the canonical form exporters write (`name{a="b",c="d"} value [ms]`, no
+    escapes) is read by one regular expression; any other line (escapes, spaces in the label
+    set, exemplars, a malformed line) goes to prometheus_client's parser, which accepts or
+    refuses it as it always did. The fast path is five times cheaper (bench_prometheus.py).
     """
     if not text.strip():
         raise ScrapeFormatError("the response body is empty")
     if not text.endswith("\n"):
         raise ScrapeFormatError("the response ends mid-line (truncated body)")
-    kept: list[str] = []
+    parsed = ParsedScrape()
+    decided: dict[str, str | None] = {}  # a line's name -> its canonical name, None: unwanted
     count = 0
+    canonical_form, label_pairs = _CANONICAL_REST.fullmatch, _LABEL_PAIR.findall
     for number, line in enumerate(text.split("\n"), start=1):
         if not line or line[0] == "#":
             continue
@@ -72,26 +80,53 @@ def parse_exposition(
                 f"more than {max_series} series (max_series); a label per request or user?"
             )
         name = line.partition(" ")[0].partition("{")[0]
-        canonical = rename(name)
-        if wanted(canonical):
-            kept.append(line if canonical is name else canonical + line[len(name) :])
-        elif not _METRIC_NAME.fullmatch(name):
-            raise ScrapeFormatError(f"line {number} is not a metric sample: {line[:60]!r}")
-    parsed = ParsedScrape()
+        if name in decided:
+            canonical = decided[name]
+        else:
+            renamed = rename(name)
+            if wanted(renamed):
+                canonical = decided[name] = renamed
+            elif _METRIC_NAME.fullmatch(name):
+                canonical = decided[name] = None
+            else:
+                raise ScrapeFormatError(f"line {number} is not a metric sample: {line[:60]!r}")
+        if canonical is None:
+            continue
+        match = canonical_form(line, len(name))
+        if match is None:
+            _parse_line(parsed, canonical + line[len(name) :])
+            continue
+        labels, value = match.groups()
+        _add(parsed, canonical, dict(label_pairs(labels)) if labels else {}, value)
+    return parsed
+
+
+_LABEL = r'[a-zA-Z_][a-zA-Z0-9_]*="[^"\\\n]*"'
+# What follows the name on a canonical line: labels without escapes, a value (the "_" Python
+# would accept in a number is refused by prometheus_client too), an integer timestamp.
+_CANONICAL_REST = re.compile(
+    rf"(?:\{{((?:{_LABEL}(?:,{_LABEL})*,?)?)\}})? ([^ _\n]+)(?: -?[0-9]+)?"
+)
+_LABEL_PAIR = re.compile(r'([a-zA-Z_][a-zA-Z0-9_]*)="([^"]*)"')
+
+
+def _parse_line(parsed: ParsedScrape, line: str) -> None:
+    """One line that is not in the canonical form, read by prometheus_client's parser."""
     try:
-        families = text_string_to_metric_families("\n".join(kept) + "\n")
-        for family in families:
+        for family in text_string_to_metric_families(line + "\n"):
             for sample in family.samples:
                 _add(parsed, sample.name, sample.labels, sample.value)
     except ValueError as error:
         raise ScrapeFormatError(f"malformed exposition: {error}") from error
-    return parsed
 
 
-def _add(parsed: ParsedScrape, name: str, labels: dict[str, str], value: float) -> None:
+def _add(parsed: ParsedScrape, name: str, labels: dict[str, str], value: float | str) -> None:
     # The parser gives an int for a value written without a decimal point ("0", as DCGM and
     # Prometheus's API write them): every stored number is a float.
-    value = float(value)
+    try:
+        value = float(value)
+    except ValueError:
+        raise ScrapeFormatError(f"malformed exposition: {name} has value {value!r}") from None
     if not math.isfinite(value):
         parsed.dropped += 1
         return
