@@ -34,14 +34,19 @@ from review.weekly import WeeklyReport, build_report
 def store() -> tuple[Config, sessionmaker[Session]]:
     """The configuration and its store, opened once per config file; with `discovery:`,
     the targets Prometheus scrapes added (found again each scrape interval at most)."""
+    return _open(str(config_path().resolve()))
+
+
+def _open(path: str) -> tuple[Config, sessionmaker[Session]]:
+    """The config, with the targets discovery finds now, and the store."""
     from collectors.discovery import current
 
-    config, sessions = _open(str(config_path().resolve()))
+    config, sessions = _opened(path)
     return current(config), sessions
 
 
 @st.cache_resource
-def _open(path: str) -> tuple[Config, sessionmaker[Session]]:
+def _opened(path: str) -> tuple[Config, sessionmaker[Session]]:
     """The store as it is: the app never migrates; behind, every page says what to run."""
     config = load_config(path)
     try:

@@ -1,4 +1,6 @@
-"""APScheduler jobs: scrape, roll up, and the slots later features plug into."""
+"""APScheduler jobs: scrape, roll up, and the slots later features plug into; with several
+collectors on one PostgreSQL database, each scrapes its share and one leads the rest
+(collectors/cluster.py)."""
 
 from __future__ import annotations
 
@@ -20,6 +22,7 @@ from apscheduler.triggers.cron import CronTrigger
 from apscheduler.triggers.interval import IntervalTrigger
 from sqlalchemy.orm import Session, sessionmaker
 
+from collectors.cluster import NOT_LEADER, Cluster, serialize_evaluation
 from collectors.collect import Outcome, collect_once
 from collectors.heartbeat import heartbeat_job
 from kneepoint.clock import Clock, system_clock
@@ -44,21 +47,36 @@ class Job:
 
 
 def collect_round(
-    config: Config, sessions: sessionmaker[Session], clock: Clock = system_clock
+    config: Config,
+    sessions: sessionmaker[Session],
+    clock: Clock = system_clock,
+    cluster: Cluster | None = None,
 ) -> list[Outcome]:
     """One collection round: scrape the targets, or read them from Prometheus when the
-    config names one (`prometheus:`), with the targets `discovery:` finds added."""
+    config names one (`prometheus:`), with the targets `discovery:` finds added. With a
+    `cluster` (several collectors on one PostgreSQL database), only this collector's share
+    of them (collectors/cluster.py)."""
     from collectors.discovery import current
 
     if config.prometheus is not None:
         from collectors.prometheus_api import collect_from_prometheus
 
-        return collect_from_prometheus(current(config, max_age=0.0), sessions, clock)
-    return collect_once(current(config, max_age=0.0), sessions, clock)
+        return collect_from_prometheus(
+            _share(current(config, max_age=0.0), cluster), sessions, clock
+        )
+    return collect_once(_share(current(config, max_age=0.0), cluster), sessions, clock)
 
 
-def scrape_job(config: Config, sessions: sessionmaker[Session], clock: Clock) -> None:
-    for outcome in collect_round(config, sessions, clock):
+def _share(config: Config, cluster: Cluster | None) -> Config:
+    if cluster is None:
+        return config
+    return config.model_copy(update={"targets": cluster.share(list(config.targets))})
+
+
+def scrape_job(
+    config: Config, sessions: sessionmaker[Session], clock: Clock, cluster: Cluster | None = None
+) -> None:
+    for outcome in collect_round(config, sessions, clock, cluster):
         if not outcome.ok:
             log.warning("scrape of %s failed: %s", outcome.target, outcome.error)
 
@@ -76,6 +94,7 @@ def alerts_job(config: Config, sessions: sessionmaker[Session], clock: Clock) ->
     from collectors.discovery import current
 
     with sessions.begin() as session:
+        serialize_evaluation(session)  # two collectors that both think they lead: in turn
         evaluate_once(session, current(config), clock())
 
 
@@ -88,25 +107,63 @@ def deliver_job(config: Config, sessions: sessionmaker[Session], clock: Clock) -
         log.info("notifications: %s", ", ".join(f"{n} {k}" for k, n in counts.items() if n))
 
 
-def standard_jobs(config: Config, sessions: sessionmaker[Session], clock: Clock) -> list[Job]:
+def standard_jobs(
+    config: Config,
+    sessions: sessionmaker[Session],
+    clock: Clock,
+    cluster: Cluster | None = None,
+) -> list[Job]:
+    """The collector's jobs. Scraping and the membership beat run on every collector;
+    the rest on the leader only (collectors/cluster.py): on a follower they return
+    NOT_LEADER at once, which is neither a run nor a failure in job_health."""
+    cluster = cluster or Cluster(config, sessions, clock)
+
+    def leading(func: Callable[[], object]) -> Callable[[], object]:
+        return lambda: func() if cluster.is_leader() else NOT_LEADER
+
     jobs = [
-        Job("scrape", lambda: scrape_job(config, sessions, clock), config.scrape_interval),
-        Job("rollup", lambda: rollup_job(config, sessions, clock), ROLLUP_EVERY),
-        Job("alerts", lambda: alerts_job(config, sessions, clock), config.evaluation_interval),
-        Job("deliver", lambda: deliver_job(config, sessions, clock), DELIVER_EVERY),
-        Job("report", lambda: report_job(config, sessions, clock), cron=config.report.schedule),
+        Job("scrape", lambda: scrape_job(config, sessions, clock, cluster), config.scrape_interval),
+        Job("cluster", cluster.beat, cluster.every),
+        Job("rollup", leading(lambda: rollup_job(config, sessions, clock)), ROLLUP_EVERY),
+        Job(
+            "alerts",
+            leading(lambda: alerts_job(config, sessions, clock)),
+            config.evaluation_interval,
+        ),
+        Job("deliver", leading(lambda: deliver_job(config, sessions, clock)), DELIVER_EVERY),
+        Job(
+            "report",
+            leading(lambda: report_job(config, sessions, clock)),
+            cron=config.report.schedule,
+        ),
     ]
     if config.heartbeat is not None:  # the dead-man's switch: collectors/heartbeat.py
         beat = config.heartbeat.interval
-        jobs.append(Job("heartbeat", lambda: heartbeat_job(config, sessions, clock), beat))
+        jobs.append(
+            Job("heartbeat", leading(lambda: heartbeat_job(config, sessions, clock)), beat)
+        )
     return jobs
 
 
+def install_collector(
+    scheduler: BaseScheduler,
+    config: Config,
+    sessions: sessionmaker[Session],
+    clock: Clock = system_clock,
+) -> Cluster:
+    """Install the standard jobs of one collector; return its Cluster, whose `leave()`
+    the caller runs at shutdown."""
+    cluster = Cluster(config, sessions, clock)
+    install(scheduler, standard_jobs(config, sessions, clock, cluster), sessions, clock)
+    return cluster
+
+
 def report_job(config: Config, sessions: sessionmaker[Session], clock: Clock) -> None:
+    from collectors.discovery import current
     from review.deliver import send_report
 
     with sessions.begin() as session:
-        page, queued = send_report(session, config, clock())
+        page, queued = send_report(session, current(config), clock())
     log.info("weekly report written to %s, %d messages queued", page, queued)
 
 
@@ -174,6 +231,8 @@ def record_job_event(sessions: sessionmaker[Session], event: JobEvent, clock: Cl
     """A job's success or error lands in job_health instead of dying in a log. When the
     database cannot take it, it is logged, kept in memory and counted into the next outcome
     that can be written, so failed runs during a storage fault still show as failures."""
+    if event.code == EVENT_JOB_EXECUTED and getattr(event, "retval", None) is NOT_LEADER:
+        return  # a leader-only job on a follower: not run, not failed
     error = getattr(event, "exception", None)
     skipped = {
         EVENT_JOB_MISSED: "missed its run time",

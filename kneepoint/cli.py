@@ -23,7 +23,7 @@ from kneepoint.cliutil import (
     positive_duration,
 )
 from kneepoint.clock import system_clock
-from kneepoint.config import ConfigError, config_path
+from kneepoint.config import Config, ConfigError, config_path
 
 if TYPE_CHECKING:
     from kneepoint.audit import Entry
@@ -48,6 +48,7 @@ def collect(
 ) -> None:
     """Scrape every target into the store, once or on the schedule."""
     settings = load_settings(config)
+    discovery_usable(settings)
     sessions = open_sessions(settings)
     if once:
         from collectors.prometheus_api import PrometheusSourceError
@@ -112,10 +113,11 @@ def status(
     seconds = positive_duration("--window", window)
     settings = load_settings(config)
     sessions = open_sessions(settings)
+    from collectors.discovery import current
     from kneepoint.status import build_status
 
     with sessions() as session:
-        report = build_status(session, settings, moment(at, system_clock()), seconds)
+        report = build_status(session, current(settings), moment(at, system_clock()), seconds)
     if as_json:
         typer.echo(json.dumps(report, indent=2))
         return
@@ -156,6 +158,19 @@ def _print_status(report: dict) -> None:
     for r in report["replicas"]:
         if r["last_error"]:
             Console().print(f"{r['name']}: {r['last_error']}", markup=False)
+    for r in report.get("gone", []):
+        Console().print(f"{r['name']}: gone since {r['gone_since']}", markup=False)
+
+
+def discovery_usable(settings: Config) -> None:
+    """Exit 2 with the sentence saying why when discovery's kubeconfig (or service
+    account) cannot be used: a collector must not start blind."""
+    from collectors.discovery import check
+
+    try:
+        check(settings)
+    except ConfigError as error:
+        fail(str(error), 2)
 
 
 @app.command()
@@ -205,12 +220,13 @@ def report(
     seconds = positive_duration("--since", since)
     settings = load_settings(config)
     sessions = open_sessions(settings)
+    from collectors.discovery import current
     from review.write import write_report
 
     with sessions() as session:
         written, page, summary = write_report(
             session,
-            settings,
+            current(settings),
             moment(at, system_clock()),
             seconds,
             Path(out or settings.report.output_dir),

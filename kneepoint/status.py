@@ -75,7 +75,38 @@ def build_status(
         "replicas": replicas,
         "fleet": _fleet(replicas, windows, costs),
         "gpus": gpu_block,
+        "gone": gone_targets(rows, config, now, window),
     }
+
+
+def gone_targets(
+    rows: dict[str, TargetRow], config: Config, now: float, window: float
+) -> list[dict[str, Any]]:
+    """Targets (replicas and GPU nodes) scraped within the window that are no longer among
+    the config's targets (discovery stopped finding them, or they were taken out of
+    `targets:`) and not scraped since for longer than a stale target's limit: gone since
+    their last scrape, their history kept in the store. Not listed while still scraped,
+    so a process that cannot reach discovery itself never calls a live replica gone."""
+    known = {t.name for t in config.targets}
+    gone = [
+        (row.last_scrape_at, name, row)
+        for name, row in rows.items()
+        if name not in known
+        and row.last_scrape_at is not None
+        and now - window <= row.last_scrape_at <= now
+        and is_stale(row.last_scrape_at, config, now)
+    ]
+    return [
+        {
+            "name": name,
+            "kind": "gpu_node" if row.kind == "dcgm" else "replica",
+            "engine": None if row.kind == "dcgm" else (row.engine or row.kind),
+            "state": "gone",
+            "gone_since": iso(last),
+            "last_success_at": iso(row.last_success_at) if row.last_success_at else None,
+        }
+        for last, name, row in sorted(gone, key=lambda item: (-item[0], item[1]))
+    ]
 
 
 def derived(
