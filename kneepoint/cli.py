@@ -62,19 +62,27 @@ def collect(
             state = "up" if outcome.ok else f"down: {outcome.error}"
             typer.echo(f"{outcome.target}: {state} ({outcome.seconds * 1000:.0f} ms)")
         return
-    from collectors.schedule import install, standard_jobs
+    from collectors.schedule import install_collector
     from collectors.scheduler import StepSafeBlockingScheduler
 
     scheduler = StepSafeBlockingScheduler()
-    install(scheduler, standard_jobs(settings, sessions, system_clock), sessions)
+    cluster = install_collector(scheduler, settings, sessions, system_clock)
     source = f" from {settings.prometheus.url}" if settings.prometheus else ""
     typer.echo(
         f"collecting {len(settings.targets)} targets{source} every "
-        f"{settings.scrape_interval:g}s into {settings.database}",
+        f"{settings.scrape_interval:g}s into {settings.database} as collector {cluster.id}",
         err=True,
     )
+    # SIGTERM (a service manager, Kubernetes) is a clean shutdown, like Ctrl-C: the
+    # collector leaves the membership, so the others take its targets at once.
+    signal.signal(signal.SIGTERM, lambda *_: sys.exit(0))
     with contextlib.suppress(KeyboardInterrupt, SystemExit):
-        scheduler.start()
+        try:
+            scheduler.start()
+        finally:
+            if scheduler.running:
+                scheduler.shutdown(wait=False)
+            cluster.leave()
 
 
 @app.command()
@@ -195,16 +203,17 @@ def serve(
     file = config_path(config)
     if no_collect:  # several app instances, one `kneepoint collect`, one shared database
         sys.exit(run_app(settings, file, host, port, open_browser=not no_browser))
-    from collectors.schedule import install, standard_jobs
+    from collectors.schedule import install_collector
     from collectors.scheduler import StepSafeBackgroundScheduler
 
     scheduler = StepSafeBackgroundScheduler()
-    install(scheduler, standard_jobs(settings, sessions, system_clock), sessions)
+    cluster = install_collector(scheduler, settings, sessions, system_clock)
     scheduler.start()
     try:
         sys.exit(run_app(settings, file, host, port, open_browser=not no_browser))
     finally:
         scheduler.shutdown(wait=False)
+        cluster.leave()
 
 
 @app.command()
@@ -242,18 +251,22 @@ def health(
 ) -> None:
     """Every scheduled job recorded (scrape, rollup, alerts, deliver, heartbeat, report) and
     the database: each job's last run, success and error, and whether it is failing or
-    overdue (kneepoint/health.py). Exits 1 when any job is failing or overdue, the scrape
-    job never ran, or the database does not answer (a container health check)."""
+    overdue (kneepoint/health.py); the collectors (live or gone) and which one leads. Exits
+    1 when any job is failing or overdue, the scrape job never ran, or the database does not
+    answer (a container health check)."""
     settings = load_settings(config)
     sessions = open_sessions(settings)
-    from kneepoint.health import check_database, check_jobs
+    from kneepoint.health import check_database, check_jobs, collectors
 
     now = system_clock()
     database = check_database(sessions)
     checks = []
+    members: list[dict] = []
+    leader = None
     if database is None:
         with sessions() as session:
             checks = check_jobs(session, settings, now)
+            members, leader = collectors(session, settings, now)
     problems = [f"{c.job}: {c.problem}" for c in checks if c.problem]
     if database is not None:
         problems.insert(0, f"database: {database}")
@@ -277,6 +290,8 @@ def health(
             "healthy": healthy,
             "database": {"ok": database is None, "error": database},
             "jobs": jobs,
+            "collectors": members,
+            "leader": leader,
         }
         typer.echo(json.dumps(report, indent=2))
     else:
@@ -287,6 +302,13 @@ def health(
             state = "ok" if c.ok else c.problem
             typer.echo(
                 f"{c.job}: {state}; last success {ago}, {c.runs} runs, {c.failures} failed{error}"
+            )
+        for m in members:
+            role = "leader" if m["leader"] else ("live" if m["live"] else "gone")
+            held = "?" if m["targets"] is None else m["targets"]
+            typer.echo(
+                f"collector {m['id']} on {m['host']} (pid {m['pid']}): {role}, {held} targets, "
+                f"seen {m['seen_seconds_ago']:.0f}s ago"
             )
         typer.echo("healthy" if healthy else "unhealthy: " + "; ".join(problems))
     if not healthy:

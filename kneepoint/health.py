@@ -7,7 +7,13 @@ A job is failing when its last run raised (recorded in job_health by the schedul
 overdue when it has a known interval and its last success is older than three intervals
 (at least a minute, so one slow round is not an outage). A run skipped because the previous
 one was still going, or missed, is not a failure by itself: it shows up as overdue when it
-lasts."""
+lasts.
+
+With several collectors on one PostgreSQL database (collectors/cluster.py), job_health is
+the cluster's: the scrape job's row is written by every collector, the leader-only jobs'
+(alerts, deliver, rollup, report, heartbeat) by whoever leads, and a follower skipping them
+writes nothing, so they are judged by the leader's runs alone: after a takeover, overdue
+only if no new leader ran them within three intervals. `collectors` lists the members."""
 
 from __future__ import annotations
 
@@ -125,3 +131,29 @@ def check_write(sessions: sessionmaker[Session], job: str, now: float) -> str | 
 def _one_line(error: BaseException) -> str:
     text_ = str(getattr(error, "orig", None) or error).strip().splitlines()
     return f"{type(error).__name__}: {text_[0] if text_ else ''}"
+
+
+def collectors(session: Session, config: Config, now: float) -> tuple[list[dict], str | None]:
+    """Each recorded collector (host, pid, started, last seen, live or gone, leader, how
+    many targets it held at its last round) and the leader's id: None off PostgreSQL (no
+    election: every collector runs every job) or while no collector holds the lock."""
+    from collectors.cluster import membership
+
+    members = membership(session, config.collector.lease, now)
+    rows = [
+        {
+            "id": m.id,
+            "host": m.host,
+            "pid": m.pid,
+            "started_at": m.started_at,
+            "last_seen_at": m.last_seen_at,
+            "seen_seconds_ago": round(now - m.last_seen_at, 1),
+            "live": m.live,
+            "leader": m.leader,
+            "leader_since": m.leader_since,
+            "targets": m.targets,
+        }
+        for m in members
+    ]
+    leader = next((m.id for m in members if m.leader), None)
+    return rows, leader

@@ -328,3 +328,18 @@ class AuditRow(Base):
     before: Mapped[str | None] = mapped_column(Text, nullable=True)  # JSON
     after: Mapped[str | None] = mapped_column(Text, nullable=True)  # JSON
     detail: Mapped[str] = mapped_column(Text, default="")  # why refused or failed
+
+
+class CollectorRow(Base):
+    """A running collector (collectors/cluster.py): registered at start, its `last_seen_at`
+    beaten every few seconds, removed at a clean shutdown."""
+
+    __tablename__ = "collectors"
+
+    id: Mapped[str] = mapped_column(String(120), primary_key=True)  # host:pid:random
+    host: Mapped[str] = mapped_column(String(255))
+    pid: Mapped[int] = mapped_column(Integer)
+    started_at: Mapped[float] = mapped_column(Float)
+    last_seen_at: Mapped[float] = mapped_column(Float)
+    leader_since: Mapped[float | None] = mapped_column(Float, nullable=True)
+    targets: Mapped[int | None] = mapped_column(Integer, nullable=True)
