@@ -1,7 +1,8 @@
 """Discovery through a real Prometheus (Debian's) that finds twin replicas by file-based
 service discovery: targets added to and removed from its file while it runs become and stop
 being kneepoint replicas, a removed one keeps its history, and GPUs are joined to replicas
-by the `pod`/`namespace` labels of the twin's DCGM exposition (no `gpus:` lists)."""
+by the `pod`/`namespace` labels of the twin's DCGM exposition (no `gpus:` lists); the
+removed one is shown as gone in the status."""
 
 from __future__ import annotations
 
@@ -122,6 +123,14 @@ def test_replicas_follow_prometheus_targets_and_gpus_join_by_pod(tmp_path: Path)
             current = with_discovered(config)
             for _ in range(3):
                 round_()
+
+            def gone() -> list[str]:
+                with sessions() as session:
+                    found = build_status(session, current, time.time(), 600.0)["gone"]
+                return [entry["name"] for entry in found]
+
+            # a is shown as gone once it has not been read for a stale target's limit.
+            until("a shows as gone", lambda: gone() == [replica["a"]], round_)
             now = time.time()
             with sessions() as session:
                 status = build_status(session, current, now, 600.0)
@@ -138,6 +147,7 @@ def test_replicas_follow_prometheus_targets_and_gpus_join_by_pod(tmp_path: Path)
     assert rows[replica["a"]].last_scrape_at == a_last
     assert len(history) > 0
     assert [r["name"] for r in status["replicas"]] == [replica["b"], replica["c"]]
+    assert [(g["name"], g["state"]) for g in status["gone"]] == [(replica["a"], "gone")]
     # Every GPU of the node is shown, joined to its replica by the pod label, and the one
     # whose pod is no longer a target is unassigned, not lost.
     by_pod = {g["pod"]: g["replica"] for g in status["gpus"]}
