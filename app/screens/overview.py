@@ -59,6 +59,11 @@ def tiles() -> None:
                 f"{engine_label(replica)}"
             )
     st.caption(f"Last 5 minutes, as of {report['generated_at']}")
+    if report.get("gone"):  # discovery no longer finds them (or taken out of targets:)
+        st.caption(
+            "Gone, their history kept: "
+            + ", ".join(f"{g['name']} since {g['gone_since']}" for g in report["gone"])
+        )
 
 
 tiles()

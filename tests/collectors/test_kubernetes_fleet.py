@@ -13,8 +13,10 @@ from pathlib import Path
 from urllib.parse import urlsplit
 
 import pytest
+from streamlit.testing.v1 import AppTest
 from typer.testing import CliRunner
 
+import alerts.evaluate  # noqa: F401  the package: AppTest puts app/screens (alerts.py) first
 from collectors.schedule import collect_round
 from kneepoint.cli import app
 from kneepoint.config import load_config
@@ -26,6 +28,7 @@ from kneepoint.twin.fleet import Fleet, FleetSpec
 from tests.collectors.kubernetes_api import KubernetesApi, kubeconfig, pod
 from tests.conftest import migrated
 
+OVERVIEW = Path(__file__).resolve().parents[2] / "app" / "screens" / "overview.py"
 TOKEN = "kp-fleet-token-3d9e0c71"
 NAMES = ("a", "b", "c")
 SPEC = {
@@ -44,7 +47,7 @@ def port(url: str) -> int:
 
 
 def test_rounds_follow_the_pods_and_a_removed_replica_is_gone_with_its_history(
-    tmp_path: Path, caplog: pytest.LogCaptureFixture
+    tmp_path: Path, caplog: pytest.LogCaptureFixture, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     fleet = Fleet(FleetSpec.model_validate(SPEC)).start()
     try:
@@ -71,7 +74,7 @@ def test_rounds_follow_the_pods_and_a_removed_replica_is_gone_with_its_history(
             path = tmp_path / "kneepoint.yaml"
             path.write_text(
                 f"database: sqlite:///{tmp_path / 'k.db'}\n"
-                "scrape_interval: 1s\n"
+                "scrape_interval: 10s\n"
                 "discovery:\n  kubernetes:\n"
                 f"    kubeconfig: '{kubeconfig(tmp_path / 'kube.yaml', api.url, TOKEN)}'\n"
                 "    replicas: {namespaces: [inference], selector: 'app=vllm', port: metrics,"
@@ -84,9 +87,12 @@ def test_rounds_follow_the_pods_and_a_removed_replica_is_gone_with_its_history(
             replica = {n: f"inference.{gpu_pods[n]}" for n in NAMES}
             # The rounds' own clock: a second apart, then a pause longer than a stale
             # target's limit before the last rounds (no waiting on the wall clock).
+            # The rounds' own clock, in the recent past: a second apart, then a pause
+            # longer than a stale target's limit before the last rounds, which end a few
+            # seconds before now (no waiting on the wall clock).
+            start, pause = time.time(), stale_after(config) + 30
             moments = iter(
-                time.time() + step
-                for step in (0, 1, 2, 3 + stale_after(config), 4 + stale_after(config))
+                [start - pause, start - pause + 1, start - pause + 2, start - 3, start - 2]
             )
             clock_now = [next(moments)]
 
@@ -108,7 +114,7 @@ def test_rounds_follow_the_pods_and_a_removed_replica_is_gone_with_its_history(
                 assert round_() == third
                 clock_now[0] = next(moments)
                 assert round_() == third
-            now = clock_now[0]
+            now = time.time()
             with sessions() as session:
                 rows = queries.targets(session)
                 from collectors.discovery import current
@@ -117,10 +123,11 @@ def test_rounds_follow_the_pods_and_a_removed_replica_is_gone_with_its_history(
                 history = queries.replica_frame(
                     session, 0.0, now, [rows[replica["a"]].id], coarsest=RAW
                 )
-            # `kneepoint status` sees the discovered replicas and the gone one too.
-            result = CliRunner().invoke(
-                app, ["status", "--json", "--at", str(now), "--config", str(path)]
-            )
+            # `kneepoint status` and the app's overview see the discovered replicas and the
+            # gone one too.
+            result = CliRunner().invoke(app, ["status", "--json", "--config", str(path)])
+            monkeypatch.setenv("KNEEPOINT_CONFIG", str(path))
+            overview = AppTest.from_file(str(OVERVIEW), default_timeout=60).run()
     finally:
         fleet.stop()
 
@@ -144,3 +151,7 @@ def test_rounds_follow_the_pods_and_a_removed_replica_is_gone_with_its_history(
     shown = json.loads(result.output)
     assert [r["name"] for r in shown["replicas"]] == [replica["b"], replica["c"]]
     assert [g["name"] for g in shown["gone"]] == [replica["a"]]
+    assert not overview.exception and not overview.error
+    assert [m.label for m in overview.metric].count("KV occupancy") == 2
+    captions = [c.value for c in overview.caption]
+    assert any(c.startswith("Gone, their history kept: " + replica["a"]) for c in captions)
