@@ -1,0 +1,324 @@
+"""High availability on a real PostgreSQL with real `kneepoint collect` processes: two, then
+three collectors split a twin fleet (each target scraped by exactly one of them, the one
+the rendezvous hash over the live members names), one leads; the leader is killed with
+SIGKILL, another takes over within two evaluation intervals, and a loopback webhook
+receives each firing alert once (collectors/cluster.py).
+
+Who scraped what is counted on the fleet's side: the twin's expositions are served through
+a counting server, and each collector's config (otherwise the same) sends its own
+`X-Collector` header with every scrape."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import threading
+import time
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
+from dataclasses import dataclass, field
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from pathlib import Path
+
+import pytest
+from sqlalchemy import select
+
+from collectors.cluster import Member, membership, owner
+from kneepoint.store.db import connect_store
+from kneepoint.store.models import JobHealthRow, NotificationRow
+from kneepoint.twin.fleet import Fleet, FleetSpec
+from tests.conftest import migrated
+from tests.postgres import running_postgres
+
+pytestmark = [pytest.mark.real, pytest.mark.timeout(240)]
+KNEEPOINT = [sys.executable, "-m", "kneepoint.cli"]
+SCRAPE = 1.0  # seconds
+EVALUATION = 3.0  # seconds: the takeover bound is two of these
+LEASE = 3.0
+BOUND = 45.0  # seconds any awaited change may take before the test fails naming it
+REPLICAS = [f"r{i}" for i in range(9)]
+SPEC = {
+    "nodes": [{"name": "gpu-node", "gpus": ["l4"] * len(REPLICAS)}],
+    "replicas": [
+        {"name": name, "model": "qwen3-4b", "node": "gpu-node", "gpu_index": index}
+        for index, name in enumerate(REPLICAS)
+    ],
+}
+TARGETS = [*REPLICAS, "gpu-node"]
+
+
+@dataclass
+class Counting:
+    """The twin's /metrics, per target, behind a server that logs (target, collector)."""
+
+    fleet: Fleet
+    hits: list[tuple[str, str]] = field(default_factory=list)
+    down: set[str] = field(default_factory=set)  # answered 500
+    lock: threading.Lock = field(default_factory=threading.Lock)
+    port: int = 0
+
+    def since(self, mark: int) -> list[tuple[str, str]]:
+        with self.lock:
+            return list(self.hits[mark:])
+
+    def mark(self) -> int:
+        with self.lock:
+            return len(self.hits)
+
+
+@contextmanager
+def counting(fleet: Fleet) -> Iterator[Counting]:
+    state = Counting(fleet)
+
+    class Handler(BaseHTTPRequestHandler):
+        def do_GET(self) -> None:
+            name = self.path.strip("/")
+            with state.lock:
+                state.hits.append((name, self.headers.get("X-Collector", "?")))
+            if name in state.down:
+                body, status = b"down", 500
+            elif name in fleet.replicas:
+                body, status = fleet.replicas[name].metrics(), 200
+            else:
+                body, status = fleet.nodes[name].render(), 200
+            self.send_response(status)
+            self.send_header("Content-Type", "text/plain; version=0.0.4")
+            self.send_header("Content-Length", str(len(body)))
+            self.end_headers()
+            self.wfile.write(body)
+
+        def log_message(self, *args: object) -> None:
+            pass
+
+    server = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+    server.daemon_threads = True
+    state.port = server.server_address[1]
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    try:
+        yield state
+    finally:
+        server.shutdown()
+        server.server_close()
+
+
+@dataclass
+class Receiver:
+    """A loopback webhook receiver: every firing alert it was sent, by fingerprint."""
+
+    firing: list[tuple[str, str]] = field(default_factory=list)  # (fingerprint, replica)
+    port: int = 0
+
+
+@contextmanager
+def receiving() -> Iterator[Receiver]:
+    state = Receiver()
+
+    class Handler(BaseHTTPRequestHandler):
+        def do_POST(self) -> None:
+            body = json.loads(self.rfile.read(int(self.headers.get("Content-Length") or 0)))
+            for alert in body.get("alerts", []):
+                if alert["status"] == "firing":
+                    state.firing.append((alert["fingerprint"], alert["labels"]["replica"]))
+            self.send_response(200)
+            self.send_header("Content-Length", "0")
+            self.end_headers()
+
+        def log_message(self, *args: object) -> None:
+            pass
+
+    server = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+    server.daemon_threads = True
+    state.port = server.server_address[1]
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    try:
+        yield state
+    finally:
+        server.shutdown()
+        server.server_close()
+
+
+def until(
+    what: str, check: Callable[[], object], explain: Callable[[], str] = lambda: ""
+) -> object:
+    """Poll `check` until it is true (and return it); fail naming `what` after BOUND."""
+    deadline = time.monotonic() + BOUND
+    while True:
+        result = check()
+        if result:
+            return result
+        assert time.monotonic() < deadline, f"not within {BOUND:.0f} s: {what}\n{explain()}"
+        time.sleep(0.1)
+
+
+def write_config(path: Path, url: str, twin: int, hook: int, collector: str) -> Path:
+    targets = "".join(
+        f"  - {{name: {name}, kind: {'dcgm' if name == 'gpu-node' else 'vllm'}, "
+        f"url: 'http://127.0.0.1:{twin}/{name}', headers: {{X-Collector: {collector}}}}}\n"
+        for name in TARGETS
+    )
+    path.write_text(
+        f"database: '{url}'\n"
+        f"scrape_interval: {SCRAPE:g}s\nevaluation_interval: {EVALUATION:g}s\n"
+        f"collector: {{lease: {LEASE:g}s}}\n"
+        f"channels: [{{name: hook, type: webhook, url: 'http://127.0.0.1:{hook}/hook'}}]\n"
+        "rules: [{name: target-down, metric: up, op: '==', threshold: 0, for: 0s,"
+        " severity: page, channels: [hook]}]\n"
+        f"targets:\n{targets}"
+    )
+    return path
+
+
+def test_collectors_split_the_targets_and_a_killed_leader_is_replaced(tmp_path: Path) -> None:
+    fleet = Fleet(FleetSpec.model_validate(SPEC)).start()
+    processes: dict[str, subprocess.Popen[bytes]] = {}
+    logs: dict[str, Path] = {}
+
+    def start(name: str, config: Path) -> None:
+        logs[name] = tmp_path / f"{name}.log"
+        with logs[name].open("ab") as out:
+            processes[name] = subprocess.Popen(
+                [*KNEEPOINT, "collect", "--config", str(config)], stdout=out, stderr=out
+            )
+
+    def tails() -> str:
+        return "\n".join(f"--- {n}\n{p.read_text()[-1500:]}" for n, p in logs.items())
+
+    try:
+        with running_postgres() as fresh, counting(fleet) as twin, receiving() as hook:
+            url = fresh()
+            configs = {
+                name: write_config(tmp_path / f"{name}.yaml", url, twin.port, hook.port, name)
+                for name in ("c1", "c2", "c3")
+            }
+            migrated(configs["c1"])
+            sessions = connect_store(url)
+
+            def members() -> list[Member]:
+                with sessions() as session:
+                    return membership(session, LEASE, time.time())
+
+            def by_process() -> dict[str, Member]:
+                """Live members by the test's name of their process."""
+                pids = {p.pid: n for n, p in processes.items()}
+                return {pids[m.pid]: m for m in members() if m.live and m.pid in pids}
+
+            def live(*names: str) -> dict[str, Member] | None:
+                found = by_process()
+                leaders = [m for m in found.values() if m.leader]
+                return found if set(found) == set(names) and len(leaders) == 1 else None
+
+            def check_split(*names: str) -> dict[str, str]:
+                """Each target scraped only by its owner among `names`, several rounds."""
+                found = until(f"{names} live with one leader", lambda: live(*names), tails)
+                assert isinstance(found, dict)
+                ids = {m.id: n for n, m in found.items()}
+                want = {t: ids[owner(t, list(ids))] for t in TARGETS}
+
+                def settled() -> bool:  # each owner has taken its targets over
+                    last = {t: c for t, c in twin.since(max(0, twin.mark() - 60))}
+                    return all(last.get(t) == want[t] for t in TARGETS)
+
+                until("the owners scraping their targets", settled, tails)
+                mark = twin.mark()
+                until(
+                    "three rounds of every target",
+                    lambda: all(
+                        sum(t == target for t, _ in twin.since(mark)) >= 3 for target in TARGETS
+                    ),
+                )
+                seen: dict[str, set[str]] = {}
+                for target, collector in twin.since(mark):
+                    seen.setdefault(target, set()).add(collector)
+                assert seen == {t: {want[t]} for t in TARGETS}, tails()
+                return want
+
+            start("c1", configs["c1"])
+            start("c2", configs["c2"])
+            two = check_split("c1", "c2")
+            assert set(two.values()) <= {"c1", "c2"}
+            start("c3", configs["c3"])
+            three = check_split("c1", "c2", "c3")
+            # Rendezvous hashing moved only targets to the newcomer.
+            assert all(three[t] in (two[t], "c3") for t in TARGETS)
+            # Each member's row says how many targets it holds.
+            until(
+                "held counts recorded",
+                lambda: sorted((m.targets or 0) for m in by_process().values())
+                == sorted(list(three.values()).count(n) for n in ("c1", "c2", "c3")),
+            )
+
+            # A target goes down: the leader notifies once.
+            twin.down.add("r0")
+            until("r0's alert delivered", lambda: any(r == "r0" for _, r in hook.firing), tails)
+
+            def all_settled() -> bool:
+                with sessions() as session:
+                    states = session.scalars(select(NotificationRow.state)).all()
+                return bool(states) and all(s != "pending" for s in states)
+
+            until("the outbox settled", all_settled)
+
+            # The leader is killed.
+            leader = next(n for n, m in by_process().items() if m.leader)
+            killed_at = time.time()
+            os.kill(processes[leader].pid, signal.SIGKILL)
+            processes[leader].wait(10)
+            others = tuple(n for n in ("c1", "c2", "c3") if n != leader)
+
+            def evaluated_since_kill() -> float | None:
+                with sessions() as session:
+                    row = session.get(JobHealthRow, "alerts")
+                    return row.last_success_at if row and row.last_success_at else None
+
+            first = until(
+                "an evaluation after the kill",
+                lambda: (evaluated_since_kill() or 0) > killed_at and evaluated_since_kill(),
+            )
+            assert isinstance(first, float)
+            takeover = first - killed_at
+            print(f"\ntakeover: first evaluation {takeover:.2f} s after SIGKILL of the leader")
+            assert takeover <= 2 * EVALUATION, tails()
+            check_split(*others)  # the dead one's targets went to the others
+            gone = [m for m in members() if m.pid == processes[leader].pid]
+            assert gone and not gone[0].live and not gone[0].leader
+
+            # A second target goes down after the takeover: the new leader notifies once.
+            twin.down.add("r1")
+            until("r1's alert delivered", lambda: any(r == "r1" for _, r in hook.firing), tails)
+            until("the outbox settled again", all_settled)
+            with sessions() as session:
+                resends = sum(r or 0 for r in session.scalars(select(NotificationRow.resends)))
+            for replica in ("r0", "r1"):
+                sent = [f for f, r in hook.firing if r == replica]
+                assert 1 <= len(sent) <= 1 + resends, (replica, hook.firing)
+            assert {r for _, r in hook.firing} == {"r0", "r1"}
+
+            # `kneepoint health --json` shows the members and the leader.
+            shown = subprocess.run(
+                [*KNEEPOINT, "health", "--config", str(configs["c1"]), "--json"],
+                capture_output=True,
+                text=True,
+                check=False,
+            )
+            report = json.loads(shown.stdout)
+            rows = {r["pid"]: r for r in report["collectors"]}
+            now_leading = next(m for m in by_process().values() if m.leader)
+            assert report["leader"] == now_leading.id
+            assert not rows[processes[leader].pid]["live"]
+            assert all(rows[processes[n].pid]["live"] for n in others)
+
+            # A clean stop (SIGTERM) leaves the membership: the last one holds every target.
+            stopping, staying = others
+            processes[stopping].terminate()
+            assert processes[stopping].wait(20) == 0, tails()
+            assert all(m.pid != processes[stopping].pid for m in members())
+            check_split(staying)
+    finally:
+        for process in processes.values():
+            if process.poll() is None:
+                process.kill()
+                process.wait(10)
+        fleet.stop()
