@@ -103,7 +103,12 @@ def in_cluster() -> Connection:
             f"discovery.kubernetes: the pod has no service account token at {token} "
             "(is automountServiceAccountToken off?)"
         )
-    context = _tls(ca_file=ca) if ca.is_file() else True
+    try:
+        context = _tls(ca_file=ca) if ca.is_file() else True
+    except (OSError, ssl.SSLError) as error:
+        raise KubeconfigError(
+            f"discovery.kubernetes: the service account's {ca} cannot be loaded ({_reason(error)})"
+        ) from None
     host = f"[{host}]" if ":" in host else host
     return Connection(f"https://{host}:{port}", context, token_file=token)
 

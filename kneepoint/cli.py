@@ -199,6 +199,7 @@ def serve(
         check_listen(host, settings)
     except ListenRefused as refused:
         fail(str(refused), 2)
+    discovery_usable(settings)
     sessions = open_sessions(settings)
     file = config_path(config)
     if no_collect:  # several app instances, one `kneepoint collect`, one shared database

@@ -344,6 +344,9 @@ def test_in_cluster_the_service_account_token_and_ca_are_used(
             discover(found)
         (account / "token").write_text(TOKEN + "\n")  # rotated: read again each time
         assert [t.name for t in discover(found)] == ["inference.a-0"]
+        (account / "ca.crt").write_text("not a certificate\n")
+        with pytest.raises(KubeconfigError, match=r"serviceaccount/ca.crt cannot be loaded"):
+            discover(found)
         # The API's certificate is checked against the service account's CA.
         other = tmp_path / "other"
         other.mkdir()
