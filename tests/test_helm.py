@@ -213,6 +213,20 @@ def test_helm_lint_passes_with_default_and_full_values(helm: Path, tmp_path: Pat
         assert "1 chart(s) linted, 0 chart(s) failed" in done.stdout
 
 
+def test_install_notes_say_how_to_reach_the_app(helm: Path, tmp_path: Path) -> None:
+    """`helm install --dry-run=client` (offline) renders NOTES.txt as an install shows it."""
+    install = ("install", RELEASE, "--dry-run=client", "--namespace", NAMESPACE)
+    done = run_helm(helm, tmp_path, {}, *install)
+    assert done.returncode == 0, done.stderr
+    notes = done.stdout.split("NOTES:", 1)[1]
+    assert f"kubectl -n {NAMESPACE} port-forward deploy/{RELEASE}-kneepoint-app 8501" in notes
+    done = run_helm(helm, tmp_path, full_values(), *install)
+    assert done.returncode == 0, done.stderr
+    notes = done.stdout.split("NOTES:", 1)[1]
+    assert "auth.mode oidc" in notes and f"Service {RELEASE}-kneepoint-app:8501" in notes
+    assert "PostgreSQL" in notes and DATABASE_URL not in notes
+
+
 def test_default_values_render_valid_manifests_and_keep_the_app_on_loopback(
     helm: Path, tmp_path: Path
 ) -> None:
@@ -348,9 +362,15 @@ def test_rbac_is_a_role_in_each_discovery_namespace(helm: Path, tmp_path: Path) 
     docs = render(helm, tmp_path, values)
     for doc in docs:
         validate(doc)
+    _, config = kneepoint_config(docs)  # kneepoint reads the same namespaces
+    assert config.discovery is not None and config.discovery.kubernetes is not None
+    kubernetes = config.discovery.kubernetes
+    assert kubernetes.replicas is not None and kubernetes.gpu_nodes is not None
+    listed = {*kubernetes.replicas.namespaces, *kubernetes.gpu_nodes.namespaces}
     roles = {d["metadata"]["namespace"]: d for d in find(docs, "Role")}
     bindings = {d["metadata"]["namespace"]: d for d in find(docs, "RoleBinding")}
-    assert set(roles) == set(bindings) == {"serving", "batch", "gpu-operator", "extra"}
+    assert set(roles) == set(bindings) == listed | {"extra"}
+    assert listed == {"serving", "batch", "gpu-operator"}
     account = one(docs, "ServiceAccount", "kneepoint")["metadata"]["name"]
     for namespace, role in roles.items():
         assert role["rules"] == POD_READS
@@ -381,6 +401,10 @@ def test_rbac_cluster_wide_is_one_cluster_role(helm: Path, tmp_path: Path) -> No
     for doc in docs:
         validate(doc)
     assert not find(docs, "Role") and not find(docs, "RoleBinding")
+    _, config = kneepoint_config(docs)
+    assert config.discovery is not None and config.discovery.kubernetes is not None
+    gpu_nodes = config.discovery.kubernetes.gpu_nodes
+    assert gpu_nodes is not None and gpu_nodes.namespaces == []  # every namespace
     role = one(docs, "ClusterRole", "kneepoint-discovery")
     binding = one(docs, "ClusterRoleBinding", "kneepoint-discovery")
     assert role["rules"] == POD_READS

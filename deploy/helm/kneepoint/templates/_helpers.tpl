@@ -76,9 +76,12 @@ app.kubernetes.io/component: {{ index . 1 }}
 {{- if and $trusted $loopback -}}true{{- end -}}
 {{- end -}}
 
-{{/* "true" when the app has a Service: it listens beyond loopback, or a sidecar serves it. */}}
+{{/* "true" when the app has a Service: it listens beyond loopback, or the sign-in proxy
+trusted on loopback serves it from a sidecar. Without `auth:`, never. */}}
 {{- define "kneepoint.appService" -}}
-{{- if and .Values.app.enabled (or (eq (include "kneepoint.appHost" .) "0.0.0.0") .Values.app.extraContainers) -}}true{{- end -}}
+{{- if and .Values.app.enabled .Values.config.auth -}}
+{{- if or (eq (include "kneepoint.appHost" .) "0.0.0.0") .Values.app.extraContainers -}}true{{- end -}}
+{{- end -}}
 {{- end -}}
 
 {{/* The namespaces the discovery rules list, plus rbac.namespaces, as a JSON list. */}}
