@@ -13,6 +13,7 @@ loaded by kneepoint itself, with the environment its Secret gives."""
 from __future__ import annotations
 
 import base64
+import copy
 import re
 import subprocess
 import sys
@@ -87,7 +88,7 @@ def full_values() -> dict[str, Any]:
                     "replicas": {"jobs": ["vllm"], "name": "{namespace}.{pod}"},
                 }
             },
-            "auth": OIDC,
+            "auth": copy.deepcopy(OIDC),
         },
         "serviceMonitor": {
             "enabled": True,
@@ -450,6 +451,12 @@ def test_secrets_are_never_rendered_into_the_config_map(helm: Path, tmp_path: Pa
     values = full_values()
     values["config"]["database"] = DATABASE_URL
     assert "config.database is set by the chart" in refusal(helm, tmp_path, values)
+    # Two app pods need one cookie secret, or a sign-in holds on one pod only.
+    values = full_values()
+    del values["config"]["auth"]["oidc"]["cookie_secret"]
+    assert "app.replicas is 2 with auth.mode oidc but no auth.oidc.cookie_secret" in refusal(
+        helm, tmp_path, values
+    )
     # A variable the config uses that nothing sets fails the render, not the pod.
     values = full_values()
     del values["secrets"]["values"]["SLACK_WEBHOOK_URL"]

@@ -169,6 +169,9 @@ trusted on loopback serves it from a sidecar. Without `auth:`, never. */}}
 {{- with .oidc -}}
 {{- include "kneepoint.secretRef" (list "auth.oidc.client_secret" .client_secret) -}}
 {{- include "kneepoint.secretRef" (list "auth.oidc.cookie_secret" .cookie_secret) -}}
+{{- if and (gt (int $v.app.replicas) 1) (not .cookie_secret) -}}
+{{- fail (printf "app.replicas is %d with auth.mode oidc but no auth.oidc.cookie_secret: each app pod would sign its cookies with a random secret of its own, and people would be signed out whenever they reach another; set cookie_secret: ${KNEEPOINT_COOKIE_SECRET} and put it in secrets.values" (int $v.app.replicas)) -}}
+{{- end -}}
 {{- end -}}
 {{- if and (eq (toString .mode) "none") $v.app.enabled (not $v.app.allowNoSignIn) -}}
 {{- fail "config.auth.mode is none: everyone who can reach the app's Service would use kneepoint without signing in; set auth.mode oidc or proxy, or app.allowNoSignIn: true to allow it" -}}
