@@ -1,5 +1,5 @@
 """One collection round: fetch every target, normalize each outside any transaction, then
-store each target in its own savepoint.
+store the round in one savepoint (each target in its own when the database refuses a row).
 
 Whatever goes wrong with one target (a body its normalizer rejects, an exception of any type
 raised while normalizing, a row the database refuses) records that target down with a
@@ -84,47 +84,74 @@ def normalize(item: Fetched) -> Normalized:
 
 def store_fetched(fetched: list[Fetched], sessions: sessionmaker[Session]) -> list[Outcome]:
     """Normalize (before the write transaction opens, so parsing never holds the database's
-    write lock), then store each target in its own savepoint."""
+    write lock), then store every target's rows in one savepoint; if the database refuses
+    any row, that savepoint is undone and each target is stored in its own, so the refusal
+    costs its target only. (One savepoint per round, not per target: the common round is
+    two statements per target, not four.)"""
     normalized = [normalize(item) for item in fetched]
-    outcomes: list[Outcome] = []
+    errors: list[str | None] = [entry.error for entry in normalized]
+    refused: list[bool] = [False] * len(normalized)
     with sessions.begin() as session:
         ids = ensure_targets(
             session, [(f.target.name, f.target.kind, f.target.url) for f in fetched]
         )
         newest = last_stored(session)
-        for entry in normalized:
+        storable: list[int] = []
+        for position, entry in enumerate(normalized):
             item = entry.item
             target_id = ids[item.target.name]
-            error = entry.error
-            if error is None and item.started_at <= newest.get(target_id, -math.inf):
+            if errors[position] is not None:
+                continue
+            if item.started_at <= newest.get(target_id, -math.inf):
                 refusal = (
                     f"sample at {item.started_at:.3f} refused: not newer than the last one "
                     f"stored ({newest[target_id]:.3f}); did the clock step back?"
                 )
                 log.warning("%s: %s", item.target.name, refusal)
                 record_refused(session, target_id, refusal)
-                outcomes.append(Outcome(item.target.name, False, refusal, item.duration))
+                errors[position], refused[position] = refusal, True
                 continue
-            if error is None:
-                error = _store(session, target_id, entry)
-            if error is None:
-                newest[target_id] = item.started_at
-            else:
-                record_failure(session, target_id, item.started_at, error)
-            outcomes.append(Outcome(item.target.name, error is None, error, item.duration))
-    return outcomes
+            storable.append(position)
+        for position, reason in _store_all(session, ids, normalized, storable).items():
+            errors[position] = reason
+        for entry, error, was_refused in zip(normalized, errors, refused, strict=True):
+            if error is not None and not was_refused:
+                record_failure(session, ids[entry.item.target.name], entry.item.started_at, error)
+    return [
+        Outcome(entry.item.target.name, error is None, error, entry.item.duration)
+        for entry, error in zip(normalized, errors, strict=True)
+    ]
 
 
-def _store(session: Session, target_id: int, entry: Normalized) -> str | None:
-    item = entry.item
+def _store_all(
+    session: Session, ids: dict[str, int], normalized: list[Normalized], storable: list[int]
+) -> dict[int, str]:
+    """Store the `storable` entries; return the reason for each one whose rows the database
+    refused (by position)."""
     try:
         with session.begin_nested():
-            if entry.replica is not None:
-                record_replica(session, target_id, item.started_at, entry.replica)
-            else:
-                record_gpus(session, target_id, item.started_at, entry.gpus or [])
-    except Exception as error:  # this target's rows only: its savepoint is rolled back
-        reason = f"cannot store the scrape: {describe(error)}"  # never the SQL's parameters
-        log.warning("%s: %s", item.target.name, reason)
-        return reason
-    return None
+            for position in storable:
+                entry = normalized[position]
+                _write(session, ids[entry.item.target.name], entry)
+        return {}
+    except Exception:  # some row was refused: find whose, each target in its own savepoint
+        session.info.pop("histogram_layouts", None)  # ids of rows that were rolled back
+    errors: dict[int, str] = {}
+    for position in storable:
+        entry = normalized[position]
+        try:
+            with session.begin_nested():
+                _write(session, ids[entry.item.target.name], entry)
+        except Exception as error:  # this target's rows only: its savepoint is rolled back
+            session.info.pop("histogram_layouts", None)
+            reason = f"cannot store the scrape: {describe(error)}"  # never the SQL's parameters
+            log.warning("%s: %s", entry.item.target.name, reason)
+            errors[position] = reason
+    return errors
+
+
+def _write(session: Session, target_id: int, entry: Normalized) -> None:
+    if entry.replica is not None:
+        record_replica(session, target_id, entry.item.started_at, entry.replica)
+    else:
+        record_gpus(session, target_id, entry.item.started_at, entry.gpus or [])

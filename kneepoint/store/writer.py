@@ -4,9 +4,11 @@ from __future__ import annotations
 
 import json
 from collections.abc import Iterable
-from typing import cast
+from functools import lru_cache
+from typing import Any, cast
 
 from sqlalchemy import Table, bindparam, func, insert, select, update
+from sqlalchemy.engine import Connection, CursorResult
 from sqlalchemy.orm import Session
 
 from kneepoint.samples import GpuSample, ReplicaSample
@@ -23,31 +25,66 @@ from kneepoint.store.models import (
 )
 
 _ERROR_LIMIT = 500
-# Plain tables and statements built once, values passed as parameters: these run for every
-# target on every scrape, and a cached compiled statement is several times cheaper than ORM
-# objects or a statement with literal values.
+# Plain tables and statements built once, values passed as parameters, run on the session's
+# connection: these run for every target on every scrape, and a cached compiled statement is
+# several times cheaper than ORM objects, a statement with literal values, or the ORM
+# session's execute path.
 _TARGETS = cast(Table, TargetRow.__table__)
 _REPLICA_SAMPLES = cast(Table, ReplicaSampleRow.__table__)
 _GPU_SAMPLES = cast(Table, GpuSampleRow.__table__)
+_GPUS = cast(Table, GpuRow.__table__)
 _SCRAPE_ERRORS = cast(Table, ScrapeErrorRow.__table__)
 _TARGET_BY_ID = _TARGETS.c.id == bindparam("target_id")
+_GPU_BY_ID = _GPUS.c.id == bindparam("gpu_id")
+_GPU_IDENTITY = ("uuid", "model", "pod", "namespace")
+_GPUS_OF_TARGET = select(
+    _GPUS.c.id, _GPUS.c.host, _GPUS.c.gpu_index, *(_GPUS.c[name] for name in _GPU_IDENTITY)
+).where(_GPUS.c.target_id == bindparam("target_id"))
 
 
 def ensure_targets(
     session: Session, targets: Iterable[tuple[str, str, str | SecretURL]]
 ) -> dict[str, int]:
-    """Create or update a row per (name, kind, url); return ids by name. The URL is stored
-    as it may be shown (user info and query values masked: kneepoint/secrets.py)."""
-    rows = {row.name: row for row in session.scalars(select(TargetRow))}
+    """Create or update a row per (name, kind, url); return ids by name (of every stored
+    target). The URL is stored as it may be shown (user info and query values masked:
+    kneepoint/secrets.py). One query when nothing changed."""
+    connection = session.connection()
+    rows = {
+        name: (target_id, kind, url)
+        for target_id, name, kind, url in connection.execute(
+            select(_TARGETS.c.id, _TARGETS.c.name, _TARGETS.c.kind, _TARGETS.c.url)
+        )
+    }
+    ids = {name: row[0] for name, row in rows.items()}
     for name, kind, given in targets:
-        url = redact_url(reveal(given))
+        url = _shown(reveal(given))
         row = rows.get(name)
         if row is None:
-            row = rows[name] = TargetRow(name=name, kind=kind, url=url, consecutive_failures=0)
-            session.add(row)
-        row.kind, row.url = kind, url
-    session.flush()
-    return {name: row.id for name, row in rows.items()}
+            inserted = connection.execute(
+                insert(_TARGETS).values(
+                    name=name, kind=kind, url=url, consecutive_failures=0, samples_refused=0
+                )
+            )
+            ids[name] = _new_id(inserted)
+            rows[name] = (ids[name], kind, url)
+        elif (row[1], row[2]) != (kind, url):
+            connection.execute(
+                update(_TARGETS).where(_TARGET_BY_ID),
+                [{"target_id": row[0], "kind": kind, "url": url}],
+            )
+            rows[name] = (row[0], kind, url)
+    return ids
+
+
+def _new_id(result: CursorResult[Any]) -> int:
+    key = result.inserted_primary_key
+    assert key is not None
+    return int(key[0])
+
+
+@lru_cache(maxsize=4096)
+def _shown(url: str) -> str:
+    return redact_url(url)
 
 
 def last_stored(session: Session) -> dict[int, float]:
@@ -63,7 +100,7 @@ def last_stored(session: Session) -> dict[int, float]:
 def record_refused(session: Session, target_id: int, reason: str) -> None:
     """A sample refused for its time (not newer than the last stored): counted, and the
     reason shown, but the target's up/down is left as it is (it answered)."""
-    session.execute(
+    session.connection().execute(
         update(_TARGETS)
         .where(_TARGET_BY_ID)
         .values(samples_refused=func.coalesce(_TARGETS.c.samples_refused, 0) + 1),
@@ -73,13 +110,16 @@ def record_refused(session: Session, target_id: int, reason: str) -> None:
 
 def record_failure(session: Session, target_id: int, ts: float, error: str) -> None:
     message = scrub(error)[:_ERROR_LIMIT]  # no secret of the config, even if a message had one
-    session.execute(
+    connection = session.connection()
+    connection.execute(
         update(_TARGETS)
         .where(_TARGET_BY_ID)
         .values(consecutive_failures=_TARGETS.c.consecutive_failures + 1),
         [{"target_id": target_id, "up": False, "last_scrape_at": ts, "last_error": message}],
     )
-    session.execute(insert(_SCRAPE_ERRORS), [{"target_id": target_id, "ts": ts, "error": message}])
+    connection.execute(
+        insert(_SCRAPE_ERRORS), [{"target_id": target_id, "ts": ts, "error": message}]
+    )
 
 
 def record_replica(session: Session, target_id: int, ts: float, sample: ReplicaSample) -> None:
@@ -113,7 +153,7 @@ def record_replica_history(
         },
     )
     rows = [_replica_row(session, target_id, t, sample) for t, sample in samples]
-    session.execute(insert(_REPLICA_SAMPLES), rows)
+    session.connection().execute(insert(_REPLICA_SAMPLES), rows)
 
 
 def _replica_row(
@@ -148,15 +188,12 @@ def record_gpu_history(
     `scraped_at` (default: the last reading)."""
     last = scraped_at if scraped_at is not None else max(ts for ts, _ in readings)
     _mark_up(session, target_id, last, {})
-    ids: dict[tuple[str, int], int] = {}
+    ids = _gpu_ids(session.connection(), target_id, [gpu for _, gpu in readings])
     rows = []
     for ts, gpu in readings:
-        key = (gpu.host, gpu.index)
-        if key not in ids:
-            ids[key] = _gpu_id(session, target_id, gpu)
         rows.append(
             {
-                "gpu_id": ids[key],
+                "gpu_id": ids[(gpu.host, gpu.index)],
                 "ts": ts,
                 "resolution": 0,
                 "energy_mj": gpu.energy_mj,
@@ -165,7 +202,7 @@ def record_gpu_history(
             }
         )
     if rows:
-        session.execute(insert(_GPU_SAMPLES), rows)
+        session.connection().execute(insert(_GPU_SAMPLES), rows)
 
 
 def _mark_up(session: Session, target_id: int, ts: float, details: dict[str, object]) -> None:
@@ -177,21 +214,47 @@ def _mark_up(session: Session, target_id: int, ts: float, details: dict[str, obj
         "consecutive_failures": 0,
         **details,
     }
-    session.execute(update(_TARGETS).where(_TARGET_BY_ID), [{"target_id": target_id, **values}])
-
-
-def _gpu_id(session: Session, target_id: int, gpu: GpuSample) -> int:
-    row = session.scalar(
-        select(GpuRow).where(
-            GpuRow.target_id == target_id, GpuRow.host == gpu.host, GpuRow.gpu_index == gpu.index
-        )
+    session.connection().execute(
+        update(_TARGETS).where(_TARGET_BY_ID), [{"target_id": target_id, **values}]
     )
-    if row is None:
-        row = GpuRow(target_id=target_id, host=gpu.host, gpu_index=gpu.index)
-        session.add(row)
-    row.uuid, row.model, row.pod, row.namespace = gpu.uuid, gpu.model, gpu.pod, gpu.namespace
-    session.flush()
-    return row.id
+
+
+def _gpu_ids(
+    connection: Connection, target_id: int, gpus: list[GpuSample]
+) -> dict[tuple[str, int], int]:
+    """Ids of an exporter's GPUs by (host, index), in one query: rows are added for new GPUs,
+    and a GPU's identity (UUID, model, pod) follows its first reading here when it changed."""
+    stored = {
+        (host, index): (gpu_id, tuple(identity))
+        for gpu_id, host, index, *identity in connection.execute(
+            _GPUS_OF_TARGET, {"target_id": target_id}
+        )
+    }
+    ids: dict[tuple[str, int], int] = {}
+    for gpu in gpus:
+        key = (gpu.host, gpu.index)
+        if key in ids:
+            continue
+        identity = (gpu.uuid, gpu.model, gpu.pod, gpu.namespace)
+        row = stored.get(key)
+        if row is None:
+            inserted = connection.execute(
+                insert(_GPUS).values(
+                    target_id=target_id,
+                    host=gpu.host,
+                    gpu_index=gpu.index,
+                    **dict(zip(_GPU_IDENTITY, identity, strict=True)),
+                )
+            )
+            ids[key] = _new_id(inserted)
+            continue
+        ids[key] = row[0]
+        if row[1] != identity:
+            connection.execute(
+                update(_GPUS).where(_GPU_BY_ID),
+                [{"gpu_id": row[0], **dict(zip(_GPU_IDENTITY, identity, strict=True))}],
+            )
+    return ids
 
 
 def _layout_id(session: Session, bounds: str) -> int:
