@@ -177,3 +177,66 @@ def test_targets_found_before_are_kept_while_prometheus_cannot_be_read() -> None
         server.server_close()
     kept = current(discovery, 0.0).targets
     assert [t.name for t in kept] == ["inference.qwen-0", "inference.llama-0"]
+
+
+def test_both_sources_merge_explicit_first_then_prometheus_then_kubernetes() -> None:
+    from collectors.discovery import merge
+
+    def target(name: str, kind: str, url: str) -> Target:
+        return Target.model_validate({"name": name, "kind": kind, "url": url})
+
+    explicit = [target("qwen", "vllm", "http://10.0.0.1:8000/metrics")]
+    prometheus = [
+        target("inference.llama-0", "vllm", "http://10.0.0.2:8000/metrics"),
+        target("inference.qwen-0", "vllm", "http://10.0.0.1:8000/metrics"),  # qwen's instance
+    ]
+    kubernetes = [
+        target("inference.llama-0", "sglang", "http://10.0.0.9:8000/metrics"),  # a name taken
+        target("k.llama-0", "sglang", "http://10.0.0.2:8000/metrics"),  # an engine's instance
+        target("dcgm-n1", "dcgm", "http://10.0.0.2:8000/metrics"),  # a GPU node may share it
+        target("k.tgi-0", "tgi", "http://10.0.0.3:8000/metrics"),
+    ]
+    merged = merge(explicit, prometheus, kubernetes)
+    assert [(t.name, t.kind) for t in merged] == [
+        ("qwen", "vllm"),
+        ("inference.llama-0", "vllm"),
+        ("dcgm-n1", "dcgm"),
+        ("k.tgi-0", "tgi"),
+    ]
+
+
+def test_a_target_no_longer_found_is_gone_once_stale_and_while_in_the_window() -> None:
+    from kneepoint.status import gone_targets, stale_after
+    from kneepoint.store.models import TargetRow
+
+    fleet = config(DISCOVERY)
+    now = 1_000_000.0
+    limit = stale_after(fleet)
+
+    def row(kind: str, last: float | None) -> TargetRow:
+        return TargetRow(kind=kind, engine=None, last_scrape_at=last, last_success_at=last)
+
+    rows = {
+        "old": row("vllm", now - limit - 5),  # gone
+        "older": row("vllm", now - limit - 50),  # gone longer
+        "node": row("dcgm", now - limit - 1),  # a GPU node gone
+        "fresh": row("vllm", now - limit + 1),  # still scraped by someone: not called gone
+        "ancient": row("vllm", now - 700.0),  # before the window: not listed
+        "never": row("vllm", None),
+    }
+    gone = gone_targets(rows, fleet, now, 600.0)
+    assert [(g["name"], g["kind"], g["state"]) for g in gone] == [
+        ("node", "gpu_node", "gone"),
+        ("old", "replica", "gone"),
+        ("older", "replica", "gone"),
+    ]
+    assert gone[1]["engine"] == "vllm" and gone[0]["engine"] is None
+    # A target that is configured (or discovered) again is not gone.
+    back = fleet.model_copy(
+        update={
+            "targets": [
+                Target.model_validate({"name": "old", "kind": "vllm", "url": "http://h:1/"})
+            ]
+        }
+    )
+    assert [g["name"] for g in gone_targets(rows, back, now, 600.0)] == ["node", "older"]
