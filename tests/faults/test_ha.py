@@ -315,7 +315,12 @@ def test_collectors_split_the_targets_and_a_killed_leader_is_replaced(tmp_path: 
             processes[stopping].terminate()
             assert processes[stopping].wait(20) == 0, tails()
             assert all(m.pid != processes[stopping].pid for m in members())
-            check_split(staying)
+            until(
+                f"{staying} alone, holding every target",
+                lambda: [(n, m.targets) for n, m in by_process().items()]
+                == [(staying, len(TARGETS))],
+                tails,
+            )
     finally:
         for process in processes.values():
             if process.poll() is None:
