@@ -79,7 +79,7 @@ LEADER_LOCK = zlib.crc32(b"kneepoint leader") & 0x7FFFFFFF  # one bigint key
 MEMBER_LOCKS = zlib.crc32(b"kneepoint collector") & 0x7FFFFFFF  # key 1 of (key 1, member)
 EVALUATION_LOCK = zlib.crc32(b"kneepoint evaluation") & 0x7FFFFFFF  # per transaction
 BEATS_PER_LEASE = 3
-FORGET_AFTER = 86400.0  # a gone member's row is deleted by the leader after this long
+FORGET_AFTER = 3600.0  # a gone member's row is deleted by the leader after this long
 # The dedicated connection: the server notices a vanished client within ~10 s; no idle
 # timeout configured on the server ends the session that holds the locks.
 SESSION_SETTINGS = (
@@ -217,7 +217,8 @@ class Cluster:
         self.pid = os.getpid()
         self.id = member_id or f"{self.host}:{self.pid}:{uuid.uuid4().hex[:8]}"
         self.started_at: float | None = None
-        self._guard = threading.RLock()
+        self._guard = threading.RLock()  # the dedicated connection
+        self._beating = threading.Lock()
         self._connection: Connection | None = None
         self._leading = False
         self._held: int | None = None
@@ -239,14 +240,15 @@ class Cluster:
 
     def beat(self) -> None:
         """Refresh this collector's row (register it the first time), hold its lock, try
-        for the leadership, and as leader forget members gone for a day."""
-        if self._left:
-            return
-        if self.postgres():
-            with self._guard:
-                self._connect()
-        self._record()
-        if self.is_leader() and self.postgres():
+        for the leadership, and as leader forget members gone for an hour."""
+        with self._beating:  # the scrape's first round and the first beat run at once
+            if self._left:
+                return
+            if self.postgres():
+                with self._guard:
+                    self._connect()
+            self._record()
+        if self.is_leader():
             with self.sessions.begin() as session:
                 session.execute(
                     delete(CollectorRow).where(
@@ -396,4 +398,3 @@ class Cluster:
             connection.close()
         except Exception as error:  # closed already: the locks went with it
             log.debug("closing the lock connection: %s", describe(error))
-

@@ -30,7 +30,7 @@ from collectors.cluster import Member, membership, owner
 from kneepoint.store.db import connect_store
 from kneepoint.store.models import JobHealthRow, NotificationRow
 from kneepoint.twin.fleet import Fleet, FleetSpec
-from tests.conftest import migrated
+from tests.conftest import MetricsServer, migrated
 from tests.postgres import running_postgres
 
 pytestmark = [pytest.mark.real, pytest.mark.timeout(240)]
@@ -48,6 +48,12 @@ SPEC = {
     ],
 }
 TARGETS = [*REPLICAS, "gpu-node"]
+
+
+@pytest.fixture(scope="module")
+def postgres() -> Iterator[Callable[[], str]]:
+    with running_postgres() as fresh:
+        yield fresh
 
 
 @dataclass
@@ -171,7 +177,9 @@ def write_config(path: Path, url: str, twin: int, hook: int, collector: str) -> 
     return path
 
 
-def test_collectors_split_the_targets_and_a_killed_leader_is_replaced(tmp_path: Path) -> None:
+def test_collectors_split_the_targets_and_a_killed_leader_is_replaced(
+    tmp_path: Path, postgres: Callable[[], str]
+) -> None:
     fleet = Fleet(FleetSpec.model_validate(SPEC)).start()
     processes: dict[str, subprocess.Popen[bytes]] = {}
     logs: dict[str, Path] = {}
@@ -187,8 +195,8 @@ def test_collectors_split_the_targets_and_a_killed_leader_is_replaced(tmp_path: 
         return "\n".join(f"--- {n}\n{p.read_text()[-1500:]}" for n, p in logs.items())
 
     try:
-        with running_postgres() as fresh, counting(fleet) as twin, receiving() as hook:
-            url = fresh()
+        with counting(fleet) as twin, receiving() as hook:
+            url = postgres()
             configs = {
                 name: write_config(tmp_path / f"{name}.yaml", url, twin.port, hook.port, name)
                 for name in ("c1", "c2", "c3")
@@ -246,8 +254,10 @@ def test_collectors_split_the_targets_and_a_killed_leader_is_replaced(tmp_path: 
             # Each member's row says how many targets it holds.
             until(
                 "held counts recorded",
-                lambda: sorted((m.targets or 0) for m in by_process().values())
-                == sorted(list(three.values()).count(n) for n in ("c1", "c2", "c3")),
+                lambda: (
+                    sorted((m.targets or 0) for m in by_process().values())
+                    == sorted(list(three.values()).count(n) for n in ("c1", "c2", "c3"))
+                ),
             )
 
             # A target goes down: the leader notifies once.
@@ -317,8 +327,9 @@ def test_collectors_split_the_targets_and_a_killed_leader_is_replaced(tmp_path: 
             assert all(m.pid != processes[stopping].pid for m in members())
             until(
                 f"{staying} alone, holding every target",
-                lambda: [(n, m.targets) for n, m in by_process().items()]
-                == [(staying, len(TARGETS))],
+                lambda: (
+                    [(n, m.targets) for n, m in by_process().items()] == [(staying, len(TARGETS))]
+                ),
                 tails,
             )
     finally:
@@ -327,3 +338,94 @@ def test_collectors_split_the_targets_and_a_killed_leader_is_replaced(tmp_path: 
                 process.kill()
                 process.wait(10)
         fleet.stop()
+
+
+def test_rendezvous_moves_only_the_targets_of_the_member_that_joins_or_leaves() -> None:
+    targets = [f"replica-{i}" for i in range(300)]
+    members = ["host-a:1:aa", "host-b:2:bb", "host-c:3:cc"]
+    before = {t: owner(t, members) for t in targets}
+    joined = {t: owner(t, [*members, "host-d:4:dd"]) for t in targets}
+    left = {t: owner(t, members[:2]) for t in targets}
+    assert {joined[t] for t in targets if joined[t] != before[t]} == {"host-d:4:dd"}
+    assert {before[t] for t in targets if left[t] != before[t]} == {"host-c:3:cc"}
+    # Each member holds a share: no member takes none of 300 (a bad hash would).
+    assert all(list(before.values()).count(m) > 50 for m in members)
+
+
+def test_a_follower_skips_leader_jobs_without_a_trace_in_job_health(
+    tmp_path: Path, postgres: Callable[[], str]
+) -> None:
+    """In one process, two Cluster members of one PostgreSQL database: one leads; the
+    follower's leader-only job returns NOT_LEADER and job_health records nothing for it;
+    when the leader leaves, the follower leads at its next try."""
+    from apscheduler.events import EVENT_JOB_EXECUTED, JobExecutionEvent
+
+    from collectors.cluster import NOT_LEADER, Cluster
+    from collectors.schedule import record_job_event, standard_jobs
+    from kneepoint.config import load_config
+
+    config_file = tmp_path / "k.yaml"
+    config_file.write_text(f"database: '{postgres()}'\ncollector: {{lease: 30s}}\n")
+    config = load_config(migrated(config_file))
+    sessions = connect_store(config.database)
+    first, second = Cluster(config, sessions, time.time), Cluster(config, sessions, time.time)
+    try:
+        first.beat()
+        second.beat()
+        assert first.is_leader() and not second.is_leader()
+        jobs = standard_jobs(config, sessions, time.time, second)
+        alerts = next(j for j in jobs if j.id == "alerts")
+        result = alerts.func()
+        assert result is NOT_LEADER
+        event = JobExecutionEvent(EVENT_JOB_EXECUTED, "alerts", None, None, retval=result)
+        record_job_event(sessions, event, time.time)
+        with sessions() as session:
+            assert session.get(JobHealthRow, "alerts") is None
+            found = {m.id: m for m in membership(session, config.collector.lease, time.time())}
+        assert found[first.id].leader and found[first.id].live
+        assert not found[second.id].leader and found[second.id].live
+        first.leave()
+        assert second.is_leader()
+        with sessions() as session:
+            found = {m.id: m for m in membership(session, config.collector.lease, time.time())}
+        assert list(found) == [second.id] and found[second.id].leader
+    finally:
+        first.leave()
+        second.leave()
+
+
+def test_on_sqlite_one_collector_scrapes_everything_and_is_shown_without_a_leader(
+    tmp_path: Path, metrics_server: MetricsServer
+) -> None:
+    from typer.testing import CliRunner
+
+    from collectors.cluster import Cluster
+    from collectors.schedule import scrape_job
+    from kneepoint.cli import app
+    from kneepoint.config import load_config
+    from tests.conftest import VLLM_032, Route
+
+    metrics_server.routes = {f"/{n}": Route(VLLM_032.read_bytes()) for n in ("a", "b", "c")}
+    config_file = tmp_path / "k.yaml"
+    config_file.write_text(
+        f"database: sqlite:///{tmp_path / 'k.db'}\ntargets:\n"
+        + "".join(
+            f"  - {{name: {n}, kind: vllm, url: '{metrics_server.url(f'/{n}')}'}}\n"
+            for n in ("a", "b", "c")
+        )
+    )
+    config = load_config(migrated(config_file))
+    sessions = connect_store(config.database)
+    cluster = Cluster(config, sessions, time.time)
+    assert cluster.is_leader()  # no election: every collector runs every job
+    scrape_job(config, sessions, time.time, cluster)
+    cluster.beat()
+    assert metrics_server.hits == {"/a": 1, "/b": 1, "/c": 1}
+    result = CliRunner().invoke(app, ["health", "--json", "--config", str(config_file)])
+    report = json.loads(result.output)
+    assert report["leader"] is None
+    (shown,) = report["collectors"]
+    assert shown["id"] == cluster.id and shown["live"] and shown["targets"] == 3
+    cluster.leave()
+    result = CliRunner().invoke(app, ["health", "--json", "--config", str(config_file)])
+    assert json.loads(result.output)["collectors"] == []
