@@ -353,13 +353,16 @@ def test_rendezvous_moves_only_the_targets_of_the_member_that_joins_or_leaves() 
 
 
 def test_a_follower_skips_leader_jobs_without_a_trace_in_job_health(
-    tmp_path: Path, postgres: Callable[[], str]
+    tmp_path: Path, postgres: Callable[[], str], monkeypatch: pytest.MonkeyPatch
 ) -> None:
     """In one process, two Cluster members of one PostgreSQL database: one leads; the
     follower's leader-only job returns NOT_LEADER and job_health records nothing for it;
-    when the leader leaves, the follower leads at its next try."""
+    the Collector health page shows both and the leader; when the leader leaves, the
+    follower leads at its next try."""
     from apscheduler.events import EVENT_JOB_EXECUTED, JobExecutionEvent
+    from streamlit.testing.v1 import AppTest
 
+    import alerts.evaluate  # AppTest puts app/screens (with alerts.py) first on the path
     from collectors.cluster import NOT_LEADER, Cluster
     from collectors.schedule import record_job_event, standard_jobs
     from kneepoint.config import load_config
@@ -384,6 +387,16 @@ def test_a_follower_skips_leader_jobs_without_a_trace_in_job_health(
             found = {m.id: m for m in membership(session, config.collector.lease, time.time())}
         assert found[first.id].leader and found[first.id].live
         assert not found[second.id].leader and found[second.id].live
+        monkeypatch.setenv("KNEEPOINT_CONFIG", str(config_file))
+        root = Path(__file__).resolve().parents[2]
+        page = AppTest.from_file(str(root / "app/screens/health.py"), default_timeout=60).run()
+        assert not page.exception, [e.value for e in page.exception]
+        table = next(f.value for f in page.dataframe if "leader" in f.value.columns)
+        assert dict(zip(table["id"], table["leader"], strict=True)) == {
+            first.id: True,
+            second.id: False,
+        }
+        assert any(first.id in caption.value for caption in page.caption)
         first.leave()
         assert second.is_leader()
         with sessions() as session:
