@@ -17,8 +17,10 @@ owner for every target from the same member list, without talking to the others,
 join or a death moves only the targets that belong to the newcomer or the dead one.
 Members read the list at the start of their own rounds, which are not aligned, so around a
 change a target may be scraped twice in one round (the newcomer already counts itself, the
-others not yet: the second sample of the same moment is refused as not newer, and counted
-in `samples_refused`) or missed for one round (a clean leave seen late by the others). A
+others not yet: two valid samples a fraction of an interval apart; in Prometheus mode the
+same scrape read twice, the second refused as not newer and counted in `samples_refused`)
+or missed for one round (a member's death or leave seen by the others only at their next
+round; with pg_locks unreadable, a killed member's targets wait for its lease to run out). A
 collector whose own connection broke keeps its share while the others have taken it over:
 overlap, never a gap, until it reconnects.
 
