@@ -12,7 +12,6 @@ the round; the scheduler records it and the next round starts afresh.
 
 from __future__ import annotations
 
-import asyncio
 import logging
 import math
 from dataclasses import dataclass
@@ -61,7 +60,7 @@ def collect_once(
     config: Config, sessions: sessionmaker[Session], clock: Clock = system_clock
 ) -> list[Outcome]:
     """Scrape every configured target once and store what came back."""
-    fetched = asyncio.run(fetch_all(list(config.targets), clock))
+    fetched = fetch_all(list(config.targets), clock)
     return store_fetched(fetched, sessions)
 
 

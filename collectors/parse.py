@@ -71,6 +71,7 @@ def parse_exposition(
     decided: dict[str, str | None] = {}  # a line's name -> its canonical name, None: unwanted
     count = 0
     canonical_form, label_pairs = _CANONICAL_REST.fullmatch, _LABEL_PAIR.findall
+    seen, samples = parsed._seen, parsed.samples
     for number, line in enumerate(text.split("\n"), start=1):
         if not line or line[0] == "#":
             continue
@@ -96,8 +97,31 @@ def parse_exposition(
         if match is None:
             _parse_line(parsed, canonical + line[len(name) :])
             continue
-        labels, value = match.groups()
-        _add(parsed, canonical, dict(label_pairs(labels)) if labels else {}, value)
+        labels_text, value_text = match.groups()
+        try:
+            value = float(value_text)
+        except ValueError:
+            raise ScrapeFormatError(
+                f"malformed exposition: line {number} has value {value_text!r}"
+            ) from None
+        if value - value != 0.0:  # NaN or ±Inf: no usable number
+            parsed.dropped += 1
+            continue
+        labels = dict(label_pairs(labels_text)) if labels_text else {}
+        # _add's duplicate check, inline: this runs for every kept line of every scrape.
+        key = (canonical, frozenset(labels.items()))
+        prior = seen.get(key)
+        if prior is None:
+            seen[key] = value
+            series = samples.get(canonical)
+            if series is None:
+                samples[canonical] = [(labels, value)]
+            else:
+                series.append((labels, value))
+        elif prior != value:
+            raise ScrapeFormatError(
+                f"duplicate series {canonical}{labels} with different values ({prior} and {value})"
+            )
     return parsed
 
 
@@ -120,13 +144,10 @@ def _parse_line(parsed: ParsedScrape, line: str) -> None:
         raise ScrapeFormatError(f"malformed exposition: {error}") from error
 
 
-def _add(parsed: ParsedScrape, name: str, labels: dict[str, str], value: float | str) -> None:
+def _add(parsed: ParsedScrape, name: str, labels: dict[str, str], value: float) -> None:
     # The parser gives an int for a value written without a decimal point ("0", as DCGM and
     # Prometheus's API write them): every stored number is a float.
-    try:
-        value = float(value)
-    except ValueError:
-        raise ScrapeFormatError(f"malformed exposition: {name} has value {value!r}") from None
+    value = float(value)
     if not math.isfinite(value):
         parsed.dropped += 1
         return
