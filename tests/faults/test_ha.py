@@ -362,7 +362,7 @@ def test_a_follower_skips_leader_jobs_without_a_trace_in_job_health(
     from apscheduler.events import EVENT_JOB_EXECUTED, JobExecutionEvent
     from streamlit.testing.v1 import AppTest
 
-    import alerts.evaluate  # AppTest puts app/screens (with alerts.py) first on the path
+    import alerts.evaluate  # noqa: F401  AppTest puts app/screens (with alerts.py) first
     from collectors.cluster import NOT_LEADER, Cluster
     from collectors.schedule import record_job_event, standard_jobs
     from kneepoint.config import load_config
@@ -377,8 +377,8 @@ def test_a_follower_skips_leader_jobs_without_a_trace_in_job_health(
         second.beat()
         assert first.is_leader() and not second.is_leader()
         jobs = standard_jobs(config, sessions, time.time, second)
-        alerts = next(j for j in jobs if j.id == "alerts")
-        result = alerts.func()
+        evaluation = next(j for j in jobs if j.id == "alerts")
+        result = evaluation.func()
         assert result is NOT_LEADER
         event = JobExecutionEvent(EVENT_JOB_EXECUTED, "alerts", None, None, retval=result)
         record_job_event(sessions, event, time.time)
@@ -442,3 +442,72 @@ def test_on_sqlite_one_collector_scrapes_everything_and_is_shown_without_a_leade
     cluster.leave()
     result = CliRunner().invoke(app, ["health", "--json", "--config", str(config_file)])
     assert json.loads(result.output)["collectors"] == []
+
+
+def test_in_prometheus_mode_each_collector_reads_and_stores_its_share(
+    tmp_path: Path, postgres: Callable[[], str]
+) -> None:
+    """Two members of one PostgreSQL database reading a real Prometheus that scrapes the
+    twin: each round stores only the member's own targets, and the two cover them all."""
+    import httpx
+
+    from collectors.cluster import Cluster
+    from collectors.schedule import collect_round
+    from kneepoint.config import Config, PrometheusSource
+    from kneepoint.secrets import SecretURL
+    from kneepoint.store.models import TargetRow
+    from tests.real.prometheus_server import running_prometheus
+
+    fleet = Fleet(FleetSpec.model_validate(SPEC)).start()
+    try:
+        targets = fleet.targets()
+        jobs = {
+            kind: [
+                t.url.reveal().removeprefix("http://").removesuffix("/metrics")
+                for t in targets
+                if t.kind == kind
+            ]
+            for kind in ("vllm", "dcgm")
+        }
+        with running_prometheus(tmp_path / "prometheus", jobs, "1s") as url:
+            database = postgres()
+            config_file = tmp_path / "k.yaml"
+            config_file.write_text(f"database: '{database}'\n")
+            migrated(config_file)
+            config = Config(
+                database=SecretURL(database),
+                targets=targets,
+                prometheus=PrometheusSource(
+                    url=SecretURL(url),
+                    vllm_selector='{job="vllm"}',
+                    dcgm_selector='{job="dcgm"}',
+                ),
+            )
+            sessions = connect_store(config.database)
+
+            def scraped_all() -> bool:
+                found = httpx.get(f"{url}/api/v1/query", params={"query": "up == 1"}).json()
+                return len(found["data"]["result"]) == len(targets)
+
+            until("Prometheus scraping every target", scraped_all)
+            members = [Cluster(config, sessions, time.time) for _ in range(2)]
+            try:
+                for member in members:
+                    member.beat()
+                ids = [m.id for m in members]
+                rounds = [
+                    {o.target for o in collect_round(config, sessions, time.time, m) if o.ok}
+                    for m in members
+                ]
+            finally:
+                for member in members:
+                    member.leave()
+            for member_id, stored in zip(ids, rounds, strict=True):
+                assert stored == {t.name for t in targets if owner(t.name, ids) == member_id}
+            assert rounds[0] | rounds[1] == {t.name for t in targets}
+            with sessions() as session:
+                assert all(
+                    row.last_success_at is not None for row in session.scalars(select(TargetRow))
+                )
+    finally:
+        fleet.stop()
