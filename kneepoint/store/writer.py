@@ -3,7 +3,8 @@
 from __future__ import annotations
 
 import json
-from collections.abc import Iterable
+from collections.abc import Iterable, Iterator
+from contextlib import contextmanager
 from functools import lru_cache
 from typing import Any, cast
 
@@ -37,9 +38,40 @@ _SCRAPE_ERRORS = cast(Table, ScrapeErrorRow.__table__)
 _TARGET_BY_ID = _TARGETS.c.id == bindparam("target_id")
 _GPU_BY_ID = _GPUS.c.id == bindparam("gpu_id")
 _GPU_IDENTITY = ("uuid", "model", "pod", "namespace")
+_MARK_UP = update(_TARGETS).where(_TARGET_BY_ID)
+_ADD_REPLICA_SAMPLES = insert(_REPLICA_SAMPLES)
+_ADD_GPU_SAMPLES = insert(_GPU_SAMPLES)
+_QUEUE = "kneepoint_queued_rows"  # session.info key of batch()'s queue
 _GPUS_OF_TARGET = select(
     _GPUS.c.id, _GPUS.c.host, _GPUS.c.gpu_index, *(_GPUS.c[name] for name in _GPU_IDENTITY)
 ).where(_GPUS.c.target_id == bindparam("target_id"))
+
+
+@contextmanager
+def batch(session: Session) -> Iterator[None]:
+    """Within the block, the rows record_replica and record_gpus write (samples and each
+    target's health) are queued, then written when it ends, one statement per table and set
+    of columns: a round of 500 targets is a handful of executemany statements, not a
+    thousand statements. If the block raises, nothing queued is written."""
+    queued: dict[tuple[object, tuple[str, ...]], list[dict[str, object]]] = {}
+    session.info[_QUEUE] = queued
+    try:
+        yield
+    finally:
+        del session.info[_QUEUE]
+    connection = session.connection()
+    for (statement, _), rows in queued.items():
+        connection.execute(statement, rows)  # type: ignore[call-overload]
+
+
+def _write(session: Session, statement: object, rows: list[dict[str, object]]) -> None:
+    """Execute `statement` for `rows` now, or queue them in the open batch()."""
+    queued = session.info.get(_QUEUE)
+    if queued is None:
+        session.connection().execute(statement, rows)  # type: ignore[call-overload]
+        return
+    for row in rows:
+        queued.setdefault((statement, tuple(row)), []).append(row)
 
 
 def ensure_targets(
@@ -80,6 +112,11 @@ def _new_id(result: CursorResult[Any]) -> int:
     key = result.inserted_primary_key
     assert key is not None
     return int(key[0])
+
+
+@lru_cache(maxsize=1024)
+def _bounds_text(bounds: tuple[float, ...]) -> str:
+    return encode_bounds(bounds)
 
 
 @lru_cache(maxsize=4096)
@@ -153,7 +190,7 @@ def record_replica_history(
         },
     )
     rows = [_replica_row(session, target_id, t, sample) for t, sample in samples]
-    session.connection().execute(insert(_REPLICA_SAMPLES), rows)
+    _write(session, _ADD_REPLICA_SAMPLES, rows)
 
 
 def _replica_row(
@@ -169,7 +206,7 @@ def _replica_row(
         "accepted_per_position": encode_floats(sample.accepted_per_position),
     }
     for name, histogram in sample.histograms.items():
-        layout = _layout_id(session, encode_bounds(histogram.bounds))
+        layout = _layout_id(session, _bounds_text(histogram.bounds))
         row[f"hist_{name}"] = encode_histogram(layout, histogram)
     return row
 
@@ -202,7 +239,7 @@ def record_gpu_history(
             }
         )
     if rows:
-        session.connection().execute(insert(_GPU_SAMPLES), rows)
+        _write(session, _ADD_GPU_SAMPLES, rows)
 
 
 def _mark_up(session: Session, target_id: int, ts: float, details: dict[str, object]) -> None:
@@ -214,9 +251,7 @@ def _mark_up(session: Session, target_id: int, ts: float, details: dict[str, obj
         "consecutive_failures": 0,
         **details,
     }
-    session.connection().execute(
-        update(_TARGETS).where(_TARGET_BY_ID), [{"target_id": target_id, **values}]
-    )
+    _write(session, _MARK_UP, [{"target_id": target_id, **values}])
 
 
 def _gpu_ids(
