@@ -8,6 +8,7 @@ data went missing: it stays firing and says "no data". The built-ins keep that d
 from __future__ import annotations
 
 from kneepoint.config import Config, ConfigError, Rule
+from kneepoint.derived.stall import STALL_AFTER
 
 # Every metric a rule can watch: what alerts.values computes per replica (and the fleet).
 METRICS = {
@@ -25,6 +26,8 @@ METRICS = {
     "ttft_p99_seconds": "p99 time to first token over the window (s)",
     "itl_p99_seconds": "p99 inter-token latency over the window (s)",
     "up": "1 if the last scrape succeeded, 0 if it failed (no data once the target is stale)",
+    "engine_stalled": "1 while requests run or wait and no prompt or generation token is "
+    "counted between scrapes (kneepoint.derived.stall), 0 otherwise",
     "xid_errors": "GPUs of the replica reporting an XID error",
     "stale_targets": "targets (fleet) not scraped for over 2 scrape intervals plus a grace",
     "alert_pipeline_problems": "fleet: alerts or deliver job failing or overdue, plus one if "
@@ -131,6 +134,22 @@ BUILT_IN = tuple(
             "for": 1 * MINUTE,
             "severity": "page",
             "runbook": "kneepoint cannot scrape the replica (see Collector health).",
+        },
+        {
+            # The API server answers, the engine does nothing: requests running or waiting
+            # and no token counted for `for` (60 s by default: above a normal long prefill,
+            # whose prompt tokens vLLM counts only when it ends; kneepoint.derived.stall).
+            # The same `for` is how long `kneepoint status` waits before `stalled: true`.
+            "name": "engine-stalled",
+            "metric": "engine_stalled",
+            "op": "==",
+            "threshold": 1,
+            "for": STALL_AFTER,
+            "severity": "page",
+            "runbook": "The replica answers its scrapes but its engine produces no token while "
+            "requests wait: the engine core is wedged or dead (a hung GPU, a NCCL hang, a "
+            "crashed engine process). Check the server's log and the GPU, then restart the "
+            "replica and route traffic away meanwhile.",
         },
         {
             # The scrape job stopped, is stuck, or cannot write: every other rule is

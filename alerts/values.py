@@ -25,6 +25,15 @@ def _p99(block: dict[str, float | None] | None) -> float | None:
     return None if block is None else block.get("p99")
 
 
+def _stalled(replica: dict[str, Any]) -> float | None:
+    """1 while work has sat with frozen counters since the previous sample (any length: the
+    `engine-stalled` rule's `for` is the time it must last), 0 when not (and for a target
+    whose scrapes fail: that is `target-down`), None without data (kneepoint.status._stall)."""
+    if replica.get("stalled") is None:
+        return None
+    return 1.0 if replica.get("stall_seconds") else 0.0
+
+
 def _drop(baseline: float | None, now: float | None) -> float | None:
     return None if baseline is None or now is None else baseline - now
 
@@ -56,6 +65,7 @@ def replica_values(
         "ttft_p99_seconds": _p99(replica["ttft_seconds"]),
         "itl_p99_seconds": _p99(replica["itl_seconds"]),
         "up": None if up is None else float(up),
+        "engine_stalled": _stalled(replica),
         "xid_errors": float(sum(1 for g in gpus if g.get("xid_error")))
         if gpus and any(g.get("xid_error") is not None for g in gpus)
         else None,

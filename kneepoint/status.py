@@ -19,10 +19,11 @@ from kneepoint.counters import increase
 from kneepoint.derived import ratios
 from kneepoint.derived.cost import per_million, window_cost
 from kneepoint.derived.latency import quantiles
+from kneepoint.derived.stall import PROGRESS, STALL_AFTER, Point, stalled_since
 from kneepoint.derived.window import Window, frame_windows, merge
 from kneepoint.samples import QUANTITIES
 from kneepoint.store import queries
-from kneepoint.store.models import TargetRow
+from kneepoint.store.models import RAW, TargetRow
 
 
 def build_status(
@@ -67,6 +68,7 @@ def build_status(
         stale = row is not None and is_stale(row.last_scrape_at, config, now)
         kind = config.target(name).kind
         replicas.append(_replica(name, kind, row, frame, span, mine, cost, busy_now, stale))
+        replicas[-1].update(_stall(session, config, row, frame, stale))
         windows.append(span)
         costs.append(cost)
     return {
@@ -230,6 +232,83 @@ def _replica(
             if key in result:
                 result[key] = None
     return result
+
+
+# How far back `stalled_since` looks for the start of a stall that fills the whole window.
+STALL_LOOKBACK = 86400.0
+STALL_RULE = "engine-stalled"
+
+
+def stall_after(config: Config) -> float:
+    """Seconds of work present with frozen counters before a replica counts as stalled: the
+    `engine-stalled` rule's `for` (a config rule of that name overrides it), 60 s by
+    default (kneepoint.derived.stall.STALL_AFTER)."""
+    own = [rule.for_ for rule in config.rules if rule.name == STALL_RULE]
+    return own[-1] if own else STALL_AFTER
+
+
+def _points(frame: pd.DataFrame) -> list[Point]:
+    def column(key: str) -> list[float | None]:
+        return _column(frame, key) or [None] * len(frame)
+
+    return [
+        Point(float(ts), *values)
+        for ts, *values in zip(
+            frame["ts"],
+            column("requests_running"),
+            column("requests_waiting"),
+            *(column(key) for key in PROGRESS),
+            strict=True,
+        )
+    ]
+
+
+def _stall(
+    session: Session, config: Config, row: TargetRow | None, frame: pd.DataFrame, stale: bool
+) -> dict[str, Any]:
+    """The replica's stall (kneepoint.derived.stall): `stall_seconds`, how long work has sat
+    with frozen counters up to the latest sample (0: the counters moved or nothing is
+    queued), `stalled` once that reaches stall_after, and `stalled_since`, when it began.
+    No data (null) without samples, for a stale target, or when the engine has no token
+    counters; a target whose last scrape failed is down, not stalled (`target-down`)."""
+    none = {"stalled": None, "stalled_since": None, "stall_seconds": None}
+    if row is None or frame.empty or stale:
+        return none
+    if row.up is False:
+        return {**none, "stalled": False}
+    latest = frame.iloc[-1]
+    if all(_value(latest, key) is None for key in PROGRESS):
+        return none
+    gap = stale_after(config)
+    # The stall can only be in the latest rows: read back from the end, and before the
+    # window when it fills the window.
+    since: float | None = None
+    size = 16
+    while True:
+        tail = frame.iloc[-size:]
+        since = stalled_since(_points(tail), max_gap=gap)
+        if since is None or since > float(tail["ts"].iloc[0]) or size >= len(frame):
+            break
+        size *= 4
+    first = float(frame["ts"].iloc[0])
+    if since is not None and since <= first:
+        before = queries.replica_frame(
+            session,
+            first - STALL_LOOKBACK,
+            first,
+            target_ids=[row.id],
+            columns=("requests_running", "requests_waiting", *PROGRESS[:2]),
+            coarsest=RAW,
+        )
+        longer = stalled_since(_points(before) + _points(frame), max_gap=gap)
+        since = since if longer is None else min(since, longer)
+    lasted = 0.0 if since is None else float(latest["ts"]) - since
+    stalled = since is not None and lasted >= stall_after(config)
+    return {
+        "stalled": stalled,
+        "stalled_since": iso(since) if stalled and since is not None else None,
+        "stall_seconds": lasted,
+    }
 
 
 def _fleet(

@@ -49,9 +49,11 @@ PROGRESS = ("prompt_tokens", "generation_tokens", "engine_steps")
 
 
 class StallSample(Protocol):
-    """What a stored replica sample must have: kneepoint.store.models.ReplicaSampleRow rows
-    fit as they are; `Point` is a plain one. A sample may also have `engine_steps` (a
-    cumulative step/iteration counter), read where present."""
+    """What a stored replica sample must have: a time and its queues; its cumulative
+    progress counters `prompt_tokens`, `generation_tokens` and (where the engine has a
+    step/iteration counter) `engine_steps` are read where present (None or missing:
+    unknown). kneepoint.store.models.ReplicaSampleRow rows fit as they are (their counter
+    columns are set at import, out of a type checker's sight); `Point` is a plain one."""
 
     @property
     def ts(self) -> float: ...
@@ -61,12 +63,6 @@ class StallSample(Protocol):
 
     @property
     def requests_waiting(self) -> float | None: ...
-
-    @property
-    def prompt_tokens(self) -> float | None: ...
-
-    @property
-    def generation_tokens(self) -> float | None: ...
 
 
 @dataclass(frozen=True)

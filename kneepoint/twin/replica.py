@@ -46,6 +46,7 @@ class Replica:
         self._origin = time.monotonic()
         self._lock = threading.Condition()
         self._stopping = False
+        self._stalled = False  # stall(): the engine makes no step, the server still answers
         self._thread = threading.Thread(target=self._run, name=f"twin-{name}", daemon=True)
         self._pending: list[tuple[queue.Queue[Tokens], Tokens]] = []  # this step's tokens
 
@@ -58,6 +59,18 @@ class Replica:
             self._stopping = True
             self._lock.notify_all()
         self._thread.join(timeout=5)
+
+    def stall(self) -> None:
+        """Wedge the engine as a SIGSTOPped vLLM engine core: requests are still accepted and
+        /metrics still answers with them running and waiting, but no step runs, so no token
+        counter moves (the `engine-stalled` rule's failure). resume() undoes it."""
+        with self._lock:
+            self._stalled = True
+
+    def resume(self) -> None:
+        with self._lock:
+            self._stalled = False
+            self._lock.notify_all()
 
     @property
     def engine_name(self) -> str:
@@ -116,7 +129,7 @@ class Replica:
     def _run(self) -> None:
         while True:
             with self._lock:
-                while self.engine.idle and not self._stopping:
+                while (self.engine.idle or self._stalled) and not self._stopping:
                     self._lock.wait()
                 if self._stopping:
                     return
