@@ -33,7 +33,9 @@ class ParsedScrape:
 
     samples: dict[str, Series] = field(default_factory=dict)
     dropped: int = 0
-    _seen: dict[tuple[str, frozenset[tuple[str, str]]], float] = field(
+    # Series seen, for the duplicate check: by (name, label text) for lines in the canonical
+    # form, by (name, frozenset of labels) for the others.
+    _seen: dict[tuple[str, str | frozenset[tuple[str, str]]], float] = field(
         default_factory=dict, repr=False
     )
 
@@ -63,23 +65,22 @@ def parse_exposition(
     set, exemplars, a malformed line) goes to prometheus_client's parser, which accepts or
     refuses it as it always did. The fast path is five times cheaper (bench_prometheus.py).
     """
-    if not text.strip():
+    if not text or text.isspace():
         raise ScrapeFormatError("the response body is empty")
-    if not text.endswith("\n"):
+    if text[-1] != "\n":
         raise ScrapeFormatError("the response ends mid-line (truncated body)")
+    lines = text.split("\n")
+    if len(lines) > max_series and _sample_lines(lines) > max_series:
+        raise ScrapeFormatError(
+            f"more than {max_series} series (max_series); a label per request or user?"
+        )
     parsed = ParsedScrape()
     decided: dict[str, str | None] = {}  # a line's name -> its canonical name, None: unwanted
-    count = 0
     canonical_form, label_pairs = _CANONICAL_REST.fullmatch, _LABEL_PAIR.findall
     seen, samples = parsed._seen, parsed.samples
-    for number, line in enumerate(text.split("\n"), start=1):
-        if not line or line[0] == "#":
+    for line in lines:
+        if line[:1] in "#":  # a comment, or an empty line
             continue
-        count += 1
-        if count > max_series:
-            raise ScrapeFormatError(
-                f"more than {max_series} series (max_series); a label per request or user?"
-            )
         name = line.partition(" ")[0].partition("{")[0]
         if name in decided:
             canonical = decided[name]
@@ -90,6 +91,7 @@ def parse_exposition(
             elif _METRIC_NAME.fullmatch(name):
                 canonical = decided[name] = None
             else:
+                number = lines.index(line) + 1
                 raise ScrapeFormatError(f"line {number} is not a metric sample: {line[:60]!r}")
         if canonical is None:
             continue
@@ -101,6 +103,7 @@ def parse_exposition(
         try:
             value = float(value_text)
         except ValueError:
+            number = lines.index(line) + 1
             raise ScrapeFormatError(
                 f"malformed exposition: line {number} has value {value_text!r}"
             ) from None
@@ -108,8 +111,9 @@ def parse_exposition(
             parsed.dropped += 1
             continue
         labels = dict(label_pairs(labels_text)) if labels_text else {}
-        # _add's duplicate check, inline: this runs for every kept line of every scrape.
-        key = (canonical, frozenset(labels.items()))
+        # _add's duplicate check, inline (this runs for every kept line of every scrape), on
+        # the label text as written: exporters write a series' labels in one order.
+        key = (canonical, labels_text or "")
         prior = seen.get(key)
         if prior is None:
             seen[key] = value
@@ -132,6 +136,11 @@ _CANONICAL_REST = re.compile(
     rf"(?:\{{((?:{_LABEL}(?:,{_LABEL})*,?)?)\}})? ([^ _\n]+)(?: -?[0-9]+)?"
 )
 _LABEL_PAIR = re.compile(r'([a-zA-Z_][a-zA-Z0-9_]*)="([^"]*)"')
+
+
+def _sample_lines(lines: list[str]) -> int:
+    """How many of `lines` are samples (not comments, not empty)."""
+    return sum(1 for line in lines if line[:1] not in "#")
 
 
 def _parse_line(parsed: ParsedScrape, line: str) -> None:

@@ -82,3 +82,41 @@ def test_values_written_as_integers_are_floats() -> None:
     ttft = parse_vllm(integral).histograms["ttft"]
     assert ttft is not None and isinstance(ttft.total, float)
     encode_histogram(1, ttft)  # raised AttributeError on an int total
+
+
+# Lines the regular expression reads (canonical form) and lines it hands to prometheus_client
+# (escapes, spaces, timestamps, a trailing comma, tabs): both must read as prometheus_client
+# reads the whole body.
+FORMS = (
+    "plain 1\n"
+    'labelled{a="x",b="y"} 2.5\n'
+    'stamped{a="x"} 3 1700000000000\n'
+    'escaped{a="say \\"hi\\"",b="back\\\\slash",c="new\\nline"} 4\n'
+    'spaced{ a = "x" , b="y" } 5\n'
+    'comma{a="x",} 6\n'
+    'tabbed{a="x"}\t7\n'
+    'brace{a="}{"} 8\n'
+    "integral 9\n"
+    "exponent 1.5e3\n"
+    "negative -2\n"
+)
+
+
+def test_every_line_form_reads_as_prometheus_client_reads_it() -> None:
+    from prometheus_client.parser import text_string_to_metric_families
+
+    expected: dict[str, list[tuple[dict[str, str], float]]] = {}
+    for family in text_string_to_metric_families(FORMS):
+        for sample in family.samples:
+            expected.setdefault(sample.name, []).append((sample.labels, float(sample.value)))
+    parsed = parse_exposition(FORMS, everything)
+    assert parsed.samples == expected
+    assert all(type(value) is float for series in parsed.samples.values() for _, value in series)
+
+
+def test_max_series_counts_sample_lines_not_comments() -> None:
+    comments = "".join(f"# HELP m{i} help\n# TYPE m{i} gauge\n" for i in range(10))
+    samples = "".join(f'm{i}{{x="1"}} 1\n' for i in range(10))
+    assert len(parse_exposition(comments + samples, everything, max_series=10).samples) == 10
+    with pytest.raises(ScrapeFormatError, match="more than 9 series"):
+        parse_exposition(comments + samples, everything, max_series=9)
