@@ -1,22 +1,34 @@
 """One evaluation round over the store: the numbers (from the kernel's View, as the pages and
-the CLI show them), every rule, and the alerts' new states and history written back."""
+the CLI show them), every rule, and the alerts' new states and history written back.
+
+Maintenance windows (alerts/maintenance.py): an alert whose replica a window covers now is
+still evaluated, and its state and history are written as always (the Alerts page shows it
+firing), but its news is not sent: it goes to the outbox as `muted`, saying which window. When
+the window ends, an alert still firing whose last news was muted so is sent as firing at the
+next evaluation; one that resolved before anyone was told sends no resolution either. SLO
+numbers leave the windows' time out (`measure`)."""
 
 from __future__ import annotations
 
 from dataclasses import asdict
+from datetime import UTC, datetime
 
+import pandas as pd
 from sqlalchemy import select
 from sqlalchemy.orm import Session
 
-from alerts import slo
-from alerts.engine import FIRING, Alert, Transition, evaluate
-from alerts.outbox import enqueue
+from alerts import maintenance, slo
+from alerts.engine import FIRING, RESOLVED, Alert, Transition, evaluate
+from alerts.outbox import enqueue, notice_for, put
 from alerts.rules import effective_rules
 from alerts.values import FLEET, monitor_values, not_exposed, values
-from kneepoint.config import Config
+from kneepoint.config import ENGINE_KINDS, Config, Rule
+from kneepoint.derived import stall
+from kneepoint.derived.window import EdgeReader, Window, frame_windows, merge
 from kneepoint.secrets import Secret
-from kneepoint.status import build_status, fleet_window
-from kneepoint.store.models import AlertHistoryRow, AlertRow
+from kneepoint.status import build_status, stale_after
+from kneepoint.store import queries
+from kneepoint.store.models import AlertHistoryRow, AlertRow, NotificationRow
 from kneepoint.views import build_view
 
 WINDOW = 300.0  # rates, ratios and quantiles over the last five minutes
@@ -60,14 +72,13 @@ def burn_rates(
 ) -> dict[str, dict[float, float | None]]:
     """Each SLO's burn rate over every window the burn alerts use, for the fleet."""
     fleet = {
-        seconds: fleet_window(session, config, now, seconds) for seconds in slo.windows_needed()
+        seconds: measure(session, config, now - seconds, now) for seconds in slo.windows_needed()
     }
     rates: dict[str, dict[float, float | None]] = {}
     for s in config.slos:
         try:
             rates[s.name] = {
-                seconds: slo.burn_rate(s, window.histograms.get(s.metric))
-                for seconds, window in fleet.items()
+                seconds: slo.burn_rate(s, window.of(s)) for seconds, window in fleet.items()
             }
         except slo.ThresholdNotABound:  # said by `alerts eval` and the SLOs page; no burn
             rates[s.name] = {}
@@ -76,17 +87,102 @@ def burn_rates(
 
 def slo_problems(session: Session, config: Config, now: float) -> list[str]:
     """SLOs whose threshold is not a bucket bound of the histogram they read."""
-    fleet = fleet_window(session, config, now, slo.HOUR)
+    fleet = measure(session, config, now - slo.HOUR, now)
     problems = []
     for s in config.slos:
-        histogram = fleet.histograms.get(s.metric)
-        if histogram is None:
+        histogram = fleet.of(s)
+        if not isinstance(histogram, slo.Histogram):
             continue
         try:
             slo.check_threshold(s, histogram.bounds)
         except slo.ThresholdNotABound as error:
             problems.append(str(error))
     return problems
+
+
+def measure(session: Session, config: Config, since: float, until: float) -> slo.Measured:
+    """The fleet's histograms and availability counts over [since, until], without the time
+    maintenance windows cover: each replica's window is cut into the stretches no window
+    covers it, and every stretch is read on its own (increases within it, none across a
+    cut), then all are added up."""
+    names = {t.name for t in config.targets if t.kind in ENGINE_KINDS}
+    ids = {name: row.id for name, row in queries.targets(session).items() if name in names}
+    groups: dict[tuple[maintenance.Interval, ...], list[int]] = {}
+    for name, target_id in ids.items():
+        cut = tuple(maintenance.excluded(config.maintenance, name, since, until))
+        groups.setdefault(cut, []).append(target_id)
+    layouts = queries.histogram_layouts(session)
+    windows: list[Window] = []
+    availability = slo.Availability()
+    for cut, members in groups.items():
+        for start, end in maintenance.remaining(since, until, cut):
+            frame = queries.replica_frame(
+                session, start, end, sorted(members), columns=queries.LIGHT_COLUMNS
+            )
+            reader = None if "hist_ttft" in frame else _rows_at(session)
+            spans = frame_windows(frame, layouts, reader)
+            windows += spans.values()
+            stalled = _stalled_seconds(frame, config, start, end)
+            for target_id, window in spans.items():
+                availability += _availability(window, stalled.get(target_id, 0.0))
+    merged = merge(windows)
+    return slo.Measured(merged.histograms, availability if windows else None)
+
+
+def _rows_at(session: Session) -> EdgeReader:
+    return lambda keys: queries.replica_rows_at(session, keys)
+
+
+FINISHED = ("stop", "length", "abort", "error", "repetition")
+FAILED = ("abort", "error")
+
+
+def _availability(window: Window, stalled: float) -> slo.Availability:
+    def total(names: list[str]) -> float:
+        return sum(window.deltas.get(name) or 0.0 for name in names)
+
+    return slo.Availability(
+        finished=total([f"requests_finished_{r}" for r in FINISHED]),
+        failed=total([f"requests_finished_{r}" for r in FAILED]),
+        http=total(["http_requests"]),
+        http_failed=total(["http_requests_5xx"]),
+        seconds=window.seconds or 0.0,
+        stalled=stalled,
+    )
+
+
+STALL_COLUMNS = ("requests_running", "requests_waiting", "prompt_tokens", "generation_tokens")
+
+
+def _stalled_seconds(
+    frame: pd.DataFrame, config: Config, start: float, end: float
+) -> dict[int, float]:
+    """Seconds of [start, end] each replica in the frame was stalled (kneepoint/derived/
+    stall.py). Replicas with no stuck pair of samples at all are skipped before the
+    per-sample reading, in one vectorized pass."""
+    if frame.empty or any(c not in frame for c in STALL_COLUMNS):
+        return {}
+    groups = frame.groupby("target_id", sort=False)
+    work = frame.requests_running.fillna(0) + frame.requests_waiting.fillna(0) > 0
+    still = (groups.prompt_tokens.diff() == 0) & (groups.generation_tokens.diff() == 0)
+    stuck = work & work.groupby(frame.target_id).shift(fill_value=False) & still
+    out: dict[int, float] = {}
+    for target_id in frame.target_id[stuck].unique():
+        rows = frame[frame.target_id == target_id]
+        step = float(rows.ts.diff().median()) if len(rows) > 1 else 0.0
+        points = [
+            stall.Point(float(ts), _num(run), _num(wait), _num(prompt), _num(gen))
+            for ts, run, wait, prompt, gen in zip(
+                rows.ts, *(rows[c] for c in STALL_COLUMNS), strict=True
+            )
+        ]
+        intervals = stall.stalled_intervals(points, max_gap=max(stale_after(config), 2 * step))
+        out[int(target_id)] = maintenance.overlap(intervals, start, end)
+    return out
+
+
+def _num(value: object) -> float | None:
+    return None if value is None or pd.isna(value) else float(value)  # type: ignore[arg-type]
 
 
 def evaluate_once(session: Session, config: Config, now: float) -> list[Transition]:
@@ -115,12 +211,15 @@ def evaluate_once(session: Session, config: Config, now: float) -> list[Transiti
         and (notified.get(key) or alert.fired_at or now) <= now - config.repeat_interval
     ]
     news |= {r.alert.fingerprint for r in reminders}
+    muted, unmuted = _maintenance(session, config, rules, transitions + reminders, states, now)
+    news = (news - muted) | {u.alert.fingerprint for u in unmuted}
     for key in set(current) - set(states):  # pending that recovered before firing
         session.delete(session.get(AlertRow, key))
     for key, alert in states.items():
         sent = now if key in news else notified.get(key)
         session.merge(AlertRow(**asdict(alert), updated_at=now, notified_at=sent))
-    enqueue(session, config, rules, transitions + reminders, now, states)
+    outgoing = [c for c in transitions + reminders if c.alert.fingerprint not in muted]
+    enqueue(session, config, rules, outgoing + unmuted, now, states)
     for change in transitions:
         session.add(
             AlertHistoryRow(
@@ -138,13 +237,81 @@ def evaluate_once(session: Session, config: Config, now: float) -> list[Transiti
 
 
 def slo_reports(session: Session, config: Config, now: float) -> list[slo.Report]:
-    """Every SLO's compliance and budget over its window, and its burn rates, for the fleet."""
+    """Every SLO's compliance and budget over its window, and its burn rates, for the fleet,
+    maintenance windows left out."""
     fleet = {
-        seconds: fleet_window(session, config, now, seconds) for seconds in slo.windows_needed()
+        seconds: measure(session, config, now - seconds, now) for seconds in slo.windows_needed()
     }
+    wholes: dict[float, slo.Measured] = {}
     reports = []
     for s in config.slos:
-        whole = fleet_window(session, config, now, s.window).histograms.get(s.metric)
-        windows = {seconds: w.histograms.get(s.metric) for seconds, w in fleet.items()}
-        reports.append(slo.report(s, windows, whole))
+        if s.window not in wholes:
+            wholes[s.window] = measure(session, config, now - s.window, now)
+        windows = {seconds: w.of(s) for seconds, w in fleet.items()}
+        reports.append(slo.report(s, windows, wholes[s.window].of(s)))
     return reports
+
+
+MUTED_BY = "maintenance window"
+
+
+def _maintenance(
+    session: Session,
+    config: Config,
+    rules: list[Rule],
+    changes: list[Transition],
+    states: dict[str, Alert],
+    now: float,
+) -> tuple[set[str], list[Transition]]:
+    """Mute the news of alerts a maintenance window covers now (logged in the outbox as
+    `muted`, naming the window); return their fingerprints, and the firing alerts whose news
+    was muted by a window that has ended since, to be sent now (as firing)."""
+    if not config.maintenance:
+        return set(), []
+    by_name = {rule.name: rule for rule in rules}
+    muted: set[str] = set()
+    for change in changes:
+        rule = by_name.get(change.alert.rule)
+        news = change.after == FIRING or (change.after == RESOLVED and change.before == FIRING)
+        if rule is None or not news:
+            continue
+        window = maintenance.covering(config.maintenance, change.alert.replica, now)
+        if window is not None:
+            why = f"{MUTED_BY} {window.name!r} (until {_iso(window.end)})"
+        elif change.after == RESOLVED and _muted_last(session, change.alert.fingerprint):
+            why = f"{MUTED_BY}: its firing fell in one and was never sent"
+        else:
+            continue
+        muted.add(change.alert.fingerprint)
+        notice = notice_for(change, rule, config, now)
+        for name in rule.channels:  # kept, so the log says why nothing was sent
+            row = put(session, name, notice, now)
+            row.state, row.last_error = "muted", why
+    changing = {c.alert.fingerprint for c in changes}
+    unmuted = [
+        Transition(alert, FIRING, FIRING)
+        for key, alert in states.items()
+        if alert.state == FIRING
+        and key not in changing
+        and alert.rule in by_name
+        and maintenance.covering(config.maintenance, alert.replica, now) is None
+        and _muted_last(session, key)
+    ]
+    return muted, unmuted
+
+
+def _muted_last(session: Session, fingerprint: str) -> bool:
+    """Was this alert's last news muted by a maintenance window?"""
+    last = session.scalars(
+        select(NotificationRow)
+        .where(NotificationRow.alert_keys.contains(fingerprint))
+        .order_by(NotificationRow.id.desc())
+        .limit(1)
+    ).first()
+    return (
+        last is not None and last.state == "muted" and (last.last_error or "").startswith(MUTED_BY)
+    )
+
+
+def _iso(ts: float) -> str:
+    return datetime.fromtimestamp(ts, UTC).strftime("%Y-%m-%d %H:%M UTC")

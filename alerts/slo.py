@@ -8,7 +8,33 @@ window ÷ the share the objective allows (1 − objective): at 1 the budget last
 SLO window. Each alert pairs a long window with a short one (so it stops soon after the
 burning does) and fires when both burn faster than its factor; a factor is the share of the
 whole budget the long window may spend × SLO window ÷ long window (2 % of 30 days in an hour
-is 14.4)."""
+is 14.4).
+
+An availability SLO (`kind: availability`) counts what failed instead: its bad share over a
+window is
+
+    1 − (1 − failed requests' share) × (1 − stalled share)
+
+- The failed requests' share is the larger of two shares, each over the fleet: the engine's
+  (vLLM's finished requests whose `finished_reason` is `error` or `abort`, over all finished
+  requests: stop, length, abort, error, repetition) and the API server's (`http_requests_total`
+  with status 5xx over all its requests, where the server exposes it). Both count the same
+  requests at two layers, so they are not added: a request that failed in the engine and
+  answered 500 would count twice. The larger one also catches what only one layer sees (a
+  500 before the engine, a request aborted mid-stream after its 200).
+- The stalled share is the replica-seconds a replica was stalled (kneepoint/derived/stall.py:
+  work present, token counters frozen for 60 s or more) over the replica-seconds observed
+  (first to last sample of each replica). A stalled engine finishes nothing, so its failure
+  never reaches the request counters; its time counts as wholly bad instead.
+
+Read together: a request sent to the fleet at a random replica-second fails if that replica was
+stalled, and otherwise as often as finished requests failed. With no finished request and no
+stall in a window there is nothing to judge (no burn rate), as with a latency SLO's empty
+histogram.
+
+Maintenance windows (alerts/maintenance.py) are cut out of every window before any of this is
+counted, for both kinds: their requests, their stalled time and their observed time are left
+out of budgets and burn rates."""
 
 from __future__ import annotations
 
@@ -41,12 +67,58 @@ BURN_WINDOWS = (
 )
 
 
+@dataclass(frozen=True)
+class Availability:
+    """What an availability SLO counts over a window (sums over replicas and stretches)."""
+
+    finished: float = 0.0  # requests vLLM finished, for any reason
+    failed: float = 0.0  # of them: finished_reason error or abort
+    http: float = 0.0  # the API server's requests (http_requests_total), where exposed
+    http_failed: float = 0.0  # of them: status 5xx
+    seconds: float = 0.0  # replica-seconds observed
+    stalled: float = 0.0  # replica-seconds stalled
+
+    def __add__(self, other: Availability) -> Availability:
+        return Availability(
+            self.finished + other.finished,
+            self.failed + other.failed,
+            self.http + other.http,
+            self.http_failed + other.http_failed,
+            self.seconds + other.seconds,
+            self.stalled + other.stalled,
+        )
+
+    def request_share(self) -> float:
+        """The larger of the engine's and the API server's failed shares (0: none known)."""
+        engine = self.failed / self.finished if self.finished > 0 else 0.0
+        server = self.http_failed / self.http if self.http > 0 else 0.0
+        return max(engine, server)
+
+    def stalled_share(self) -> float:
+        return min(1.0, self.stalled / self.seconds) if self.seconds > 0 else 0.0
+
+
+@dataclass(frozen=True)
+class Measured:
+    """The fleet over one window, maintenance left out: what each kind of SLO reads."""
+
+    histograms: dict[str, Histogram | None]
+    availability: Availability | None
+
+    def of(self, slo: Slo) -> Histogram | Availability | None:
+        if slo.kind == "availability":
+            return self.availability
+        assert slo.metric is not None  # the config requires it for a latency SLO
+        return self.histograms.get(slo.metric)
+
+
 class ThresholdNotABound(ValueError):
     pass
 
 
 def check_threshold(slo: Slo, bounds: tuple[float, ...]) -> None:
     """The threshold must be a bucket bound of the histogram the SLO reads."""
+    assert slo.threshold is not None  # a latency SLO's (the config requires it)
     if not any(math.isclose(slo.threshold, b, rel_tol=1e-9) for b in bounds):
         finite = [b for b in bounds if math.isfinite(b)]
         below = max((b for b in finite if b < slo.threshold), default=None)
@@ -60,29 +132,37 @@ def check_threshold(slo: Slo, bounds: tuple[float, ...]) -> None:
         )
 
 
-def bad_share(slo: Slo, window: Histogram | None) -> float | None:
-    """Share of the window's requests slower than the threshold; None with no requests."""
+def bad_share(slo: Slo, window: Histogram | Availability | None) -> float | None:
+    """Share of the window's requests slower than the threshold (latency) or failed, with
+    stalled time (availability); None with nothing to judge."""
     if window is None:
         return None
+    if isinstance(window, Availability):
+        if window.finished <= 0 and window.http <= 0 and window.stalled <= 0:
+            return None
+        return 1.0 - (1.0 - window.request_share()) * (1.0 - window.stalled_share())
     check_threshold(slo, window.bounds)  # even with no requests yet: the SLO is wrong now
     if window.count <= 0:
         return None
-    index = next(i for i, b in enumerate(window.bounds) if math.isclose(b, slo.threshold))
+    threshold = slo.threshold
+    assert threshold is not None
+    index = next(i for i, b in enumerate(window.bounds) if math.isclose(b, threshold))
     return max(0.0, 1.0 - window.counts[index] / window.count)
 
 
-def burn_rate(slo: Slo, window: Histogram | None) -> float | None:
+def burn_rate(slo: Slo, window: Histogram | Availability | None) -> float | None:
     share = bad_share(slo, window)
     return None if share is None else share / (1.0 - slo.objective)
 
 
 @dataclass(frozen=True)
 class Budget:
-    compliance: float | None  # share of requests within the threshold over the SLO window
+    # Share of requests within the threshold (availability: good) over the SLO window.
+    compliance: float | None
     budget_left: float | None  # 1 − bad share ÷ allowed share (negative: overspent)
 
 
-def budget(slo: Slo, whole_window: Histogram | None) -> Budget:
+def budget(slo: Slo, whole_window: Histogram | Availability | None) -> Budget:
     share = bad_share(slo, whole_window)
     if share is None:
         return Budget(None, None)
@@ -159,7 +239,11 @@ class Report:
     problem: str | None = None
 
 
-def report(slo_: Slo, windows: dict[float, Histogram | None], whole: Histogram | None) -> Report:
+def report(
+    slo_: Slo,
+    windows: dict[float, Histogram | Availability | None],
+    whole: Histogram | Availability | None,
+) -> Report:
     try:
         rates = {seconds: burn_rate(slo_, h) for seconds, h in windows.items()}
         return Report(slo_, budget(slo_, whole), rates, burning(slo_, rates))

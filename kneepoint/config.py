@@ -5,6 +5,7 @@ from __future__ import annotations
 import os
 import re
 import string
+from datetime import UTC, datetime
 from pathlib import Path
 from typing import Annotated, Any, Literal
 
@@ -280,12 +281,88 @@ class Pricing(Strict):
 
 
 class Slo(Strict):
+    """A latency SLO (`metric` ≤ `threshold` for `objective` of requests) or, with `kind:
+    availability`, the share of requests that did not fail and time the engine was not
+    stalled (alerts/slo.py)."""
+
     name: str
-    metric: Literal["ttft", "itl", "e2e", "queue"]
-    threshold: Duration
+    kind: Literal["latency", "availability"] = "latency"
+    metric: Literal["ttft", "itl", "e2e", "queue"] | None = None  # latency only
+    threshold: Duration | None = None  # latency only
     objective: Annotated[float, Field(gt=0.0, lt=1.0)]
     window: Duration = 30 * 86400.0
     channels: list[str] = []  # where its burn-rate alerts go
+
+    @model_validator(mode="after")
+    def _kind_fields(self) -> Slo:
+        if self.kind == "latency" and (self.metric is None or self.threshold is None):
+            raise ValueError("a latency SLO needs metric and threshold")
+        if self.kind == "availability" and (self.metric is not None or self.threshold is not None):
+            raise ValueError(
+                "an availability SLO takes no metric or threshold (it counts failed requests "
+                "and stalled time)"
+            )
+        return self
+
+
+def _cron(expression: str) -> str:
+    """A five-field crontab line (UTC) APScheduler reads; day-of-week by name only."""
+    fields = expression.split()
+    if len(fields) != 5:
+        raise ValueError(
+            f"cron {expression!r} must have five fields (minute hour day month day-of-week)"
+        )
+    if re.search(r"\d", fields[4]):
+        # APScheduler 3 counts 0 as Monday where crontab counts it as Sunday: names only.
+        raise ValueError(
+            f"cron {expression!r} must name days of the week (MON-FRI, SUN), not number them"
+        )
+    try:
+        CronTrigger.from_crontab(expression, timezone="UTC")
+    except ValueError as error:
+        raise ValueError(f"cron {expression!r} is not valid ({error})") from None
+    return expression
+
+
+class Maintenance(Strict):
+    """A maintenance window (alerts/maintenance.py): one-off (`start`, `end`, ISO 8601 times,
+    UTC unless they say otherwise) or recurring (`cron`, UTC, and `duration`), over `replicas`
+    (all when omitted). While it lasts its replicas' alerts are evaluated but not sent, and
+    its time is left out of every SLO's error budget."""
+
+    name: Annotated[str, Field(min_length=1)]
+    start: datetime | None = None
+    end: datetime | None = None
+    cron: Annotated[str, AfterValidator(_cron)] | None = None
+    duration: Annotated[float, Field(gt=0), BeforeValidator(parse_duration)] | None = None
+    replicas: list[str] = []
+
+    @field_validator("start", "end")
+    @classmethod
+    def _utc(cls, moment: datetime | None) -> datetime | None:
+        if moment is not None and moment.tzinfo is None:
+            return moment.replace(tzinfo=UTC)
+        return moment
+
+    @model_validator(mode="after")
+    def _one_kind(self) -> Maintenance:
+        one_off = self.start is not None or self.end is not None
+        recurring = self.cron is not None or self.duration is not None
+        if one_off and recurring:
+            raise ValueError(
+                "is either one-off (start, end) or recurring (cron, duration), not both"
+            )
+        if one_off:
+            if self.start is None or self.end is None:
+                raise ValueError("a one-off window needs both start and end")
+            if self.end <= self.start:
+                raise ValueError("must end after it starts")
+        elif recurring:
+            if self.cron is None or self.duration is None:
+                raise ValueError("a recurring window needs both cron and duration")
+        else:
+            raise ValueError("needs start and end (one-off) or cron and duration (recurring)")
+        return self
 
 
 ChannelType = Literal[
@@ -428,6 +505,7 @@ class Config(Strict):
     discovery: Discovery | None = None
     pricing: Pricing = Pricing()
     slos: list[Slo] = []
+    maintenance: list[Maintenance] = []  # windows excluded from budgets, their alerts muted
     channels: list[Channel] = []
     rules: list[Rule] = []
     report: Report = Report()
@@ -451,6 +529,14 @@ class Config(Strict):
             for channel in slo.channels:
                 if channel not in known:
                     raise ValueError(f"slos[{index}].channels names unknown channel {channel!r}")
+        _unique("maintenance", [m.name for m in self.maintenance])
+        replicas = {t.name for t in self.targets if t.kind in ENGINE_KINDS}
+        for index, window in enumerate(self.maintenance):
+            for name in window.replicas:
+                if self.targets and self.discovery is None and name not in replicas:
+                    raise ValueError(
+                        f"maintenance[{index}].replicas names unknown replica {name!r}"
+                    )
         for channel in self.report.channels:
             if channel not in known:
                 raise ValueError(f"report.channels names unknown channel {channel!r}")

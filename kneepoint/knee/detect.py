@@ -79,6 +79,8 @@ def violations(point: Point, slos: list[Slo]) -> list[str]:
     """Names of the SLOs this step's latencies break (latencies it lacks break nothing)."""
     broken = []
     for slo in slos:
+        if slo.metric is None or slo.threshold is None:  # an availability SLO
+            continue
         value = point.latency(slo.metric, slo.objective)
         if value is not None and value > slo.threshold:
             broken.append(slo.name)
