@@ -236,7 +236,6 @@ def _ts(iso: str | None) -> float | None:
 
 def gather(session: Session, config: Config, now: float, window: float = WINDOW) -> Signals:
     """Every replica's signals over the window ending `now`, and the changes before it."""
-    from kneepoint import timeline
     from kneepoint.knee.detect import assess, knee_for_replica
     from kneepoint.store.runs import load_runs
     from kneepoint.views import build_view
@@ -279,6 +278,8 @@ def gather(session: Session, config: Config, now: float, window: float = WINDOW)
             )
         )
     try:
+        from kneepoint import timeline
+
         changes = timeline.events(session, config, now - LOOKBACK, now)
     except Exception:  # the timeline is a witness, not a dependency: the rest still counts
         log.exception("causes: the timeline could not be read")

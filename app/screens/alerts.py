@@ -7,7 +7,8 @@ import time
 import pandas as pd
 import streamlit as st
 
-from app import actions, data, filters
+from app import actions, data, filters, insight
+from kneepoint import runbooks
 from kneepoint.auth import Refused
 
 view = filters.current(data.replica_names())
@@ -18,6 +19,13 @@ st.caption(
     "eval`. Pending: breaching, waiting out its `for:`. Firing and resolved alerts go to their "
     "rules' channels through an outbox that retries until the platform takes or refuses them."
 )
+asked = st.query_params.get("rule")  # the link in every alert message: its runbook first
+if asked:
+    section = runbooks.section_for(asked)
+    if section is None:
+        st.warning(f"No runbook for rule {asked!r}: a rule of the config's own.")
+    else:
+        st.markdown(runbooks.section(section).replace("## ", f"### Runbook: {asked} · ", 1))
 end = data.now()
 current, history = data.alerts(end - view.range_seconds, end)
 columns = ["state", "rule", "replica", "value", "threshold", "fired_at", "pending_since"]
@@ -30,6 +38,19 @@ if current.empty:
     st.success("Nothing is firing or pending.")
 else:
     st.dataframe(current[columns], hide_index=True, width="stretch")
+    st.subheader("Likely causes")
+    st.caption(
+        "Per firing or pending alert, the likely cause over the last 15 minutes with its "
+        "evidence: upstream (a stalled engine), hardware (XID, GPU events), software (a "
+        "restart, config change or deploy in the hour before), load (concurrency at or past "
+        "the knee), capacity (KV saturated, waiting for capacity, preemptions), else unknown."
+    )
+    for alert in current.itertuples():
+        replica = None if alert.replica == "fleet" else str(alert.replica)
+        cause = insight.cause(end, replica)
+        link = runbooks.url(".", str(alert.rule))  # relative: works under any base path
+        book = f" · [runbook]({link})" if link else ""
+        st.markdown(f"**{alert.rule}** on {alert.replica} ({alert.state}): {cause.line()}{book}")
 st.subheader(f"State changes, last {view.range_label}")
 if history.empty:
     st.info("No alert changed state in this time range.")
@@ -58,6 +79,19 @@ if log.empty:
     st.info("Nothing was sent in this time range.")
 else:
     st.dataframe(log, hide_index=True, width="stretch")
+
+st.subheader("Runbooks")
+st.caption(
+    "What each built-in rule's numbers mean, the likely causes and the one command or knob "
+    "for each (docs/runbooks.md). Every alert message links here with its rule."
+)
+names = list(runbooks.RUNBOOKS)
+chosen = runbooks.section_for(asked) if asked else None
+picked = st.selectbox(
+    "Rule", names, index=names.index(chosen) if chosen in names else 0, key="runbook-rule"
+)
+with st.expander(f"Runbook: {picked}", expanded=False):
+    st.markdown(runbooks.section(picked))
 
 st.subheader("Silences")
 every_silence = data.silence_list()

@@ -5,12 +5,14 @@ from __future__ import annotations
 import pandas as pd
 import streamlit as st
 
-from app import data, filters
+from app import data, filters, insight
 from app.format import engine_label, quantile, show, why
 from dashboards.charts import lines
+from dashboards.forecast import headroom
 from kneepoint.derived.capacity import Plan, what_ifs
 from kneepoint.derived.details import SATURATION
 from kneepoint.derived.ratios import RECOMPUTE_FORMULA
+from kneepoint.forecast import HISTORY_DAYS, MIN_DAYS
 
 view_filter = filters.current(data.replica_names())
 st.title("Capacity")
@@ -112,6 +114,48 @@ else:
     right.plotly_chart(lines(series, "requests_waiting", "Waiting sequences", unit="seqs"))
     left.plotly_chart(lines(series, "preemptions_per_second", "Preemptions / s", unit="/s"))
     right.plotly_chart(lines(series, "requests_running", "Running sequences", unit="seqs"))
+
+st.subheader("Headroom forecast")
+st.caption(
+    f"Each replica's daily peak of requests running + waiting (the knee's scale: a sweep's "
+    f"concurrency counts queued requests too, and running alone stops at --max-num-seqs) over "
+    f"the last {HISTORY_DAYS} whole UTC days, a least-squares trend, and the day it reaches "
+    f"the knee at the current growth, with a range from the slope's standard error. No date "
+    f"with under {MIN_DAYS} days, a trend that is flat, falling or not significant (one-sided "
+    f"95 %), no knee, or a crossing over a year away."
+)
+outlooks = [
+    o
+    for o in insight.forecasts(data.now())
+    if not view_filter.replicas or o.replica in view_filter.replicas
+]
+if not outlooks:
+    st.info("No replica has stored history yet.")
+else:
+    st.dataframe(
+        pd.DataFrame(
+            [
+                {
+                    "replica": o.replica,
+                    "knee": o.knee,
+                    "latest daily peak": o.peaks[-1] if o.peaks else None,
+                    "days": len(o.days),
+                    "growth / day": o.slope_per_day,
+                    "± (std. error)": o.slope_stderr,
+                    "crosses": o.as_dict()["crossing"],
+                    "earliest": o.as_dict()["earliest"],
+                    "latest": o.as_dict()["latest"],
+                    "why": o.note,
+                }
+                for o in outlooks
+            ]
+        ),
+        hide_index=True,
+        width="stretch",
+    )
+    shown = [o for o in outlooks if o.peaks]
+    for column, o in zip(st.columns(2) * len(shown), shown, strict=False):
+        column.plotly_chart(headroom(o))
 
 st.subheader("Planner: how many agents fit")
 with st.form("planner"):
