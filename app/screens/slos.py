@@ -6,7 +6,7 @@ import pandas as pd
 import streamlit as st
 
 from alerts.slo import BURN_WINDOWS, window_label
-from app import data, filters
+from app import data, filters, insight
 from app.format import show
 
 filters.current(data.replica_names())
@@ -42,6 +42,9 @@ for r in reports:
         ", ".join(window_label(w.long) for w in r.burning) or "no",
         help="Alert windows whose long and short burn rates both exceed their factor.",
     )
+    if r.burning:  # why it burns (kneepoint/causes.py), and what to do (docs/runbooks.md)
+        cause = insight.cause(data.now())
+        st.warning(f"Likely cause: {cause.line()} · [runbook](./?page=alerts&rule=slo-burn)")
     rows = [
         {
             "alert window": f"{window_label(w.long)} / {window_label(w.short)}",
