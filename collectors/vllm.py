@@ -44,6 +44,9 @@ COUNTERS: dict[str, tuple[str, ...]] = {
     "spec_decode_drafts": ("vllm:spec_decode_num_drafts_total",),
     "spec_decode_draft_tokens": ("vllm:spec_decode_num_draft_tokens_total",),
     "spec_decode_accepted_tokens": ("vllm:spec_decode_num_accepted_tokens_total",),
+    # The API server's requests (prometheus-fastapi-instrumentator; no vllm: prefix; it
+    # leaves /metrics and /health out): every handler and status, and the 5xx below.
+    "http_requests": ("http_requests_total",),
 }
 # Counters split by a label: canonical name -> (vLLM name, label, label value).
 LABELLED_COUNTERS: dict[str, tuple[str, str, str]] = {
@@ -66,6 +69,7 @@ LABELLED_COUNTERS: dict[str, tuple[str, str, str]] = {
         f"requests_finished_{reason}": ("vllm:request_success_total", "finished_reason", reason)
         for reason in ("stop", "length", "abort", "error", "repetition")
     },
+    "http_requests_5xx": ("http_requests_total", "status", "5xx"),
 }
 ACCEPTED_PER_POSITION = "vllm:spec_decode_num_accepted_tokens_per_pos_total"
 # Draft positions kept per replica: vLLM drafts a handful of tokens (EAGLE and n-gram
@@ -139,6 +143,8 @@ def normalize_vllm(parsed: ParsedScrape) -> ReplicaSample:
     }
     for field, (name, label, value) in LABELLED_COUNTERS.items():
         counters[field] = _sum_matching(parsed, name, label, value)
+    if counters["http_requests"] is not None and counters["http_requests_5xx"] is None:
+        counters["http_requests_5xx"] = 0.0  # the instrumentator adds a status once seen
     unavailable = {}
     if gauges["requests_waiting_capacity"] is None:
         unavailable["requests_waiting_capacity"] = (

@@ -87,6 +87,8 @@ REPLICA_COUNTERS = (
     "spec_decode_drafts",
     "spec_decode_draft_tokens",
     "spec_decode_accepted_tokens",
+    "http_requests",  # the API server's (vLLM: http_requests_total), and those with a 5xx
+    "http_requests_5xx",
 )
 
 # Point-in-time values of a replica (the latest scrape is what they mean).
