@@ -47,6 +47,8 @@ class Replica:
         self._lock = threading.Condition()
         self._stopping = False
         self._stalled = False  # stall(): the engine makes no step, the server still answers
+        self._failing: tuple[float, str] = (0.0, "error")  # fail(): share and finish reason
+        self._fail_due = 0.0
         self._thread = threading.Thread(target=self._run, name=f"twin-{name}", daemon=True)
         self._pending: list[tuple[queue.Queue[Tokens], Tokens]] = []  # this step's tokens
 
@@ -71,6 +73,13 @@ class Replica:
         with self._lock:
             self._stalled = False
             self._lock.notify_all()
+
+    def fail(self, share: float, reason: str = "error") -> None:
+        """End `share` of the requests submitted from now on (evenly: every 1/share-th) after
+        their first token with finish reason `reason` ("error" or "abort"), as vLLM counts
+        them in request_success_total{finished_reason}. fail(0) ends it."""
+        with self._lock:
+            self._failing, self._fail_due = (share, reason), 0.0
 
     @property
     def engine_name(self) -> str:
@@ -100,6 +109,10 @@ class Replica:
             self._pending.append((events, Tokens(count, done, reason)))
 
         with self._lock:
+            self._fail_due += self._failing[0]
+            if self._fail_due >= 1.0 - 1e-9:
+                self._fail_due -= 1.0
+                limit, reason = 1, self._failing[1]
             self._sync_clock()
             request = self.engine.add(
                 tokens, limit, sink, finish_reason=reason, max_tokens_param=max_tokens
