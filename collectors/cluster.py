@@ -221,6 +221,7 @@ class Cluster:
         self.started_at: float | None = None
         self._guard = threading.RLock()  # the dedicated connection
         self._beating = threading.Lock()
+        self._writing = threading.Lock()  # this member's row
         self._connection: Connection | None = None
         self._leading = False
         self._held: int | None = None
@@ -259,6 +260,10 @@ class Cluster:
                 )
 
     def _record(self, leader_since: float | None = None) -> None:
+        with self._writing:  # the beat and a leader-only job's first leadership, at once
+            self._write(leader_since)
+
+    def _write(self, leader_since: float | None) -> None:
         now = self.clock()
         with self.sessions.begin() as session:
             row = session.get(CollectorRow, self.id)
