@@ -81,6 +81,7 @@ def markdown(report: WeeklyReport) -> str:
             f"{_budget(slo)} | " + (_budget(earlier) if earlier else "–") + " |"
         )
     lines += ["", *events(report)]
+    lines += ["", "## Headroom forecast", "", *outlook(report)]
     for name, numbers in this.replicas.items():
         before = last.replicas.get(name, {})
         lines += ["", f"## {name}", "", "| | this week | last week |", "|---|---|---|"]
@@ -109,6 +110,13 @@ def events(report: WeeklyReport) -> list[str]:
         for e in found.get("prefill_storms", [])
     ]
     return lines or ["- No hit-rate drops or prefill storms this week."]
+
+
+def outlook(report: WeeklyReport) -> list[str]:
+    """Per replica: when its daily peak concurrency (running + waiting) reaches its knee at
+    the current growth, with the range, or why there is no date (kneepoint/forecast.py)."""
+    lines = [f"- {f.replica}: {f.note}" for f in report.forecasts]
+    return lines or ["- No replica has stored history."]
 
 
 def html_report(report: WeeklyReport) -> str:
@@ -151,6 +159,8 @@ def html_report(report: WeeklyReport) -> str:
         )
     parts.append("</table><h2>Hit-rate drops and prefill storms</h2><ul>")
     parts += [f"<li>{html.escape(line[2:])}</li>" for line in events(report)]
+    parts.append("</ul><h2>Headroom forecast</h2><ul>")
+    parts += [f"<li>{html.escape(line[2:])}</li>" for line in outlook(report)]
     parts.append("</ul><h2>The week</h2>")
     for index, figure in enumerate(figures(report)):
         # Plotly's script once, inline: the file works offline, from disk or an attachment.

@@ -14,6 +14,7 @@ from alerts.slo import Report as SloReport
 from kneepoint.config import Config
 from kneepoint.derived import details
 from kneepoint.derived.latency import histogram_quantile, window_histogram
+from kneepoint.forecast import Forecast, forecasts
 from kneepoint.knee.detect import assess, knee_for_replica
 from kneepoint.store import queries
 from kneepoint.store.runs import load_runs
@@ -82,6 +83,7 @@ class WeeklyReport:
     this: Period
     last: Period
     recommendations: list[Any] = field(default_factory=list)  # recommend.Recommendation
+    forecasts: list[Forecast] = field(default_factory=list)  # headroom: daily peaks vs knee
 
 
 def build_report(session: Session, config: Config, now: float, since: float) -> WeeklyReport:
@@ -91,6 +93,7 @@ def build_report(session: Session, config: Config, now: float, since: float) -> 
     last = period(session, config, now - since, since)
     report = WeeklyReport(now, since, this, last)
     report.recommendations = recommend(report)
+    report.forecasts = forecasts(session, config, now)
     return report
 
 
