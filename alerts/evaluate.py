@@ -164,16 +164,18 @@ def _stalled_seconds(
         return {}
     groups = frame.groupby("target_id", sort=False)
     work = frame.requests_running.fillna(0) + frame.requests_waiting.fillna(0) > 0
+    # Not a stall where a counter moved (a step counter, where stored, is read per sample).
     still = (groups.prompt_tokens.diff() == 0) & (groups.generation_tokens.diff() == 0)
     stuck = work & work.groupby(frame.target_id).shift(fill_value=False) & still
     out: dict[int, float] = {}
     for target_id in frame.target_id[stuck].unique():
         rows = frame[frame.target_id == target_id]
         step = float(rows.ts.diff().median()) if len(rows) > 1 else 0.0
+        steps = rows["engine_steps"] if "engine_steps" in rows else [None] * len(rows)
         points = [
-            stall.Point(float(ts), _num(run), _num(wait), _num(prompt), _num(gen))
-            for ts, run, wait, prompt, gen in zip(
-                rows.ts, *(rows[c] for c in STALL_COLUMNS), strict=True
+            stall.Point(float(ts), _num(run), _num(wait), _num(prompt), _num(gen), _num(step_))
+            for ts, run, wait, prompt, gen, step_ in zip(
+                rows.ts, *(rows[c] for c in STALL_COLUMNS), steps, strict=True
             )
         ]
         intervals = stall.stalled_intervals(points, max_gap=max(stale_after(config), 2 * step))

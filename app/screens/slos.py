@@ -1,27 +1,39 @@
-"""SLOs: compliance and error budget over each SLO's window, burn rates per alert window."""
+"""SLOs: compliance and error budget over each SLO's window, burn rates per alert window, and
+the maintenance windows budgets leave out."""
 
 from __future__ import annotations
+
+from datetime import UTC, datetime
 
 import pandas as pd
 import streamlit as st
 
+from alerts import maintenance
 from alerts.slo import BURN_WINDOWS, window_label
 from app import data, filters, insight
 from app.format import show
+from kneepoint.config import Maintenance
 
 filters.current(data.replica_names())
 st.title("SLOs")
 st.caption(
     "Latency objectives over the fleet, from vLLM's histograms: the share of requests at or "
-    "under the threshold (a bucket bound). Burn rate: the slow share over a window ÷ the share "
-    "the objective allows; at 1 the budget lasts exactly the SLO window."
+    "under the threshold (a bucket bound). Availability objectives: the share of requests that "
+    "did not fail (finished in error or aborted, or a 5xx from the API server) with stalled "
+    "engine time counted as wholly failed. Burn rate: the bad share over a window ÷ the share "
+    "the objective allows; at 1 the budget lasts exactly the SLO window. Budgets and burn "
+    "rates leave maintenance windows out (below)."
 )
-reports = data.slo_reports(data.now())
+now = data.now()
+reports = data.slo_reports(now)
 if not reports:
     st.info("No SLO is configured (`slos:` in kneepoint.yaml).")
 for r in reports:
     s = r.slo
-    goal = f"{s.metric} ≤ {s.threshold:g} s for {s.objective:.2%}"
+    if s.kind == "availability":
+        goal = f"availability ≥ {s.objective:.2%}"
+    else:
+        goal = f"{s.metric} ≤ {s.threshold:g} s for {s.objective:.2%}"
     st.subheader(f"{s.name}: {goal} over {window_label(s.window)}")
     if r.problem:
         st.error(r.problem)
@@ -30,12 +42,14 @@ for r in reports:
     a.metric(
         "Compliance",
         show(r.budget.compliance, "%", 3),
-        help="Requests within the threshold ÷ all requests over the SLO window.",
+        help="Requests within the threshold (availability: that did not fail, stalled time "
+        "counted as failed) ÷ all requests over the SLO window, maintenance windows left out.",
     )
     b.metric(
         "Error budget left",
         show(r.budget.budget_left, "%"),
-        help="1 − slow share ÷ allowed share (1 − objective); negative: overspent.",
+        help="1 − bad share ÷ allowed share (1 − objective); negative: overspent. "
+        "Maintenance windows are left out.",
     )
     c.metric(
         "Burning",
@@ -43,7 +57,7 @@ for r in reports:
         help="Alert windows whose long and short burn rates both exceed their factor.",
     )
     if r.burning:  # why it burns (kneepoint/causes.py), and what to do (docs/runbooks.md)
-        cause = insight.cause(data.now())
+        cause = insight.cause(now)
         st.warning(f"Likely cause: {cause.line()} · [runbook](./?page=alerts&rule=slo-burn)")
     rows = [
         {
@@ -57,3 +71,50 @@ for r in reports:
         for w in BURN_WINDOWS
     ]
     st.dataframe(pd.DataFrame(rows), hide_index=True, width="stretch")
+
+
+def _when(ts: float) -> str:
+    return datetime.fromtimestamp(ts, UTC).strftime("%Y-%m-%d %H:%M UTC")
+
+
+def _schedule(window: Maintenance) -> str:
+    if window.cron is not None and window.duration is not None:
+        return f"cron {window.cron} (UTC) for {window_label(window.duration)}"
+    assert window.start is not None and window.end is not None
+    return f"{_when(window.start.timestamp())} to {_when(window.end.timestamp())}"
+
+
+windows = data.store()[0].maintenance  # `maintenance:` in kneepoint.yaml
+if windows:
+    st.subheader("Maintenance windows")
+    st.caption(
+        "While a window lasts, its replicas' alerts are evaluated but not sent (fleet-wide "
+        "alerts, such as SLO burn rates, only under a window over every replica), and its time "
+        "is left out of every SLO's error budget and burn rates."
+    )
+    for occurrence in maintenance.active(windows, now):
+        st.warning(
+            f"In maintenance now: {occurrence.name} until {_when(occurrence.end)}, "
+            f"over {', '.join(occurrence.replicas) or 'every replica'}."
+        )
+    coming = maintenance.next_one(windows, now)
+    st.info(
+        f"Next: {coming.name} from {_when(coming.start)} to {_when(coming.end)}."
+        if coming
+        else "No window to come."
+    )
+    st.dataframe(
+        pd.DataFrame(
+            [
+                {
+                    "window": w.name,
+                    "when": _schedule(w),
+                    "replicas": ", ".join(w.replicas) or "all",
+                    "now": any(o.name == w.name for o in maintenance.active(windows, now)),
+                }
+                for w in windows
+            ]
+        ),
+        hide_index=True,
+        width="stretch",
+    )
