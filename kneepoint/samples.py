@@ -182,3 +182,5 @@ class GpuSample:
     fb_used_mib: float | None = None
     fb_free_mib: float | None = None
     xid_error: float | None = None
+    # DCGM_FI_DEV_CLOCK_THROTTLE_REASONS (CLOCKS_EVENT_REASONS in DCGM 3.3+): NVML's bitmask.
+    clock_events: float | None = None

@@ -1,16 +1,58 @@
 """What changed: one timeline of every change kneepoint can see in the data it stores.
 
 Each detector is a pure function over consecutive stored samples (or stored rows) that
-returns Events; `events` reads the store and runs them all. (Work in progress: issue 16.)
+returns Events; `events` reads the store for a range and runs them all. What is detected:
+
+- `restart`: a replica's counters went back (any cumulative counter lower than in the
+  sample before). vLLM's `process_start_time_seconds` is not stored (the normalizers keep
+  only the engine's own families), so a restart that loses no count (an idle replica whose
+  counters were all zero) is seen only as the scrape outage around it.
+- `config_change` and `upgrade`: the store keeps a replica's configuration each time it
+  changes (target_configs, store/configs.py): model names, and `cache_config_info`'s block
+  size, blocks, cache dtype, prefix caching and memory share are config changes; the engine
+  or its generation (an exposition of another vLLM release) an upgrade. The first
+  configuration seen is no change.
+- `gpu_xid`: a GPU's last XID (DCGM_FI_DEV_XID_ERRORS) becomes a new code.
+- `gpu_throttle` / `gpu_power_cap`: dcgm-exporter's clock-event reasons
+  (DCGM_FI_DEV_CLOCK_THROTTLE_REASONS, named CLOCKS_EVENT_REASONS from DCGM 3.3) gain a
+  slowdown bit: HW slowdown, SW or HW thermal (throttle); SW power cap or HW power brake
+  (power cap). Where the exporter does not export the field (it is not in its default
+  set), nothing is stored and nothing is detected.
+- `gpu_gone`: an exporter's scrape lists the GPUs it listed before, less one.
+- `scrape_outage`: a run of failed scrapes of one target (runs apart by more than
+  OUTAGE_GAP scrape intervals are two outages), with its length and first error.
+- `hit_rate_drop`: a replica's prefix-cache hit rate, on 5-minute intervals, more than
+  HIT_RATE_DROP below its trailing hour's mean (the Prefix cache page's rule).
+- `prefill_storm`: a replica's computed prompt tokens per second, on 5-minute intervals,
+  above STORM_FACTOR times their trailing hour's median and at least STORM_MIN_RATE;
+  consecutive stormy intervals are one storm.
+- `alert_firing` / `alert_resolved`: alert_history's transitions to firing (not the
+  reminders) and from firing to resolved.
+- `silence`: a silence created, with its matchers, end, author and comment.
+- `annotation`: a change posted from outside (`kneepoint annotate`, the annotation
+  endpoint: kneepoint/annotations.py).
 """
 
 from __future__ import annotations
 
+import itertools
+import json
+import math
+from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
+from datetime import UTC, datetime
+from typing import Any
 
+import pandas as pd
+from sqlalchemy import select
 from sqlalchemy.orm import Session
 
+from kneepoint import series
 from kneepoint.config import Config
+from kneepoint.derived import details
+from kneepoint.samples import REPLICA_COUNTERS
+from kneepoint.store import queries
+from kneepoint.store.models import AnnotationRow, SilenceRow, TargetConfigRow
 
 KINDS = (
     "restart",
@@ -29,6 +71,24 @@ KINDS = (
     "annotation",
 )
 
+# Thresholds (README "Timeline"). Hit-rate drops and prefill storms are the Prefix cache
+# page's (kneepoint/derived/details.py), found per replica on EVENT_INTERVAL intervals.
+EVENT_INTERVAL = "5min"
+HISTORY = 3600.0  # their trailing baseline: the hour before
+HIT_RATE_DROP = 0.30  # the hit rate this far (absolute) below its trailing hour's mean
+STORM_FACTOR = 3.0  # computed prompt tokens/s against their trailing hour's median
+STORM_MIN_RATE = 100.0  # computed prompt tokens/s: below this no storm (an idle replica waking)
+OUTAGE_GAP = 3.0  # scrape intervals between failures that end one outage
+
+# NVML's clock-event reason bits (nvmlClocksEventReason*).
+THROTTLE_BITS = {0x8: "HW slowdown", 0x20: "SW thermal slowdown", 0x40: "HW thermal slowdown"}
+POWER_BITS = {0x4: "SW power cap", 0x80: "HW power brake"}
+
+# Configuration keys whose change is an upgrade rather than a config change.
+UPGRADE_KEYS = ("engine", "generation")
+# Counters whose fall marks a restart (every cumulative counter a replica has).
+RESTART_COUNTERS = REPLICA_COUNTERS
+
 
 @dataclass(frozen=True)
 class Event:
@@ -40,10 +100,349 @@ class Event:
     kind: str
     detail: str
 
+    def as_dict(self) -> dict[str, Any]:
+        """The JSON shape (`kneepoint timeline --json`): `at` as ISO 8601 UTC."""
+        return {
+            "at": iso(self.at),
+            "replica": self.replica,
+            "kind": self.kind,
+            "detail": self.detail,
+        }
+
+    def line(self) -> str:
+        """One line: time, kind, replica, detail (alert messages, the CLI's table)."""
+        when = datetime.fromtimestamp(self.at, UTC).strftime("%H:%M:%S")
+        where = f" {self.replica}" if self.replica else ""
+        return f"{when} {self.kind}{where}: {self.detail}"
+
+
+def iso(ts: float) -> str:
+    return datetime.fromtimestamp(ts, UTC).isoformat(timespec="seconds").replace("+00:00", "Z")
+
+
+# --- pure detectors -------------------------------------------------------------------
+
+
+def restarts(
+    replica: str, times: Sequence[float], counters: Mapping[str, Sequence[float | None]]
+) -> list[Event]:
+    """A restart at each sample where some counter is lower than in the sample before."""
+    found: list[Event] = []
+    last: dict[str, float] = {}
+    for position, ts in enumerate(times):
+        fallen: list[str] = []
+        for name, values in counters.items():
+            value = _number(values[position])
+            if value is None:
+                continue
+            before = last.get(name)
+            if before is not None and value < before:
+                fallen.append(f"{name} {before:g} → {value:g}")
+            last[name] = value
+        if fallen:
+            shown = ", ".join(fallen[:3]) + (
+                f" and {len(fallen) - 3} more" if len(fallen) > 3 else ""
+            )
+            found.append(Event(ts, replica, "restart", f"counters reset ({shown})"))
+    return found
+
+
+def config_changes(replica: str, configs: Sequence[tuple[float, dict[str, Any]]]) -> list[Event]:
+    """Between consecutive stored configurations: an `upgrade` where the engine or its
+    generation differs, a `config_change` for the other keys (model names, cache)."""
+    found: list[Event] = []
+    for (_, before), (ts, after) in itertools.pairwise(configs):
+        keys = sorted(set(before) | set(after))
+        upgraded = [k for k in keys if k in UPGRADE_KEYS and before.get(k) != after.get(k)]
+        changed = [k for k in keys if k not in UPGRADE_KEYS and before.get(k) != after.get(k)]
+        if upgraded:
+            detail = ", ".join(
+                f"{k} {_shown(before.get(k))} → {_shown(after.get(k))}" for k in upgraded
+            )
+            found.append(Event(ts, replica, "upgrade", detail))
+        if changed:
+            detail = ", ".join(
+                f"{k} {_shown(before.get(k))} → {_shown(after.get(k))}" for k in changed
+            )
+            found.append(Event(ts, replica, "config_change", detail))
+    return found
+
+
+def gpu_xids(
+    name: str, replica: str | None, times: Sequence[float], xids: Sequence[float | None]
+) -> list[Event]:
+    """An XID event where the GPU's last XID becomes a code it did not hold in the sample
+    before (the field keeps the last code, so a code held is one XID, not one per sample);
+    the first sample is the baseline (its code may be old)."""
+    found: list[Event] = []
+    before: float | None = None
+    for position, (ts, raw) in enumerate(zip(times, xids, strict=True)):
+        code = _number(raw)
+        if position and code is not None and code != 0 and code != before:
+            found.append(Event(ts, replica, "gpu_xid", f"XID {code:g} on {name}"))
+        before = code if code else None
+    return found
+
+
+def gpu_clock_events(
+    name: str, replica: str | None, times: Sequence[float], reasons: Sequence[float | None]
+) -> list[Event]:
+    """`gpu_throttle` where a slowdown bit is set that was not in the sample before;
+    `gpu_power_cap` likewise for the power bits."""
+    found: list[Event] = []
+    before = -1  # the first sample is the baseline: what it holds may have begun before
+    for ts, raw in zip(times, reasons, strict=True):
+        value = _number(raw)
+        bits = int(value) if value is not None else 0
+        new = bits & ~before if before >= 0 else 0
+        for kind, table in (("gpu_throttle", THROTTLE_BITS), ("gpu_power_cap", POWER_BITS)):
+            reasons_on = [words for bit, words in table.items() if new & bit]
+            if reasons_on:
+                found.append(Event(ts, replica, kind, f"{', '.join(reasons_on)} on {name}"))
+        before = bits
+    return found
+
+
+def gpus_gone(
+    scrapes: Sequence[float],
+    listed: Mapping[tuple[str, str | None], set[float]],
+) -> list[Event]:
+    """`gpu_gone` at each of an exporter's scrapes (`scrapes`, its sample times) that no
+    longer lists a GPU the scrape before listed; `listed` maps (GPU name, replica) to the
+    times it has a sample."""
+    found: list[Event] = []
+    for (name, replica), times in listed.items():
+        present = False
+        for ts in scrapes:
+            here = ts in times
+            if present and not here:
+                found.append(Event(ts, replica, "gpu_gone", f"{name} no longer reported"))
+            present = here
+    return found
+
+
+def outages(
+    target: str, times: Sequence[float], errors: Sequence[str], interval: float
+) -> list[Event]:
+    """One `scrape_outage` per run of failures, at its first failure: runs are apart by
+    more than OUTAGE_GAP scrape intervals."""
+    found: list[Event] = []
+    start = None
+    last = -math.inf
+    count = 0
+    first_error = ""
+
+    def close() -> None:
+        if start is None:
+            return
+        lasted = f"{count} failed scrape{'s' if count > 1 else ''} over {last - start:.0f} s"
+        found.append(Event(start, target, "scrape_outage", f"{lasted}: {first_error}"))
+
+    for ts, error in zip(times, errors, strict=True):
+        if start is None or ts - last > OUTAGE_GAP * interval:
+            close()
+            start, count, first_error = ts, 0, error
+        count += 1
+        last = ts
+    close()
+    return found
+
+
+def hit_rate_drops(replica: str, series: pd.DataFrame) -> list[Event]:
+    """`hit_rate_drop` where the replica's prefix-cache hit rate (EVENT_INTERVAL intervals)
+    fell more than HIT_RATE_DROP below its trailing hour's mean: the Prefix cache page's
+    rule (derived/details.py), per replica."""
+    return [
+        Event(
+            e.start.timestamp(),
+            replica,
+            "hit_rate_drop",
+            f"prefix-cache hit rate {e.value:.0%} against {e.baseline:.0%} in the hour before",
+        )
+        for e in details.hit_rate_drops(series, points=HIT_RATE_DROP)
+    ]
+
+
+def prefill_storms(replica: str, series: pd.DataFrame) -> list[Event]:
+    """`prefill_storm` where computed prompt tokens per second (EVENT_INTERVAL intervals)
+    rose above STORM_FACTOR times their trailing hour's median (the Prefix cache page's
+    rule), and to at least STORM_MIN_RATE."""
+    return [
+        Event(
+            e.start.timestamp(),
+            replica,
+            "prefill_storm",
+            f"computed prompt tokens {e.value:.0f}/s against {e.baseline:.0f}/s in the hour before",
+        )
+        for e in details.prefill_storms(series, factor=STORM_FACTOR)
+        if e.value >= STORM_MIN_RATE
+    ]
+
+
+def alert_events(rows: Iterable[dict[str, Any]]) -> list[Event]:
+    """Firing (from another state: not a reminder) and resolved-after-firing transitions."""
+    found: list[Event] = []
+    for row in rows:
+        before, after = row.get("before"), row["after"]
+        value = _number(row.get("value"))
+        shown = f" (value {value:.4g})" if value is not None else ""
+        replica = row["replica"] or None
+        if after == "firing" and before != "firing":
+            found.append(
+                Event(float(row["ts"]), replica, "alert_firing", f"{row['rule']} fired{shown}")
+            )
+        elif after == "resolved" and before == "firing":
+            found.append(
+                Event(float(row["ts"]), replica, "alert_resolved", f"{row['rule']} resolved{shown}")
+            )
+    return found
+
+
+def silence_event(row: SilenceRow) -> Event:
+    matchers: dict[str, str] = json.loads(row.matchers)
+    what = ", ".join(f"{k}={v}" for k, v in sorted(matchers.items())) or "everything"
+    until = iso(row.ends_at)
+    comment = f": {row.comment}" if row.comment else ""
+    detail = f"silence {row.id} ({what}) until {until} by {row.author}{comment}"
+    return Event(row.created_at, matchers.get("replica"), "silence", detail)
+
+
+def _number(value: Any) -> float | None:
+    if value is None:
+        return None
+    try:
+        number = float(value)
+    except (TypeError, ValueError):
+        return None
+    return None if math.isnan(number) else number
+
+
+def _shown(value: Any) -> str:
+    if value is None:
+        return "none"
+    if isinstance(value, list):
+        return ",".join(str(v) for v in value) or "none"
+    if isinstance(value, bool):
+        return "on" if value else "off"
+    return str(value)
+
+
+# --- reading the store ----------------------------------------------------------------
+
 
 def events(
     session: Session, config: Config, since: float, until: float, replica: str | None = None
 ) -> list[Event]:
     """Every event in [since, until], oldest first; only `replica`'s (and the fleet's) when
     given."""
-    return []
+    targets = queries.targets(session)
+    names = {row.id: name for name, row in targets.items()}
+    ids = None if replica is None else [row.id for name, row in targets.items() if name == replica]
+    found: list[Event] = []
+    found += _replica_events(session, names, since, until, ids)
+    named = names if ids is None else {i: names[i] for i in ids}
+    found += _config_events(session, named, since, until)
+    found += _gpu_events(session, config, since, until)
+    errors = queries.scrape_errors(session, since, until, limit=100_000)
+    for target, group in errors.groupby("target", sort=False):
+        found += outages(str(target), list(group.ts), list(group.error), config.scrape_interval)
+    history = queries.alert_history(session, since, until, limit=100_000)
+    found += alert_events(history.to_dict("records"))
+    silences = session.scalars(
+        select(SilenceRow).where(SilenceRow.created_at >= since, SilenceRow.created_at <= until)
+    )
+    found += [silence_event(row) for row in silences]
+    found += annotation_events(session, since, until)
+    if replica is not None:
+        found = [e for e in found if e.replica in (replica, None)]
+    found = [e for e in found if since <= e.at <= until]
+    return sorted(found, key=lambda e: (e.at, KINDS.index(e.kind), e.replica or "", e.detail))
+
+
+def annotation_events(session: Session, since: float, until: float) -> list[Event]:
+    rows = session.scalars(
+        select(AnnotationRow)
+        .where(AnnotationRow.ts >= since, AnnotationRow.ts <= until)
+        .order_by(AnnotationRow.ts)
+    )
+    return [
+        Event(row.ts, row.replica, "annotation", f"{row.text} (by {row.author})") for row in rows
+    ]
+
+
+def _replica_events(
+    session: Session, names: dict[int, str], since: float, until: float, ids: list[int] | None
+) -> list[Event]:
+    # From the hour before `since`: the trailing baselines of drops and storms.
+    columns = list(dict.fromkeys([*series.COLUMNS, *RESTART_COUNTERS]))
+    frame = queries.replica_frame(session, since - HISTORY, until, ids, columns=columns)
+    found: list[Event] = []
+    for target_id, rows in frame.groupby("target_id", sort=False):
+        name = names.get(int(target_id))
+        if name is None:
+            continue
+        times = [float(t) for t in rows.ts]
+        counters = {c: list(rows[c]) for c in RESTART_COUNTERS if c in rows}
+        found += restarts(name, times, counters)
+        intervals = series.resample(series.replica_series(rows, names), EVENT_INTERVAL)
+        found += hit_rate_drops(name, intervals)
+        found += prefill_storms(name, intervals)
+    return found
+
+
+def _config_events(
+    session: Session, names: dict[int, str], since: float, until: float
+) -> list[Event]:
+    table = TargetConfigRow
+    found: list[Event] = []
+    for target_id, name in names.items():
+        rows = list(
+            session.execute(
+                select(table.ts, table.config)
+                .where(table.target_id == target_id, table.ts >= since, table.ts <= until)
+                .order_by(table.ts)
+            )
+        )
+        if not rows:
+            continue
+        before = session.execute(
+            select(table.ts, table.config)
+            .where(table.target_id == target_id, table.ts < since)
+            .order_by(table.ts.desc())
+            .limit(1)
+        ).first()
+        configs = [
+            (float(ts), json.loads(text)) for ts, text in ([before] if before else []) + rows
+        ]
+        found += config_changes(name, configs)
+    return found
+
+
+def _gpu_events(session: Session, config: Config, since: float, until: float) -> list[Event]:
+    from kneepoint.status import replica_of  # status imports much; only here
+
+    frame = queries.gpu_frame(session, since - 600.0, until)  # and the samples before
+    if frame.empty:
+        return []
+    exporters = queries.targets(session)
+    by_id = {row.id: name for name, row in exporters.items()}
+    found: list[Event] = []
+    for target_id, rows in frame.groupby("target_id", sort=False):
+        exporter = by_id.get(int(target_id), str(target_id))
+        listed: dict[tuple[str, str | None], set[float]] = {}
+        for _gpu_id, gpu in rows.groupby("gpu_id", sort=False):
+            first = gpu.iloc[0]
+            host = str(first.host)
+            index = int(first.gpu_index)
+            pod = None if pd.isna(first.get("pod")) else str(first.get("pod"))
+            namespace = None if pd.isna(first.get("namespace")) else str(first.get("namespace"))
+            owner = replica_of(config, {host, exporter}, index, pod, namespace) or exporter
+            name = f"GPU {index} on {host}"
+            times = [float(t) for t in gpu.ts]
+            found += gpu_xids(name, owner, times, list(gpu.xid_error))
+            if "clock_events" in gpu:
+                found += gpu_clock_events(name, owner, times, list(gpu.clock_events))
+            listed[(name, owner)] = set(times)
+        scrapes = sorted({float(t) for t in rows.ts})
+        found += gpus_gone(scrapes, listed)
+    return found

@@ -137,6 +137,9 @@ class GpuSampleRow(Base):
     resolution: Mapped[int] = mapped_column(Integer, default=RAW)
     energy_mj: Mapped[float | None] = mapped_column(Float)
     xid_error: Mapped[float | None] = mapped_column(Float)
+    # dcgm-exporter's clock-event (throttle) reasons, NVML's bitmask: kept as the last
+    # sample's, never averaged (the timeline reads throttling and power capping from it).
+    clock_events: Mapped[float | None] = mapped_column(Float)
 
 
 for _reading in GPU_READINGS:
@@ -343,3 +346,30 @@ class CollectorRow(Base):
     last_seen_at: Mapped[float] = mapped_column(Float)
     leader_since: Mapped[float | None] = mapped_column(Float, nullable=True)
     targets: Mapped[int | None] = mapped_column(Integer, nullable=True)
+
+
+class TargetConfigRow(Base):
+    """A replica's configuration as its scrapes showed it, one row each time it changed (the
+    engine, its generation, model names, the KV cache's block size, blocks, dtype and prefix
+    caching): the timeline's config changes and upgrades (kneepoint/timeline.py)."""
+
+    __tablename__ = "target_configs"
+    __table_args__ = ({"sqlite_with_rowid": False},)
+
+    target_id: Mapped[int] = mapped_column(ForeignKey("targets.id"), primary_key=True)
+    ts: Mapped[float] = mapped_column(Float, primary_key=True)  # its first sample
+    config: Mapped[str] = mapped_column(Text)  # JSON, keys sorted
+
+
+class AnnotationRow(Base):
+    """A change posted from outside (a deploy, a prompt version): `kneepoint annotate` or the
+    annotation endpoint (kneepoint/annotations.py). `replica` None: the whole fleet."""
+
+    __tablename__ = "annotations"
+    __table_args__ = (Index("ix_annotations_ts", "ts"),)
+
+    id: Mapped[int] = mapped_column(Integer, primary_key=True)
+    ts: Mapped[float] = mapped_column(Float)
+    replica: Mapped[str | None] = mapped_column(String(200), nullable=True)
+    text: Mapped[str] = mapped_column(Text)
+    author: Mapped[str] = mapped_column(String(320))

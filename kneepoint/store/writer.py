@@ -15,6 +15,7 @@ from sqlalchemy.orm import Session
 from kneepoint.samples import GpuSample, ReplicaSample
 from kneepoint.secrets import SecretURL, redact_url, reveal, scrub
 from kneepoint.store.codec import encode_bounds, encode_floats, encode_histogram
+from kneepoint.store.configs import ADD_IF_CHANGED, changes
 from kneepoint.store.models import (
     GPU_READINGS,
     GpuRow,
@@ -191,6 +192,7 @@ def record_replica_history(
     )
     rows = [_replica_row(session, target_id, t, sample) for t, sample in samples]
     _write(session, _ADD_REPLICA_SAMPLES, rows)
+    _write(session, ADD_IF_CHANGED, changes(target_id, samples))  # the timeline's history
 
 
 def _replica_row(
@@ -235,6 +237,7 @@ def record_gpu_history(
                 "resolution": 0,
                 "energy_mj": gpu.energy_mj,
                 "xid_error": gpu.xid_error,
+                "clock_events": gpu.clock_events,
                 **{reading: getattr(gpu, reading) for reading in GPU_READINGS},
             }
         )

@@ -34,6 +34,10 @@ class GpuState:
     power: float = 0.0
     energy_mj: float = 0.0
     temperature: float = 35.0
+    # What the timeline reads (kneepoint/timeline.py): the last XID, and the clock-event
+    # (throttle) reasons bitmask; None: not exported (no XID yet; the field not enabled).
+    xid: int | None = None
+    clock_events: int | None = None
     _last: tuple[float, float, float] = (0.0, 0.0, 0.0)
 
     def sample(self, seconds: float, engine_speed: float = 1.0) -> None:
@@ -139,6 +143,18 @@ FIELDS: tuple[tuple[str, str, str, Callable[[GpuState], float | None]], ...] = (
         "gauge",
         "Ratio of cycles the device memory interface is active sending or receiving data.",
         lambda g: round(g.dram, 6),
+    ),
+    (
+        "DCGM_FI_DEV_XID_ERRORS",
+        "gauge",
+        "Value of the last XID error encountered.",
+        lambda g: None if g.xid is None else float(g.xid),
+    ),
+    (
+        "DCGM_FI_DEV_CLOCK_THROTTLE_REASONS",
+        "gauge",
+        "Current clock throttle reasons.",
+        lambda g: None if g.clock_events is None else float(g.clock_events),
     ),
 )
 

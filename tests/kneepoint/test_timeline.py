@@ -1,0 +1,266 @@
+"""The timeline (kneepoint/timeline.py): each detector on built samples, a trigger and a
+non-trigger; then a twin replica restarted, reconfigured, upgraded, throttled and given an
+XID, its scrapes rendered by the twin, normalized and stored by the collector's own code:
+each event appears once, at its time, in `kneepoint timeline --json` and in the message of
+an alert that fires after them."""
+
+from __future__ import annotations
+
+import json
+import time
+from dataclasses import dataclass, replace
+from pathlib import Path
+
+import pandas as pd
+import pytest
+from sqlalchemy import select
+from typer.testing import CliRunner
+
+from alerts.channels import Notice, channel
+from alerts.engine import FIRING, Alert, Transition
+from alerts.outbox import enqueue
+from collectors.collect import store_fetched
+from collectors.scrape import Fetched
+from kneepoint.cli import app
+from kneepoint.config import Config, load_config
+from kneepoint.store.db import open_store
+from kneepoint.store.models import NotificationRow
+from kneepoint.timeline import (
+    HIT_RATE_DROP,
+    STORM_FACTOR,
+    STORM_MIN_RATE,
+    config_changes,
+    events,
+    gpu_clock_events,
+    gpu_xids,
+    gpus_gone,
+    hit_rate_drops,
+    outages,
+    prefill_storms,
+    restarts,
+)
+from kneepoint.twin.dcgm import GpuNode, GpuState
+from kneepoint.twin.engine import Engine, EngineConfig
+from kneepoint.twin.exposition import Snapshot, render
+from kneepoint.twin.profiles import gpu, model
+from tests.conftest import migrated
+
+pytestmark = pytest.mark.timeout(120)
+
+# --- the detectors, pure -----------------------------------------------------------------
+
+
+def test_a_counter_that_falls_is_a_restart_and_one_that_stalls_is_not() -> None:
+    times = [0.0, 15.0, 30.0, 45.0]
+    found = restarts("r", times, {"prompt_tokens": [100, 200, 5, 5], "preemptions": [0, 0, 0, 0]})
+    assert [(e.at, e.kind) for e in found] == [(30.0, "restart")]
+    assert "prompt_tokens 200 → 5" in found[0].detail
+    assert restarts("r", times, {"prompt_tokens": [100, 100, None, 120]}) == []
+
+
+def test_a_configuration_change_and_an_upgrade_are_told_apart() -> None:
+    first = {"engine": "vllm", "generation": "v1", "num_gpu_blocks": 100, "cache_dtype": "auto"}
+    configs = [
+        (0.0, first),
+        (60.0, {**first, "num_gpu_blocks": 80, "cache_dtype": "fp8"}),
+        (120.0, {**first, "num_gpu_blocks": 80, "cache_dtype": "fp8", "generation": "v1-0.10"}),
+    ]
+    found = config_changes("r", configs)
+    assert [(e.at, e.kind) for e in found] == [(60.0, "config_change"), (120.0, "upgrade")]
+    assert (
+        "num_gpu_blocks 100 → 80" in found[0].detail and "cache_dtype auto → fp8" in found[0].detail
+    )
+    assert found[1].detail == "generation v1 → v1-0.10"
+    assert config_changes("r", configs[:1]) == []  # the first configuration is no change
+
+
+def test_an_xid_is_one_event_while_its_code_is_held() -> None:
+    found = gpu_xids("GPU 0", "r", [0, 15, 30, 45, 60], [None, 79, 79, 79, 48])
+    assert [(e.at, e.detail) for e in found] == [(15, "XID 79 on GPU 0"), (60, "XID 48 on GPU 0")]
+    # A code already held at the first sample may be old: no event.
+    assert gpu_xids("GPU 0", "r", [0, 15], [79, 79]) == []
+
+
+def test_clock_event_bits_that_turn_on_are_throttling_or_power_capping() -> None:
+    times = [0, 15, 30, 45, 60]
+    found = gpu_clock_events("GPU 0", "r", times, [0, 0x1, 0x40 | 0x1, 0x40 | 0x4, 0x4])
+    assert [(e.at, e.kind) for e in found] == [(30, "gpu_throttle"), (45, "gpu_power_cap")]
+    assert "HW thermal slowdown" in found[0].detail and "SW power cap" in found[1].detail
+    # Idle (0x1) and application clocks (0x2) are no slowdown.
+    assert gpu_clock_events("GPU 0", "r", times, [0, 1, 2, 3, 1]) == []
+
+
+def test_a_gpu_missing_from_its_exporters_scrape_is_gone() -> None:
+    scrapes = [0.0, 15.0, 30.0, 45.0]
+    listed: dict[tuple[str, str | None], set[float]] = {
+        ("GPU 0", "r"): {0.0, 15.0, 30.0, 45.0},
+        ("GPU 1", "r"): {0.0, 15.0},
+    }
+    found = gpus_gone(scrapes, listed)
+    assert [(e.at, e.detail) for e in found] == [(30.0, "GPU 1 no longer reported")]
+    assert gpus_gone(scrapes, {("GPU 0", "r"): set(scrapes)}) == []
+
+
+def test_failed_scrapes_close_together_are_one_outage() -> None:
+    times = [100.0, 115.0, 130.0, 1000.0]
+    found = outages("r", times, ["refused", "refused", "refused", "timeout"], interval=15.0)
+    assert [(e.at, e.kind) for e in found] == [(100.0, "scrape_outage"), (1000.0, "scrape_outage")]
+    assert found[0].detail.startswith("3 failed scrapes over 30 s: refused")
+
+
+def _intervals(hit_rates: list[float], computed: list[float]) -> pd.DataFrame:
+    start = pd.Timestamp("2026-12-01T00:00:00Z")
+    return pd.DataFrame(
+        {
+            "time": [start + pd.Timedelta(minutes=5 * i) for i in range(len(hit_rates))],
+            "hit_rate": hit_rates,
+            "computed_prompt_tokens_per_second": computed,
+        }
+    )
+
+
+def test_a_hit_rate_drop_below_its_trailing_hour() -> None:
+    steady = 0.8
+    dropped = steady - HIT_RATE_DROP - 0.05
+    series = _intervals([steady] * 6 + [dropped] * 2, [10.0] * 8)
+    (event,) = hit_rate_drops("r", series)
+    assert event.at == series.time[6].timestamp() and event.kind == "hit_rate_drop"
+    wobble = _intervals([steady] * 6 + [steady - HIT_RATE_DROP / 2] * 2, [10.0] * 8)
+    assert hit_rate_drops("r", wobble) == []
+
+
+def test_a_prefill_storm_is_a_burst_over_its_trailing_hour_and_not_an_idle_replica_waking() -> None:
+    base = STORM_MIN_RATE
+    series = _intervals([0.5] * 8, [base] * 5 + [base * STORM_FACTOR * 2] * 2 + [base])
+    (event,) = prefill_storms("r", series)
+    assert event.at == series.time[5].timestamp() and event.kind == "prefill_storm"
+    small = _intervals([0.5] * 8, [1.0] * 5 + [STORM_MIN_RATE / 2] * 3)
+    assert prefill_storms("r", small) == []
+
+
+# --- a twin replica through the collector's store ---------------------------------------
+
+STEP = 15.0
+RESTART, RECONFIGURE, UPGRADE, XID, THROTTLE, FIRE = 40, 80, 120, 140, 160, 170  # rounds
+XID_CODE = 79
+HW_THERMAL, SW_POWER_CAP = 0x40, 0x4
+
+
+@dataclass
+class TwinReplica:
+    """A twin vLLM engine stepped by the test, and the GPU it runs on."""
+
+    config: EngineConfig
+    version: str = "0.32"
+
+    def __post_init__(self) -> None:
+        self.engine = Engine(self.config)
+        self.node = GpuNode("node1", [GpuState(0, self.config.gpu, memory_fraction=0.9)])
+
+    def work(self) -> None:
+        for _ in range(2):
+            self.engine.add(list(range(256)), 16)
+        while not self.engine.idle:
+            self.engine.step()
+
+    def scrape(self) -> str:
+        snapshot = Snapshot(self.engine, "qwen3-4b", 0.0, self.config.gpu_memory_utilization)
+        return render(snapshot, self.version).decode()
+
+
+def _config(tmp_path: Path) -> Config:
+    path = tmp_path / "kneepoint.yaml"
+    path.write_text(
+        f"database: sqlite:///{tmp_path / 'k.db'}\n"
+        "targets:\n"
+        "  - {name: r1, kind: vllm, url: 'http://127.0.0.1:9/metrics', gpus: [node1/0]}\n"
+        "  - {name: node1, kind: dcgm, url: 'http://127.0.0.1:9/dcgm'}\n"
+        "channels:\n  - {name: ops, type: slack, url: 'http://127.0.0.1:9/hook'}\n"
+        "rules:\n"
+        "  - {name: kv-high, metric: kv_cache_occupancy, op: '>', threshold: 0.5,"
+        " severity: page, channels: [ops]}\n"
+    )
+    return load_config(migrated(path))
+
+
+def test_a_restarted_reconfigured_upgraded_throttled_twin_shows_each_change_once(
+    tmp_path: Path,
+) -> None:
+    config = _config(tmp_path)
+    sessions = open_store(config.database)
+    replica = TwinReplica(EngineConfig(gpu("l4"), model("qwen3-4b")))
+    start = float(int(time.time()) // 60 * 60) - (FIRE + 10) * STEP
+    at = {k: start + k * STEP for k in (RESTART, RECONFIGURE, UPGRADE, XID, THROTTLE, FIRE)}
+    for k in range(FIRE + 1):
+        if k == RESTART:
+            replica.engine = Engine(replica.config)
+        if k == RECONFIGURE:  # a new process: fewer GPU memory, an FP8 KV cache
+            replica.config = replace(replica.config, gpu_memory_utilization=0.8, fp8_kv_cache=True)
+            replica.engine = Engine(replica.config)
+        if k == UPGRADE:  # the same engine's exposition as another vLLM generation
+            replica.version = "0.10"
+        if k == XID:
+            replica.node.gpus[0].xid = XID_CODE
+        if k == THROTTLE:
+            replica.node.gpus[0].clock_events = HW_THERMAL | SW_POWER_CAP
+        replica.work()
+        replica.node.sample(STEP)
+        ts = start + k * STEP
+        fetched = [
+            Fetched(config.target("r1"), ts, 0.01, replica.scrape(), None),
+            Fetched(config.target("node1"), ts, 0.01, replica.node.render().decode(), None),
+        ]
+        assert all(outcome.ok for outcome in store_fetched(fetched, sessions))
+
+    expected = {
+        ("restart", at[RESTART]),
+        ("restart", at[RECONFIGURE]),  # a new configuration is a new process
+        ("config_change", at[RECONFIGURE]),
+        ("upgrade", at[UPGRADE]),
+        ("gpu_xid", at[XID]),
+    }
+    kinds = {kind for kind, _ in expected}
+
+    with sessions() as session:
+        found = events(session, config, start, at[FIRE])
+    seen = [(e.kind, e.at) for e in found if e.kind in kinds]
+    assert sorted(seen) == sorted(expected)  # each once, at its round
+    assert all(e.replica == "r1" for e in found if e.kind in kinds)  # the GPU is r1's
+    change = next(e for e in found if e.kind == "config_change")
+    assert "cache_dtype auto → fp8" in change.detail and "num_gpu_blocks" in change.detail
+    upgrade = next(e for e in found if e.kind == "upgrade")
+    assert upgrade.detail == "generation v1 → v1-0.10"
+    assert f"XID {XID_CODE}" in next(e for e in found if e.kind == "gpu_xid").detail
+
+    # The command line: the same events, as JSON with ISO times.
+    result = CliRunner().invoke(
+        app, ["timeline", "--config", str(tmp_path / "kneepoint.yaml"), "--since", "1h", "--json"]
+    )
+    assert result.exit_code == 0, result.output
+    listed = json.loads(result.output)
+    from_cli = [
+        (e["kind"], pd.Timestamp(e["at"]).timestamp()) for e in listed if e["kind"] in kinds
+    ]
+    assert sorted(from_cli) == sorted(expected)
+    assert {e["replica"] for e in listed if e["kind"] in kinds} == {"r1"}
+    other = CliRunner().invoke(
+        app,
+        ["timeline", "--config", str(tmp_path / "kneepoint.yaml"), "--replica", "node9", "--json"],
+    )
+    assert other.exit_code == 0 and json.loads(other.output) == []
+
+    # An alert that fires after them carries each one in its message.
+    rule = next(r for r in config.rules if r.name == "kv-high")
+    alert = Alert("f1", rule.name, "r1", FIRING, 0.9, rule.threshold, fired_at=at[FIRE])
+    with sessions.begin() as session:
+        enqueue(session, config, config.rules, [Transition(alert, "pending", FIRING)], at[FIRE])
+    with sessions() as session:
+        row = session.scalars(select(NotificationRow)).one()
+    notice = Notice(**json.loads(row.notice))
+    lines = [e.line() for e in found if e.kind in kinds]
+    assert len(lines) == len(expected)
+    for line in lines:
+        assert notice.changes.count(line) == 1
+    text = channel(config.channels[0]).request(notice, at[FIRE]).json["text"]
+    assert "changes in the hour before:" in text
+    assert all(f"- {line}" in text for line in lines)
