@@ -50,10 +50,12 @@ from alerts import silences
 from alerts.channels import Notice, Outgoing, channel
 from alerts.channels.send import DEADLINE, Result, Sender, http_sender, scrub, where
 from alerts.engine import FIRING, RESOLVED, Alert, Transition
+from kneepoint import timeline
 from kneepoint.config import Channel as ChannelConfig
 from kneepoint.config import Config, Rule, url_problem
 from kneepoint.secrets import scrub as scrub_secrets
 from kneepoint.store.models import NotificationRow
+from kneepoint.timeline import Event
 
 __all__ = [
     "Result",
@@ -75,6 +77,8 @@ PER_ROUND = 20  # rows per channel per round; the rest wait for the next round
 ROUND_BUDGET = 2  # deadlines: after this long a round starts no new send
 MAX_PENDING = 1000  # pending rows looked at per round, oldest first
 COUNTS = ("sent", "retry", "failed", "held", "superseded", "expired")
+CHANGES_BEFORE = 3600.0  # a firing message lists the timeline's events this long before it
+MAX_CHANGES = 10  # the newest ones
 # The page that explains a metric (the link in the message).
 PAGES = {
     "kv_cache_occupancy": "capacity",
@@ -129,6 +133,7 @@ def enqueue(
     active = silences.load(session)
     added = 0
     groups: dict[tuple[str, str], list[Notice]] = {}  # (rule, status) -> notices to send
+    seen: dict[tuple[str, float], list[Event]] = {}  # timeline reads, per replica and time
     for change in changes:
         # Firing (first time or a repeat_interval reminder), or resolved after it fired.
         news = change.after == FIRING or (change.after == RESOLVED and change.before == FIRING)
@@ -136,6 +141,8 @@ def enqueue(
         if not news or rule is None:
             continue
         notice = notice_for(change, rule, config, now)
+        if notice.status == FIRING:
+            notice = replace(notice, changes=changes_before(session, config, notice, seen))
         labels = silences.labels_of(rule.name, notice.replica, rule.severity, dict(rule.labels))
         why = silences.muted(labels, active, states or {}, now)
         if why is None:
@@ -154,13 +161,49 @@ def enqueue(
     return added
 
 
+def changes_before(
+    session: Session,
+    config: Config,
+    notice: Notice,
+    seen: dict[tuple[str, float], list[Event]],
+) -> tuple[str, ...]:
+    """The timeline's events on the alert's replica (all, for a fleet alert) in the
+    CHANGES_BEFORE seconds before it fired, newest MAX_CHANGES, one line each; not the
+    alert's own firing. A timeline that cannot be read costs the lines, never the message."""
+    key = (notice.replica, notice.since)
+    if key not in seen:
+        try:
+            with session.begin_nested():
+                seen[key] = timeline.events(
+                    session,
+                    config,
+                    notice.since - CHANGES_BEFORE,
+                    notice.since,
+                    notice.replica or None,
+                )
+        except Exception:
+            log.exception("reading the timeline for %s failed", notice.where)
+            seen[key] = []
+    own = f"{notice.rule} fired"
+    found = [
+        e
+        for e in seen[key]
+        if not (e.kind == "alert_firing" and e.detail.startswith(own) and e.at == notice.since)
+    ]
+    lines = [event.line() for event in found[-MAX_CHANGES:]]
+    if len(found) > MAX_CHANGES:
+        lines.insert(0, f"({len(found) - MAX_CHANGES} earlier not shown)")
+    return tuple(lines)
+
+
 def group_of(notices: list[Notice]) -> Notice:
     """One notice for the same rule's news on several replicas."""
     first = notices[0]
     members = [
         {"replica": n.replica, "value": n.value, "fingerprint": n.fingerprint} for n in notices
     ]
-    return replace(first, members=members, since=min(n.since for n in notices))
+    changes = tuple(dict.fromkeys(line for n in notices for line in n.changes))
+    return replace(first, members=members, since=min(n.since for n in notices), changes=changes)
 
 
 def put(session: Session, channel_name: str, notice: Notice, now: float) -> NotificationRow:

@@ -188,4 +188,5 @@ ACTION_NAMES = {
     "run.delete": "Deleting a knee run",
     "report.send": "Sending the weekly review",
     "audit.read": "Reading the audit trail",
+    "annotation.create": "Posting an annotation",
 }

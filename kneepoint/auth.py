@@ -104,6 +104,24 @@ class ProxyAuth(Strict):
         return any(peer in ipaddress.ip_network(entry, strict=False) for entry in self.trusted)
 
 
+class ApiToken(Strict):
+    """A bearer token for kneepoint's HTTP API (the annotation endpoint a CI pipeline posts
+    deploys to: kneepoint/annotations.py), with the role it acts with. Give the token as
+    `${VAR}`: it is compared in constant time and never logged, shown or stored; the audit
+    trail names the token by `name`."""
+
+    name: Annotated[str, Field(min_length=1, max_length=100, pattern=r"^[A-Za-z0-9_.:-]+$")]
+    token: Secret
+    role: Role = "operator"
+
+    @field_validator("token")
+    @classmethod
+    def _long_enough(cls, token: Secret) -> Secret:
+        if len(token.reveal()) < 16:
+            raise ValueError("an API token needs at least 16 characters (openssl rand -hex 32)")
+        return token
+
+
 class Auth(Strict):
     """`auth:` in kneepoint.yaml. Role entries are e-mail addresses or `group:NAME`."""
 
@@ -124,6 +142,8 @@ class Auth(Strict):
     # another Host header is refused, which stops DNS rebinding). Empty: any host. Without
     # `auth:` kneepoint allows only localhost, 127.0.0.1 and ::1.
     hosts: list[str] = []
+    # Bearer tokens of the HTTP API (kneepoint/annotations.py), each with its role.
+    api_tokens: list[ApiToken] = []
 
     @model_validator(mode="after")
     def _mode_settings(self) -> Auth:
@@ -131,6 +151,9 @@ class Auth(Strict):
             raise ValueError("mode oidc needs an `oidc:` section (issuer, client_id, ...)")
         if self.mode == "proxy" and self.proxy is None:
             raise ValueError("mode proxy needs a `proxy:` section (trusted addresses)")
+        names = [token.name for token in self.api_tokens]
+        if len(set(names)) != len(names):
+            raise ValueError("api_tokens: each token needs a name of its own")
         return self
 
 
@@ -147,7 +170,7 @@ class Identity:
 
     name: str
     role: Role | None
-    via: Literal["local", "none", "oidc", "proxy", "cli"]
+    via: Literal["local", "none", "oidc", "proxy", "cli", "api"]
     email: str | None = None
     groups: tuple[str, ...] = ()
     address: str | None = None

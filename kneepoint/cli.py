@@ -190,8 +190,13 @@ def serve(
     no_collect: Annotated[
         bool, typer.Option("--no-collect", help="Only the app: another process collects.")
     ] = False,
+    api_host: Annotated[
+        str, typer.Option(help="Address of the annotation API (only with auth.api_tokens).")
+    ] = "127.0.0.1",
+    api_port: Annotated[int, typer.Option(help="Port of the annotation API.")] = 8502,
 ) -> None:
-    """Run the collectors and scheduler, and the web app, for the configured targets."""
+    """Run the collectors and scheduler, and the web app, for the configured targets; with
+    `auth.api_tokens`, also the annotation API (README "Timeline")."""
     from kneepoint.webapp import ListenRefused, check_listen, run_app
 
     settings = load_settings(config)
@@ -202,6 +207,14 @@ def serve(
     discovery_usable(settings)
     sessions = open_sessions(settings)
     file = config_path(config)
+    if settings.auth is not None and settings.auth.api_tokens:
+        from kneepoint.annotations import serve_api
+
+        try:
+            serve_api(settings, sessions, api_host, api_port)
+        except OSError as error:
+            fail(f"the annotation API cannot listen on {api_host}:{api_port}: {error}")
+        typer.echo(f"annotation API on http://{api_host}:{api_port}/api/v1/", err=True)
     if no_collect:  # several app instances, one `kneepoint collect`, one shared database
         sys.exit(run_app(settings, file, host, port, open_browser=not no_browser))
     from collectors.schedule import install_collector
@@ -374,6 +387,70 @@ def capacity(
             f"{row['max_sequences']:.2f}",
         )
     Console().print(table)
+
+
+@app.command()
+def timeline(
+    config: ConfigOption = None,
+    since: Annotated[str, typer.Option(help="How far back: 1h, 1d, 7d, …")] = "1h",
+    replica: Annotated[
+        str | None, typer.Option(help="Only this replica's events (and the fleet's).")
+    ] = None,
+    as_json: Annotated[
+        bool, typer.Option("--json", help="Print a JSON list: at (ISO), replica, kind, detail.")
+    ] = False,
+    at: AtOption = None,
+) -> None:
+    """What changed, oldest first: restarts, configuration changes and upgrades, GPU events
+    (XID, throttling, power capping, a GPU gone), scrape outages, hit-rate drops, prefill
+    storms, alerts firing and resolving, silences and annotations (kneepoint/timeline.py)."""
+    seconds = positive_duration("--since", since)
+    settings = load_settings(config)
+    sessions = open_sessions(settings)
+    from collectors.discovery import current
+    from kneepoint.timeline import events
+
+    until = moment(at, system_clock())
+    with sessions() as session:
+        found = events(session, current(settings), until - seconds, until, replica)
+    if as_json:
+        typer.echo(json.dumps([event.as_dict() for event in found], indent=2))
+        return
+    if not found:
+        typer.echo(f"no change in the last {since}")
+        return
+    table = Table("at (UTC)", "replica", "kind", "detail")
+    for event in found:
+        table.add_row(event.as_dict()["at"], event.replica or "fleet", event.kind, event.detail)
+    Console(width=160).print(table)
+
+
+@app.command()
+def annotate(
+    text: Annotated[str, typer.Option(help='What changed, e.g. "prompt v42".')],
+    config: ConfigOption = None,
+    replica: Annotated[
+        str | None, typer.Option(help="The replica it concerns (unset: the whole fleet).")
+    ] = None,
+    at: Annotated[
+        str | None,
+        typer.Option(help="When: ISO 8601 (2026-11-30T09:00Z) or Unix seconds; now if unset."),
+    ] = None,
+) -> None:
+    """Mark a change made outside kneepoint (a deploy, a prompt version) on the timeline and
+    on every chart. Audited; CI pipelines can post the same to the API (README "Timeline")."""
+    settings = load_settings(config)
+    sessions = open_sessions(settings)
+    from kneepoint.annotations import Invalid
+    from kneepoint.annotations import annotate as add
+    from kneepoint.auth import local_identity
+
+    now = system_clock()
+    try:
+        row = add(sessions.begin, local_identity(), text, replica, moment(at, now), now)
+    except Invalid as error:
+        fail(str(error), 2)
+    typer.echo(f"annotation {row.id} on {replica or 'the fleet'}")
 
 
 @app.command()

@@ -35,6 +35,14 @@ class Notice:
     labels: dict[str, str] = field(default_factory=dict)
     # A group: the same rule's news for several replicas in one evaluation, one message.
     members: list[dict[str, Any]] = field(default_factory=list)
+    # What changed in the hour before it fired (kneepoint/timeline.py), one line each, and
+    # the likely cause with its evidence (kneepoint/causes.py): shown on every channel.
+    changes: tuple[str, ...] = ()
+    cause: str = ""
+
+    def __post_init__(self) -> None:
+        if not isinstance(self.changes, tuple):  # a list, as stored in the outbox's JSON
+            object.__setattr__(self, "changes", tuple(self.changes))
 
     def split(self) -> list[Notice]:
         """The group's alerts one by one (each with its own replica, value, fingerprint)."""
@@ -85,7 +93,15 @@ class Notice:
         lines = [self.title(), detail, self.link]
         if self.runbook and self.status == "firing":
             lines.append(f"runbook: {self.runbook}")
-        return "\n".join(lines)
+        return "\n".join(lines + self.context())
+
+    def context(self) -> list[str]:
+        """The likely cause and the changes before it fired, as lines of the message."""
+        lines = [f"likely cause: {self.cause}"] if self.cause else []
+        if self.changes:
+            lines.append("changes in the hour before:")
+            lines += [f"- {change}" for change in self.changes]
+        return lines
 
 
 def _value(value: float | None) -> str:

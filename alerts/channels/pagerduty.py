@@ -25,7 +25,12 @@ class PagerDuty(Channel):
                 "summary": self.short(notice).split("\n")[0][: self.max_chars],
                 "source": notice.replica or "fleet",
                 "severity": SEVERITY.get(notice.severity, "warning"),
-                "custom_details": {"value": notice.value, "threshold": notice.threshold},
+                "custom_details": {
+                    "value": notice.value,
+                    "threshold": notice.threshold,
+                    **({"cause": notice.cause} if notice.cause else {}),
+                    **({"changes": list(notice.changes)} if notice.changes else {}),
+                },
             }
             body["links"] = [{"href": notice.link, "text": "kneepoint"}]
         url = self.config.url.reveal() if self.config.url else EVENTS

@@ -25,14 +25,19 @@ def alert_object(notice: Notice) -> dict[str, object]:
         "severity": notice.severity,
         **notice.labels,
     }
+    annotations = {
+        "summary": notice.text().split("\n")[1],
+        "runbook": notice.runbook,
+        "value": "" if notice.value is None else f"{notice.value:g}",
+    }
+    if notice.cause:
+        annotations["cause"] = notice.cause
+    if notice.changes:
+        annotations["changes"] = "\n".join(notice.changes)
     return {
         "status": notice.status,
         "labels": labels,
-        "annotations": {
-            "summary": notice.text().split("\n")[1],
-            "runbook": notice.runbook,
-            "value": "" if notice.value is None else f"{notice.value:g}",
-        },
+        "annotations": annotations,
         "startsAt": iso(notice.since),
         "endsAt": iso(notice.at) if notice.status == "resolved" else ZERO,
         "generatorURL": notice.link,
