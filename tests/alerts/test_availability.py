@@ -18,12 +18,12 @@ from alerts import slo
 from alerts.engine import FIRING
 from alerts.evaluate import evaluate_once, measure, slo_reports
 from collectors.vllm import parse_vllm
-from kneepoint.config import load_config
+from kneepoint.config import Slo, load_config
 from kneepoint.store.db import open_store
 from kneepoint.store.models import AlertRow
 from kneepoint.store.writer import ensure_targets, record_replica
 from kneepoint.twin.fleet import Fleet, FleetSpec
-from tests.conftest import migrated
+from tests.conftest import OWN_FIXTURES, migrated, read
 
 pytestmark = pytest.mark.timeout(120)
 STEP = 300.0  # seconds between the stored scrapes
@@ -187,3 +187,52 @@ def test_stalled_time_counts_as_unavailable(tmp_path: Path, fleet: Fleet) -> Non
     )
     assert expected  # the stall is long enough to burn
     assert firing_burns(config_file) == expected
+
+
+AVAILABILITY = Slo(name="up", kind="availability", objective=OBJECTIVE)
+A = slo.Availability
+SHARES = {
+    "a tenth of finished requests in error or aborted": (
+        A(finished=100, failed=10, seconds=600),
+        0.1,
+    ),
+    "the API server's 5xx share counts when it is the larger": (
+        A(finished=100, failed=2, http=100, http_failed=5, seconds=600),
+        0.05,
+    ),
+    "the engine's share counts when it is the larger (the layers are not added)": (
+        A(finished=100, failed=5, http=100, http_failed=2, seconds=600),
+        0.05,
+    ),
+    "a quarter of the time stalled and nothing failed": (
+        A(finished=100, failed=0, seconds=800, stalled=200),
+        0.25,
+    ),
+    "stalled time and failed requests combine as independent chances": (
+        A(finished=100, failed=10, seconds=800, stalled=200),
+        1 - (1 - 0.1) * (1 - 0.25),
+    ),
+    "stalled all along with nothing finished is all bad": (A(seconds=600, stalled=600), 1.0),
+    "nothing finished and no stall: nothing to judge": (A(seconds=600), None),
+}
+
+
+@pytest.mark.parametrize("case", SHARES, ids=list(SHARES))
+def test_the_bad_share(case: str) -> None:
+    counts, expected = SHARES[case]
+    share = slo.bad_share(AVAILABILITY, counts)
+    assert share == (None if expected is None else pytest.approx(expected))
+
+
+def test_the_api_servers_status_counters_are_read_from_a_real_vllm() -> None:
+    text = read(OWN_FIXTURES / "vllm-0.32.0-cpu-preemption-under-load.prom")
+    lines = [line for line in text.splitlines() if line.startswith("http_requests_total{")]
+    assert lines  # the capture has them
+    total = sum(float(line.rsplit(" ", 1)[1]) for line in lines)
+    sample = parse_vllm(text)
+    assert sample.counters["http_requests"] == total
+    assert sample.counters["http_requests_5xx"] == 0.0  # no 5xx series yet: none
+    failing = 'http_requests_total{handler="/v1/completions",method="POST",status="5xx"} 3.0'
+    with_errors = parse_vllm(text + failing + "\n")
+    assert with_errors.counters["http_requests_5xx"] == 3.0
+    assert with_errors.counters["http_requests"] == total + 3.0
