@@ -45,7 +45,7 @@ else:
     if production_replica != "(none)":
         end = data.now()
         curve = data.production_curve(production_replica, end - view.range_seconds, end)
-    slo = next((s for s in data.store()[0].slos if latency.startswith(s.metric)), None)
+    slo = next((s for s in data.store()[0].slos if s.metric and latency.startswith(s.metric)), None)
     shown = [by_label[label] for label in chosen]
     if shown:
         st.plotly_chart(
