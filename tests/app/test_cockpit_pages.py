@@ -1,0 +1,97 @@
+"""The on-call cockpit on the pages: the Alerts page opens a rule's runbook from the message's
+link (?rule=NAME) and names each firing alert's likely cause; the Capacity page shows each
+replica's headroom forecast."""
+
+from __future__ import annotations
+
+import time
+from pathlib import Path
+
+import pytest
+from streamlit.testing.v1 import AppTest
+
+import alerts.evaluate  # noqa: F401  the package: AppTest puts app/screens (with alerts.py) first
+from app.registry import PAGES_DIR
+from kneepoint import runbooks
+from kneepoint.config import load_config
+from kneepoint.store.db import open_store
+from kneepoint.store.models import AlertRow
+from tests.seed import seed
+
+ALERTS = str(PAGES_DIR / "alerts.py")
+CAPACITY = str(PAGES_DIR / "capacity.py")
+
+
+@pytest.fixture
+def seeded(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
+    config = seed(tmp_path, time.time())
+    monkeypatch.setenv("KNEEPOINT_CONFIG", str(config))
+    return config
+
+
+def texts(app: AppTest) -> str:
+    return "\n".join(m.value for m in app.markdown)
+
+
+def test_the_message_link_opens_the_rule_s_runbook(seeded: Path) -> None:
+    app = AppTest.from_file(ALERTS, default_timeout=60)
+    app.query_params["rule"] = "kv-cache-saturated"
+    app.run()
+    assert not app.exception, [e.value for e in app.exception]
+    shown = texts(app)
+    assert "Runbook: kv-cache-saturated" in shown
+    for step in runbooks.RUNBOOKS["kv-cache-saturated"].steps:
+        assert step.fix in shown
+    burn = AppTest.from_file(ALERTS, default_timeout=60)
+    burn.query_params["rule"] = "fast-ttft-burn-1h"
+    burn.run()
+    assert f"Runbook: fast-ttft-burn-1h · {runbooks.SLO_BURN}" in texts(burn)
+    own = AppTest.from_file(ALERTS, default_timeout=60)
+    own.query_params["rule"] = "my-own-rule"
+    own.run()
+    assert not own.exception and "my-own-rule" in own.warning[0].value
+
+
+def test_a_firing_alert_shows_its_likely_cause_and_runbook_link(seeded: Path) -> None:
+    now = time.time()
+    sessions = open_store(load_config(seeded).database)
+    with sessions.begin() as session:
+        session.add(
+            AlertRow(
+                fingerprint="f1",
+                rule="kv-cache-saturated",
+                replica="replica-a",
+                state="firing",
+                value=0.97,
+                threshold=0.9,
+                pending_since=now - 400,
+                fired_at=now - 100,
+                resolved_at=None,
+                updated_at=now,
+                notified_at=now - 100,
+            )
+        )
+    app = AppTest.from_file(ALERTS, default_timeout=60).run()
+    assert not app.exception, [e.value for e in app.exception]
+    line = next(m.value for m in app.markdown if m.value.startswith("**kv-cache-saturated**"))
+    assert "on replica-a (firing): " in line
+    kind = line.split("(firing): ", 1)[1].split(":", 1)[0]
+    assert kind in (*causes_order(), "unknown")
+    assert "(./?page=alerts&rule=kv-cache-saturated)" in line
+
+
+def causes_order() -> tuple[str, ...]:
+    from kneepoint.causes import ORDER
+
+    return ORDER
+
+
+def test_the_capacity_page_shows_each_replica_s_forecast(seeded: Path) -> None:
+    app = AppTest.from_file(CAPACITY, default_timeout=60).run()
+    assert not app.exception, [e.value for e in app.exception]
+    assert "Headroom forecast" in [h.value for h in app.subheader]
+    table = next(d.value for d in app.dataframe if "why" in d.value.columns)
+    assert {"replica-a", "replica-b"} <= set(table.replica)
+    # An hour of history: too few days, so no date and a note that says so.
+    assert table.crosses.isna().all()
+    assert all("day(s) of history" in note for note in table.why)
