@@ -1,19 +1,29 @@
-"""Side by side with a real Prometheus: the same 50 fleet-twin targets (40 vLLM replicas,
-10 dcgm-exporters with 4 GPUs each, light agent traffic) scraped by kneepoint's collector and
-by Prometheus at the same interval for the same minutes.
+"""Side by side with a real Prometheus: the same fleet-twin targets (by default 50: 40 vLLM
+replicas, 10 dcgm-exporters with 4 GPUs each, light agent traffic) scraped by kneepoint's
+collector and by Prometheus at the same interval for the same minutes.
 
-    .venv/bin/python bench/bench_prometheus.py [--minutes 3] [--interval 5]
+    .venv/bin/python bench/bench_prometheus.py [--targets 50] [--minutes 3] [--interval 5]
+        [--sessions 10] [--profile FILE]
+
+`--targets N`: a fifth of them dcgm-exporters, the rest vLLM replicas spread over their GPUs
+(500: 100 nodes, 400 replicas). The twin (servers, engines, agent traffic: `--sessions`
+concurrent agent sessions in all, so a large fleet is lightly loaded) runs in a child
+process, so kneepoint's process holds nothing but the collector.
 
 Prints CPU seconds per target-scrape and bytes stored per target-day for each, and their
-ratios. kneepoint's CPU is its collection thread's (HTTP, parse, normalize, store; the twin
-servers run in other threads); Prometheus's is its process's, from /proc. Storage:
-kneepoint's database growth at full resolution (before rollups); Prometheus's chunk bytes
-in a snapshot block of its head (index bytes, a per-block cost, reported apart).
+ratios. kneepoint's CPU is its collection thread's (HTTP, parse, normalize, store), with its
+whole process's beside it; Prometheus's is its process's, from /proc. Storage: kneepoint's
+database growth at full resolution (before rollups); Prometheus's chunk bytes in a snapshot
+block of its head (index bytes, a per-block cost, reported apart). `--profile FILE` writes a
+cProfile of kneepoint's rounds (CPU time of the thread, not wall time) to FILE after the run.
 """
 
 from __future__ import annotations
 
 import argparse
+import cProfile
+import math
+import multiprocessing
 import os
 import shutil
 import subprocess
@@ -21,6 +31,7 @@ import sys
 import tempfile
 import time
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import httpx
 import yaml
@@ -29,23 +40,49 @@ ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
 from collectors.collect import collect_once  # noqa: E402
-from kneepoint.config import Config  # noqa: E402
+from kneepoint.config import Config, Target  # noqa: E402
+from kneepoint.secrets import SecretURL  # noqa: E402
 from kneepoint.store.db import open_store  # noqa: E402
 from kneepoint.twin.fleet import Fleet, FleetSpec  # noqa: E402
 from kneepoint.twin.traffic import Group, Traffic  # noqa: E402
 from tests.conftest import free_port  # noqa: E402
 
-NODES, GPUS_PER_NODE = 10, 4
+if TYPE_CHECKING:
+    from multiprocessing.connection import Connection
 
 
-def fleet_spec() -> FleetSpec:
-    nodes = [{"name": f"node-{n}", "gpus": ["l4"] * GPUS_PER_NODE} for n in range(NODES)]
+def fleet_spec(targets: int = 50) -> FleetSpec:
+    """`targets` twin targets: a fifth GPU nodes (dcgm-exporters), the rest vLLM replicas,
+    one per GPU, spread evenly over the nodes."""
+    if targets < 2:
+        raise ValueError("--targets must be at least 2 (a replica and its GPU node)")
+    node_count = max(1, targets // 5)
+    replica_count = targets - node_count
+    per_node = math.ceil(replica_count / node_count)
+    nodes = [{"name": f"node-{n}", "gpus": ["l4"] * per_node} for n in range(node_count)]
     replicas = [
-        {"name": f"replica-{n}-{g}", "model": "qwen3-4b", "node": f"node-{n}", "gpu_index": g}
-        for n in range(NODES)
-        for g in range(GPUS_PER_NODE)
+        {
+            "name": f"replica-{i // per_node}-{i % per_node}",
+            "model": "qwen3-4b",
+            "node": f"node-{i // per_node}",
+            "gpu_index": i % per_node,
+        }
+        for i in range(replica_count)
     ]
     return FleetSpec.model_validate({"nodes": nodes, "replicas": replicas})
+
+
+def serve_twin(targets: int, sessions: float, pipe: Connection) -> None:
+    """The child process: the twin fleet and its traffic, until the parent says stop."""
+    fleet = Fleet(fleet_spec(targets)).start()
+    traffic = Traffic(
+        [Group("Qwen/Qwen3-4B", [fleet.url(r.name) for r in fleet.spec.replicas], sessions)],
+        day_seconds=600,
+    ).start()
+    pipe.send([(t.name, t.kind, t.url.reveal(), t.gpus) for t in fleet.targets()])
+    pipe.recv()  # stop
+    traffic.stop()
+    fleet.stop()
 
 
 def directory_bytes(path: Path, pattern: str = "**/*") -> int:
@@ -69,22 +106,28 @@ def main() -> None:
     parser = argparse.ArgumentParser()
     parser.add_argument("--minutes", type=float, default=3.0)
     parser.add_argument("--interval", type=float, default=5.0)
+    parser.add_argument("--targets", type=int, default=50)
+    parser.add_argument("--sessions", type=float, default=10.0)
+    parser.add_argument("--profile", type=Path, default=None)
     args = parser.parse_args()
     binary = shutil.which("prometheus")
     if binary is None:
         sys.exit("no prometheus binary: apt-get install prometheus")
-    fleet = Fleet(fleet_spec()).start()
+    ours_end, twin_end = multiprocessing.get_context("fork").Pipe()
+    twin = multiprocessing.get_context("fork").Process(
+        target=serve_twin, args=(args.targets, args.sessions, twin_end), daemon=True
+    )
+    twin.start()
+    targets = [
+        Target(name=name, kind=kind, url=SecretURL(url), gpus=gpus)
+        for name, kind, url, gpus in ours_end.recv()
+    ]
     folder = Path(tempfile.mkdtemp(prefix="kneepoint-bench-prom-"))
-    traffic = Traffic(
-        [Group("Qwen/Qwen3-4B", [fleet.url(r.name) for r in fleet.spec.replicas], 10.0)],
-        day_seconds=600,
-    ).start()
-    targets = fleet.targets()
     port = free_port()
     interval = f"{args.interval:g}s"
     jobs = {
         kind: [
-            t.url.removeprefix("http://").removesuffix("/metrics")
+            t.url.reveal().removeprefix("http://").removesuffix("/metrics")
             for t in targets
             if t.kind == kind
         ]
@@ -117,16 +160,26 @@ def main() -> None:
         collect_once(settings, sessions)  # targets known, tables warm
         time.sleep(args.interval * 2)  # Prometheus has scraped every target once
         db_before = directory_bytes(folder, "k.db*")
+        profile = cProfile.Profile(time.thread_time) if args.profile else None
         cpu_before, began = process_cpu(prometheus.pid), time.time()
-        ours, rounds = 0.0, 0
+        own_before = process_cpu(os.getpid())
+        ours, rounds, failed = 0.0, 0, 0
         while time.time() - began < args.minutes * 60:
             started = time.thread_time()
-            collect_once(settings, sessions)
+            if profile is not None:
+                profile.enable()
+            outcomes = collect_once(settings, sessions)
+            if profile is not None:
+                profile.disable()
             ours += time.thread_time() - started
+            failed += sum(not outcome.ok for outcome in outcomes)
             rounds += 1
             time.sleep(max(0.0, began + rounds * args.interval - time.time()))
         elapsed = time.time() - began
         theirs = process_cpu(prometheus.pid) - cpu_before
+        own_process = process_cpu(os.getpid()) - own_before
+        up = httpx.get(f"{url}/api/v1/query", params={"query": "sum(up)"}).json()
+        prometheus_up = float(up["data"]["result"][0]["value"][1])
         with sessions() as session:
             session.connection().exec_driver_sql("PRAGMA wal_checkpoint(TRUNCATE)")
         db_bytes = directory_bytes(folder, "k.db*") - db_before
@@ -135,18 +188,22 @@ def main() -> None:
         chunk_bytes = directory_bytes(block, "*/chunks/*")
         index_bytes = directory_bytes(block, "*/index")
     finally:
-        traffic.stop()
         prometheus.terminate()
         prometheus.wait()
-        fleet.stop()
+        ours_end.send("stop")
+        twin.join(timeout=30)
     scrapes = len(targets) * rounds
     prometheus_scrapes = len(targets) * elapsed / args.interval
     per_day = 86400 / elapsed / len(targets)
     ours_ms, theirs_ms = ours / scrapes * 1000, theirs / prometheus_scrapes * 1000
-    print(f"{len(targets)} targets every {interval} for {elapsed / 60:.1f} min ({rounds} rounds)")
+    print(
+        f"{len(targets)} targets every {interval} for {elapsed / 60:.1f} min ({rounds} rounds); "
+        f"kneepoint: {failed} failed target-scrapes, Prometheus: {prometheus_up:g} targets up"
+    )
     print(
         f"CPU per target-scrape: kneepoint {ours_ms:.2f} ms, Prometheus {theirs_ms:.2f} ms "
-        f"(ratio {ours_ms / theirs_ms:.1f}×)"
+        f"(ratio {ours_ms / theirs_ms:.2f}×; kneepoint's whole process: "
+        f"{own_process / scrapes * 1000:.2f} ms)"
     )
     print(
         f"bytes per target-day at {interval}: kneepoint {db_bytes * per_day / 1e6:.2f} MB, "
@@ -154,6 +211,8 @@ def main() -> None:
         f"(ratio {db_bytes / chunk_bytes:.1f}×; its index, per block: {index_bytes / 1e6:.2f} MB)"
     )
     shutil.rmtree(folder, ignore_errors=True)
+    if profile is not None:
+        profile.dump_stats(args.profile)
 
 
 if __name__ == "__main__":

@@ -77,7 +77,7 @@ def parse_exposition(
     parsed = ParsedScrape()
     decided: dict[str, str | None] = {}  # a line's name -> its canonical name, None: unwanted
     canonical_form, label_pairs = _CANONICAL_REST.fullmatch, _LABEL_PAIR.findall
-    seen, samples = parsed._seen, parsed.samples
+    seen, samples, label_sets = parsed._seen, parsed.samples, _LABEL_SETS
     for line in lines:
         if line[:1] in "#":  # a comment, or an empty line
             continue
@@ -100,6 +100,7 @@ def parse_exposition(
             _parse_line(parsed, canonical + line[len(name) :])
             continue
         labels_text, value_text = match.groups()
+        labels_text = labels_text or ""
         try:
             value = float(value_text)
         except ValueError:
@@ -110,10 +111,14 @@ def parse_exposition(
         if value - value != 0.0:  # NaN or ±Inf: no usable number
             parsed.dropped += 1
             continue
-        labels = dict(label_pairs(labels_text)) if labels_text else {}
+        labels = label_sets.get(labels_text)
+        if labels is None:
+            if len(label_sets) >= _LABEL_SETS_KEPT:
+                label_sets.clear()
+            labels = label_sets[labels_text] = dict(label_pairs(labels_text))
         # _add's duplicate check, inline (this runs for every kept line of every scrape), on
         # the label text as written: exporters write a series' labels in one order.
-        key = (canonical, labels_text or "")
+        key = (canonical, labels_text)
         prior = seen.get(key)
         if prior is None:
             seen[key] = value
@@ -136,6 +141,12 @@ _CANONICAL_REST = re.compile(
     rf"(?:\{{((?:{_LABEL}(?:,{_LABEL})*,?)?)\}})? ([^ _\n]+)(?: -?[0-9]+)?"
 )
 _LABEL_PAIR = re.compile(r'([a-zA-Z_][a-zA-Z0-9_]*)="([^"]*)"')
+# Label sets by their text, kept from scrape to scrape (as Prometheus's scrape cache keeps a
+# series by its text): a series' labels do not change between scrapes, its value does, so
+# most lines' labels are not read again. The dicts are shared: nobody may change one. A
+# target with a label per request would churn it; it is emptied when it reaches the cap.
+_LABEL_SETS: dict[str, dict[str, str]] = {}
+_LABEL_SETS_KEPT = 100_000
 
 
 def _sample_lines(lines: list[str]) -> int:

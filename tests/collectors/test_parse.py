@@ -120,3 +120,19 @@ def test_max_series_counts_sample_lines_not_comments() -> None:
     assert len(parse_exposition(comments + samples, everything, max_series=10).samples) == 10
     with pytest.raises(ScrapeFormatError, match="more than 9 series"):
         parse_exposition(comments + samples, everything, max_series=9)
+
+
+def test_label_sets_kept_between_scrapes_read_the_same(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Label sets are kept from scrape to scrape by their text, emptied at a cap: a body read
+    with the cache cold, warm, and overflowing (a cap of 3) reads the same."""
+    import collectors.parse
+
+    body = "".join(f'm{{a="{i}",b="x"}} {i}\nn{{a="{i}"}} {i}\n' for i in range(10))
+    collectors.parse._LABEL_SETS.clear()
+    cold = parse_exposition(body, everything).samples
+    warm = parse_exposition(body, everything).samples
+    monkeypatch.setattr(collectors.parse, "_LABEL_SETS_KEPT", 3)
+    overflowing = parse_exposition(body, everything).samples
+    assert cold == warm == overflowing
+    assert cold["m"][7] == ({"a": "7", "b": "x"}, 7.0)
+    assert len(collectors.parse._LABEL_SETS) <= 3
