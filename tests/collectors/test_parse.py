@@ -131,6 +131,7 @@ def test_label_sets_kept_between_scrapes_read_the_same(monkeypatch: pytest.Monke
     collectors.parse._LABEL_SETS.clear()
     cold = parse_exposition(body, everything).samples
     warm = parse_exposition(body, everything).samples
+    collectors.parse._LABEL_SETS.clear()
     monkeypatch.setattr(collectors.parse, "_LABEL_SETS_KEPT", 3)
     overflowing = parse_exposition(body, everything).samples
     assert cold == warm == overflowing
