@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import streamlit as st
 
-from app import auth, data, filters
+from app import auth, changes, data, filters
 from app.registry import PAGES, PAGES_DIR
 from kneepoint.config import ConfigError
 
@@ -45,6 +45,7 @@ try:
 except ConfigError as error:
     st.error(str(error))
     st.stop()
-filters.sidebar(replicas)
+chosen = filters.sidebar(replicas)
+changes.mark_charts(chosen)  # every time-series chart marks the timeline's events
 st.query_params["page"] = current_path
 page.run()

@@ -24,6 +24,7 @@ class PageSpec:
 PAGES = (
     PageSpec("overview.py", "Overview", ":material/monitoring:", "overview"),
     PageSpec("alerts.py", "Alerts", ":material/notifications_active:", "alerts"),
+    PageSpec("timeline.py", "Timeline", ":material/timeline:", "timeline"),
     PageSpec("slos.py", "SLOs", ":material/speed:", "slos"),
     PageSpec("capacity.py", "Capacity", ":material/memory:", "capacity"),
     PageSpec("prefix_cache.py", "Prefix cache", ":material/cached:", "prefix-cache"),
