@@ -112,6 +112,7 @@ def measure(session: Session, config: Config, since: float, until: float) -> slo
         cut = tuple(maintenance.excluded(config.maintenance, name, since, until))
         groups.setdefault(cut, []).append(target_id)
     layouts = queries.histogram_layouts(session)
+    wanted = any(s.kind == "availability" for s in config.slos)  # stalled time: only for those
     windows: list[Window] = []
     availability = slo.Availability()
     for cut, members in groups.items():
@@ -122,7 +123,7 @@ def measure(session: Session, config: Config, since: float, until: float) -> slo
             reader = None if "hist_ttft" in frame else _rows_at(session)
             spans = frame_windows(frame, layouts, reader)
             windows += spans.values()
-            stalled = _stalled_seconds(frame, config, start, end)
+            stalled = _stalled_seconds(frame, config, start, end) if wanted else {}
             for target_id, window in spans.items():
                 availability += _availability(window, stalled.get(target_id, 0.0))
     merged = merge(windows)
