@@ -8,7 +8,6 @@ from __future__ import annotations
 
 import json
 import time
-from dataclasses import dataclass, replace
 from pathlib import Path
 
 import pandas as pd
@@ -19,10 +18,8 @@ from typer.testing import CliRunner
 from alerts.channels import Notice, channel
 from alerts.engine import FIRING, Alert, Transition
 from alerts.outbox import enqueue
-from collectors.collect import store_fetched
-from collectors.scrape import Fetched
 from kneepoint.cli import app
-from kneepoint.config import Config, load_config
+from kneepoint.config import load_config
 from kneepoint.store.db import open_store
 from kneepoint.store.models import NotificationRow
 from kneepoint.timeline import (
@@ -39,11 +36,8 @@ from kneepoint.timeline import (
     prefill_storms,
     restarts,
 )
-from kneepoint.twin.dcgm import GpuNode, GpuState
-from kneepoint.twin.engine import Engine, EngineConfig
-from kneepoint.twin.exposition import Snapshot, render
-from kneepoint.twin.profiles import gpu, model
 from tests.conftest import migrated
+from tests.timeline_scenario import FIRE, STEP, XID_CODE, expected, store_history, write_config
 
 pytestmark = pytest.mark.timeout(120)
 
@@ -138,93 +132,24 @@ def test_a_prefill_storm_is_a_burst_over_its_trailing_hour_and_not_an_idle_repli
     assert prefill_storms("r", small) == []
 
 
-# --- a twin replica through the collector's store ---------------------------------------
-
-STEP = 15.0
-RESTART, RECONFIGURE, UPGRADE, XID, THROTTLE, FIRE = 40, 80, 120, 140, 160, 170  # rounds
-XID_CODE = 79
-HW_THERMAL, SW_POWER_CAP = 0x40, 0x4
-
-
-@dataclass
-class TwinReplica:
-    """A twin vLLM engine stepped by the test, and the GPU it runs on."""
-
-    config: EngineConfig
-    version: str = "0.32"
-
-    def __post_init__(self) -> None:
-        self.engine = Engine(self.config)
-        self.node = GpuNode("node1", [GpuState(0, self.config.gpu, memory_fraction=0.9)])
-
-    def work(self) -> None:
-        for _ in range(2):
-            self.engine.add(list(range(256)), 16)
-        while not self.engine.idle:
-            self.engine.step()
-
-    def scrape(self) -> str:
-        snapshot = Snapshot(self.engine, "qwen3-4b", 0.0, self.config.gpu_memory_utilization)
-        return render(snapshot, self.version).decode()
-
-
-def _config(tmp_path: Path) -> Config:
-    path = tmp_path / "kneepoint.yaml"
-    path.write_text(
-        f"database: sqlite:///{tmp_path / 'k.db'}\n"
-        "targets:\n"
-        "  - {name: r1, kind: vllm, url: 'http://127.0.0.1:9/metrics', gpus: [node1/0]}\n"
-        "  - {name: node1, kind: dcgm, url: 'http://127.0.0.1:9/dcgm'}\n"
-        "channels:\n  - {name: ops, type: slack, url: 'http://127.0.0.1:9/hook'}\n"
-        "rules:\n"
-        "  - {name: kv-high, metric: kv_cache_occupancy, op: '>', threshold: 0.5,"
-        " severity: page, channels: [ops]}\n"
-    )
-    return load_config(migrated(path))
+# --- a twin replica through the collector's store (tests/timeline_scenario.py) ----------
 
 
 def test_a_restarted_reconfigured_upgraded_throttled_twin_shows_each_change_once(
     tmp_path: Path,
 ) -> None:
-    config = _config(tmp_path)
-    sessions = open_store(config.database)
-    replica = TwinReplica(EngineConfig(gpu("l4"), model("qwen3-4b")))
+    config_file = migrated(write_config(tmp_path))
+    config = load_config(config_file)
     start = float(int(time.time()) // 60 * 60) - (FIRE + 10) * STEP
-    at = {k: start + k * STEP for k in (RESTART, RECONFIGURE, UPGRADE, XID, THROTTLE, FIRE)}
-    for k in range(FIRE + 1):
-        if k == RESTART:
-            replica.engine = Engine(replica.config)
-        if k == RECONFIGURE:  # a new process: fewer GPU memory, an FP8 KV cache
-            replica.config = replace(replica.config, gpu_memory_utilization=0.8, fp8_kv_cache=True)
-            replica.engine = Engine(replica.config)
-        if k == UPGRADE:  # the same engine's exposition as another vLLM generation
-            replica.version = "0.10"
-        if k == XID:
-            replica.node.gpus[0].xid = XID_CODE
-        if k == THROTTLE:
-            replica.node.gpus[0].clock_events = HW_THERMAL | SW_POWER_CAP
-        replica.work()
-        replica.node.sample(STEP)
-        ts = start + k * STEP
-        fetched = [
-            Fetched(config.target("r1"), ts, 0.01, replica.scrape(), None),
-            Fetched(config.target("node1"), ts, 0.01, replica.node.render().decode(), None),
-        ]
-        assert all(outcome.ok for outcome in store_fetched(fetched, sessions))
-
-    expected = {
-        ("restart", at[RESTART]),
-        ("restart", at[RECONFIGURE]),  # a new configuration is a new process
-        ("config_change", at[RECONFIGURE]),
-        ("upgrade", at[UPGRADE]),
-        ("gpu_xid", at[XID]),
-    }
-    kinds = {kind for kind, _ in expected}
+    at = store_history(config, start)
+    sessions = open_store(config.database)
+    wanted = expected(at)
+    kinds = {kind for kind, _ in wanted}
 
     with sessions() as session:
         found = events(session, config, start, at[FIRE])
     seen = [(e.kind, e.at) for e in found if e.kind in kinds]
-    assert sorted(seen) == sorted(expected)  # each once, at its round
+    assert sorted(seen) == sorted(wanted)  # each once, at its round
     assert all(e.replica == "r1" for e in found if e.kind in kinds)  # the GPU is r1's
     change = next(e for e in found if e.kind == "config_change")
     assert "cache_dtype auto → fp8" in change.detail and "num_gpu_blocks" in change.detail
@@ -234,18 +159,18 @@ def test_a_restarted_reconfigured_upgraded_throttled_twin_shows_each_change_once
 
     # The command line: the same events, as JSON with ISO times.
     result = CliRunner().invoke(
-        app, ["timeline", "--config", str(tmp_path / "kneepoint.yaml"), "--since", "1h", "--json"]
+        app, ["timeline", "--config", str(config_file), "--since", "1h", "--json"]
     )
     assert result.exit_code == 0, result.output
     listed = json.loads(result.output)
     from_cli = [
         (e["kind"], pd.Timestamp(e["at"]).timestamp()) for e in listed if e["kind"] in kinds
     ]
-    assert sorted(from_cli) == sorted(expected)
+    assert sorted(from_cli) == sorted(wanted)
     assert {e["replica"] for e in listed if e["kind"] in kinds} == {"r1"}
     other = CliRunner().invoke(
         app,
-        ["timeline", "--config", str(tmp_path / "kneepoint.yaml"), "--replica", "node9", "--json"],
+        ["timeline", "--config", str(config_file), "--replica", "node9", "--json"],
     )
     assert other.exit_code == 0 and json.loads(other.output) == []
 
@@ -258,7 +183,7 @@ def test_a_restarted_reconfigured_upgraded_throttled_twin_shows_each_change_once
         row = session.scalars(select(NotificationRow)).one()
     notice = Notice(**json.loads(row.notice))
     lines = [e.line() for e in found if e.kind in kinds]
-    assert len(lines) == len(expected)
+    assert len(lines) == len(wanted)
     for line in lines:
         assert notice.changes.count(line) == 1
     text = channel(config.channels[0]).request(notice, at[FIRE]).json["text"]
