@@ -5,8 +5,9 @@ Maintenance windows (alerts/maintenance.py): an alert whose replica a window cov
 still evaluated, and its state and history are written as always (the Alerts page shows it
 firing), but its news is not sent: it goes to the outbox as `muted`, saying which window. When
 the window ends, an alert still firing whose last news was muted so is sent as firing at the
-next evaluation; one that resolved before anyone was told sends no resolution either. SLO
-numbers leave the windows' time out (`measure`)."""
+next evaluation; one that resolved before anyone was told sends no resolution either. No
+`repeat_interval` reminder is made while a window covers an alert: one that fell due is sent
+when the window ends. SLO numbers leave the windows' time out (`measure`)."""
 
 from __future__ import annotations
 
@@ -204,6 +205,7 @@ def evaluate_once(session: Session, config: Config, now: float) -> list[Transiti
         }
     states, transitions = evaluate(rules, watched, current, now, not_exposed(view.status))
     notified = dict(session.execute(select(AlertRow.fingerprint, AlertRow.notified_at)).all())
+    lasting = maintenance.active(config.maintenance, now)  # maintenance windows now
     news = {c.alert.fingerprint for c in transitions if c.after == FIRING}
     reminders = [
         Transition(alert, FIRING, FIRING)
@@ -212,9 +214,13 @@ def evaluate_once(session: Session, config: Config, now: float) -> list[Transiti
         and key not in news
         and config.repeat_interval > 0
         and (notified.get(key) or alert.fired_at or now) <= now - config.repeat_interval
+        # No reminder while a maintenance window covers it: it is due once the window ends.
+        and not any(o.covers(alert.replica) for o in lasting)
     ]
     news |= {r.alert.fingerprint for r in reminders}
-    muted, unmuted = _maintenance(session, config, rules, transitions + reminders, states, now)
+    muted, unmuted = _maintenance(
+        session, config, rules, transitions + reminders, states, notified, lasting, now
+    )
     news = (news - muted) | {u.alert.fingerprint for u in unmuted}
     for key in set(current) - set(states):  # pending that recovered before firing
         session.delete(session.get(AlertRow, key))
@@ -264,6 +270,8 @@ def _maintenance(
     rules: list[Rule],
     changes: list[Transition],
     states: dict[str, Alert],
+    notified: dict[str, float | None],
+    lasting: list[maintenance.Occurrence],
     now: float,
 ) -> tuple[set[str], list[Transition]]:
     """Mute the news of alerts a maintenance window covers now (logged in the outbox as
@@ -278,7 +286,7 @@ def _maintenance(
         news = change.after == FIRING or (change.after == RESOLVED and change.before == FIRING)
         if rule is None or not news:
             continue
-        window = maintenance.covering(config.maintenance, change.alert.replica, now)
+        window = next((o for o in lasting if o.covers(change.alert.replica)), None)
         if window is not None:
             why = f"{MUTED_BY} {window.name!r} (until {_iso(window.end)})"
         elif change.after == RESOLVED and _muted_last(session, change.alert.fingerprint):
@@ -297,7 +305,9 @@ def _maintenance(
         if alert.state == FIRING
         and key not in changing
         and alert.rule in by_name
-        and maintenance.covering(config.maintenance, alert.replica, now) is None
+        # Not notified since it fired (a muted firing leaves notified_at as it was).
+        and (notified.get(key) or 0.0) < (alert.fired_at or 0.0)
+        and not any(o.covers(alert.replica) for o in lasting)
         and _muted_last(session, key)
     ]
     return muted, unmuted

@@ -320,6 +320,27 @@ def test_alerts_are_muted_while_a_window_lasts_and_sent_once_it_ends(tmp_path: P
     assert [r for r in rows_of(config_file) if r[:2] == ("kv-watch", "a")] == after
 
 
+def test_no_reminder_while_a_window_lasts_and_one_message_when_it_ends(tmp_path: Path) -> None:
+    now = float(int(time.time()))
+    end = now + 120
+    window_yaml = (
+        "repeat_interval: 20s\n"
+        f"maintenance: [{{name: upgrade, start: '{iso(now - 600)}', end: '{iso(end)}', "
+        "replicas: [a]}]\n"
+    )
+    config_file = burning_store(tmp_path, now, window_yaml + WATCH)
+    for moment in (now, now + 30, now + 60):  # reminders fall due on b, and would on a
+        evaluate_at(config_file, moment)
+    on_a = [r for r in rows_of(config_file) if r[:2] == ("kv-watch", "a")]
+    on_b = [r for r in rows_of(config_file) if r[:2] == ("kv-watch", "b")]
+    assert [r[2] for r in on_a] == ["muted"]  # the firing, muted once; no muted reminders
+    assert len(on_b) > 1  # b's reminders went out meanwhile
+    for moment in (end + 1, end + 10):
+        evaluate_at(config_file, moment)
+    after = [r for r in rows_of(config_file) if r[:2] == ("kv-watch", "a")]
+    assert [r[2] for r in after] == ["muted", "pending"]
+
+
 def test_a_window_over_every_replica_mutes_the_fleet_burn_alerts(tmp_path: Path) -> None:
     now = float(int(time.time()))
     everything = f"maintenance: [{{name: all, start: '{iso(now - 60)}', end: '{iso(now + 60)}'}}]"
