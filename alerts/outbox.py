@@ -50,7 +50,7 @@ from alerts import silences
 from alerts.channels import Notice, Outgoing, channel
 from alerts.channels.send import DEADLINE, Result, Sender, http_sender, scrub, where
 from alerts.engine import FIRING, RESOLVED, Alert, Transition
-from kneepoint import timeline
+from kneepoint import causes, runbooks, timeline
 from kneepoint.config import Channel as ChannelConfig
 from kneepoint.config import Config, Rule, url_problem
 from kneepoint.secrets import scrub as scrub_secrets
@@ -110,7 +110,7 @@ def notice_for(change: Transition, rule: Rule, config: Config, now: float) -> No
         op=rule.op,
         since=alert.fired_at or now,
         at=now,
-        runbook=rule.runbook,
+        runbook=runbook_line(rule, config),
         dashboard_url=config.dashboard_url,
         page=PAGES.get(rule.metric, "overview"),
         labels=dict(rule.labels),
@@ -134,6 +134,7 @@ def enqueue(
     added = 0
     groups: dict[tuple[str, str], list[Notice]] = {}  # (rule, status) -> notices to send
     seen: dict[tuple[str, float], list[Event]] = {}  # timeline reads, per replica and time
+    known: dict[str, causes.Signals | None] = {}  # the cause's signals, once per evaluation
     for change in changes:
         # Firing (first time or a repeat_interval reminder), or resolved after it fired.
         news = change.after == FIRING or (change.after == RESOLVED and change.before == FIRING)
@@ -143,6 +144,8 @@ def enqueue(
         notice = notice_for(change, rule, config, now)
         if notice.status == FIRING:
             notice = replace(notice, changes=changes_before(session, config, notice, seen))
+            if rule.severity == "page" or rule.metric.startswith("slo_burn:"):
+                notice = replace(notice, cause=cause_of(session, config, notice, now, known))
         labels = silences.labels_of(rule.name, notice.replica, rule.severity, dict(rule.labels))
         why = silences.muted(labels, active, states or {}, now)
         if why is None:
@@ -159,6 +162,34 @@ def enqueue(
                 put(session, name, notice, now)
                 added += 1
     return added
+
+
+def runbook_line(rule: Rule, config: Config) -> str:
+    """The rule's runbook line and the link to its section on the Alerts page
+    (kneepoint/runbooks.py, docs/runbooks.md), where it has one."""
+    link = runbooks.url(config.dashboard_url, rule.name)
+    return f"{rule.runbook} {link}".strip() if link else rule.runbook
+
+
+def cause_of(
+    session: Session,
+    config: Config,
+    notice: Notice,
+    now: float,
+    known: dict[str, causes.Signals | None],
+) -> str:
+    """The likely cause with its evidence (kneepoint/causes.py) for a page or an SLO burn:
+    the alert's replica, or the whole fleet for a fleet alert. The signals are read once per
+    evaluation; signals that cannot be read cost the line, never the message."""
+    if "signals" not in known:
+        try:
+            with session.begin_nested():
+                known["signals"] = causes.gather(session, config, now)
+        except Exception:
+            log.exception("reading the likely cause's signals failed")
+            known["signals"] = None
+    signals = known["signals"]
+    return "" if signals is None else causes.classify(signals, notice.replica or None).line()
 
 
 def changes_before(

@@ -5,11 +5,17 @@ one built not to, and "unknown" says what it looked at. First on signals built b
 from __future__ import annotations
 
 import copy
+import json
 from dataclasses import replace
-from pathlib import Path
 
 import pytest
+from sqlalchemy import select
+from sqlalchemy.orm import Session, sessionmaker
 
+from alerts.channels.base import Notice
+from alerts.engine import FIRING, PENDING, Alert, Transition
+from alerts.outbox import enqueue
+from alerts.rules import BUILT_IN
 from collectors.dcgm import parse_dcgm
 from collectors.vllm import parse_vllm
 from kneepoint import causes
@@ -25,10 +31,11 @@ from kneepoint.causes import (
     Signals,
     classify,
 )
-from kneepoint.config import load_config
+from kneepoint.config import Config, load_config
 from kneepoint.knee.runs import Point, Run
 from kneepoint.samples import SATURATION
 from kneepoint.store.db import connect_store
+from kneepoint.store.models import NotificationRow
 from kneepoint.store.runs import save_run
 from kneepoint.store.writer import ensure_targets, record_gpus, record_replica
 from kneepoint.timeline import Event
@@ -171,7 +178,10 @@ XID = 79.0
 EXPECTED = {"quiet": UNKNOWN, "busy": LOAD, "full": CAPACITY, "stuck": UPSTREAM, "broken": HARDWARE}
 
 
-def test_gather_on_a_store_classifies_each_scenario(tmp_path: Path) -> None:
+@pytest.fixture(scope="module")
+def scenarios(tmp_path_factory: pytest.TempPathFactory) -> tuple[Config, sessionmaker[Session]]:
+    """One replica per scenario, 20 minutes of scrapes every 15 s up to AT, a sweep each."""
+    tmp_path = tmp_path_factory.mktemp("causes")
     config_file = tmp_path / "kneepoint.yaml"
     targets = "".join(
         f"  - {{name: {name}, kind: vllm, url: 'http://127.0.0.1:9/{name}'"
@@ -180,7 +190,10 @@ def test_gather_on_a_store_classifies_each_scenario(tmp_path: Path) -> None:
         for name in SCENARIOS
     )
     config_file.write_text(
-        f"database: sqlite:///{tmp_path / 'k.db'}\nscrape_interval: 15s\ntargets:\n{targets}"
+        f"database: sqlite:///{tmp_path / 'k.db'}\nscrape_interval: 15s\n"
+        "dashboard_url: https://kneepoint.example.com\n"
+        "channels:\n  - {name: hook, type: webhook, url: 'http://127.0.0.1:9/hook'}\n"
+        f"targets:\n{targets}"
         "  - {name: gpu-node, kind: dcgm, url: 'http://127.0.0.1:9/gpus'}\n"
     )
     migrated(config_file)
@@ -188,11 +201,10 @@ def test_gather_on_a_store_classifies_each_scenario(tmp_path: Path) -> None:
     sessions = connect_store(config.database)
     base = parse_vllm(read(VLLM_032))
     gpu = parse_dcgm(read(DCGM_T4), default_host="gpu-node")[0]
-    now = AT
     with sessions.begin() as session:
         ids = ensure_targets(session, [(t.name, t.kind, t.url) for t in config.targets])
-        for step in range(80):  # 20 minutes of scrapes every 15 s
-            ts = now - 80 * 15 + (step + 1) * 15
+        for step in range(80):
+            ts = AT - 80 * 15 + (step + 1) * 15
             for name, (running, waiting, capacity, kv, moving) in SCENARIOS.items():
                 sample = copy.deepcopy(base)
                 sample.gauges.update(
@@ -209,9 +221,16 @@ def test_gather_on_a_store_classifies_each_scenario(tmp_path: Path) -> None:
             record_gpus(session, ids["gpu-node"], ts, [replace(gpu, xid_error=XID)])
         points = tuple(Point(c, 40.0 * min(c, KNEE) + 0.01 * c) for c in (1, 4, 16, KNEE, 64, 128))
         for name in SCENARIOS:
-            save_run(session, Run(f"{name}-sweep", "m", "sweep", points), now - 86400)
+            save_run(session, Run(f"{name}-sweep", "m", "sweep", points), AT - 86400)
+    return config, sessions
+
+
+def test_gather_on_a_store_classifies_each_scenario(
+    scenarios: tuple[Config, sessionmaker[Session]],
+) -> None:
+    config, sessions = scenarios
     with sessions() as session:
-        signals = causes.gather(session, config, now)
+        signals = causes.gather(session, config, AT)
     by_name = {s.replica: s for s in signals.replicas}
     assert by_name["busy"].knee == KNEE
     assert by_name["busy"].concurrency == SCENARIOS["busy"][0] + SCENARIOS["busy"][1]
@@ -219,3 +238,31 @@ def test_gather_on_a_store_classifies_each_scenario(tmp_path: Path) -> None:
     assert {name: cause.kind for name, cause in found.items()} == EXPECTED, found
     assert f"XID {XID:.0f}" in found["broken"].evidence
     assert f"{SCENARIOS['full'][3]:.0%}" in found["full"].evidence
+
+
+def fire(config: Config, session: Session, rule_name: str, replica: str) -> Notice:
+    """Put one firing of a built-in rule (sent to `hook`) in the outbox; the stored notice."""
+    rule = next(r for r in BUILT_IN if r.name == rule_name).model_copy(
+        update={"channels": ["hook"]}
+    )
+    alert = Alert(f"{rule_name}-{replica}", rule_name, replica, FIRING, 1.0, rule.threshold)
+    enqueue(session, config, [rule], [Transition(alert, PENDING, FIRING)], AT)
+    row = session.scalars(
+        select(NotificationRow).where(NotificationRow.fingerprint == alert.fingerprint)
+    ).one()
+    return Notice(**json.loads(row.notice))
+
+
+def test_a_page_s_message_carries_its_likely_cause_and_runbook_link(
+    scenarios: tuple[Config, sessionmaker[Session]],
+) -> None:
+    config, sessions = scenarios
+    with sessions.begin() as session:
+        page = fire(config, session, "kv-cache-saturated", "full")
+        ticket = fire(config, session, "prefix-hit-rate-low", "full")
+    assert page.cause.startswith(f"{CAPACITY}: ") and "97%" in page.cause
+    text = page.text()
+    assert f"likely cause: {page.cause}" in text
+    assert "https://kneepoint.example.com/?page=alerts&rule=kv-cache-saturated" in text
+    assert ticket.cause == ""  # a ticket carries no cause: only pages and SLO burns
+    assert "rule=prefix-hit-rate-low" in ticket.runbook  # but its runbook link
