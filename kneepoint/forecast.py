@@ -211,20 +211,23 @@ def forecasts(
     targets = session.scalars(
         select(TargetRow).where(TargetRow.kind != "dcgm").order_by(TargetRow.name)
     ).all()
+    if not targets:
+        return []
+    frame = queries.replica_frame(
+        session,
+        start,
+        today,
+        [t.id for t in targets],
+        [
+            "requests_running",
+            "requests_running_peak",
+            "requests_waiting",
+            "requests_waiting_peak",
+        ],
+    )
+    by_target = dict(iter(frame.groupby("target_id", sort=False))) if len(frame) else {}
     for target in targets:
-        rows = queries.replica_frame(
-            session,
-            start,
-            today,
-            [target.id],
-            [
-                "requests_running",
-                "requests_running_peak",
-                "requests_waiting",
-                "requests_waiting_peak",
-            ],
-        )
-        days, peaks = daily_peaks(rows, now)
+        days, peaks = daily_peaks(by_target.get(target.id, frame.iloc[0:0]), now)
         models = json.loads(target.model_names) if target.model_names else []
         knee = knee_for_replica(target.name, models, assessments)
         out.append(trend(target.name, days, peaks, knee.knee_concurrency if knee else None))
