@@ -25,8 +25,10 @@ from pathlib import Path
 
 import pytest
 from sqlalchemy import select
+from typer.testing import CliRunner
 
 from collectors.cluster import Member, membership, owner
+from kneepoint.cli import app
 from kneepoint.store.db import connect_store
 from kneepoint.store.models import JobHealthRow, NotificationRow
 from kneepoint.twin.fleet import Fleet, FleetSpec
@@ -306,12 +308,7 @@ def test_collectors_split_the_targets_and_a_killed_leader_is_replaced(
             assert {r for _, r in hook.firing} == {"r0", "r1"}
 
             # `kneepoint health --json` shows the members and the leader.
-            shown = subprocess.run(
-                [*KNEEPOINT, "health", "--config", str(configs["c1"]), "--json"],
-                capture_output=True,
-                text=True,
-                check=False,
-            )
+            shown = CliRunner().invoke(app, ["health", "--config", str(configs["c1"]), "--json"])
             report = json.loads(shown.stdout)
             rows = {r["pid"]: r for r in report["collectors"]}
             now_leading = next(m for m in by_process().values() if m.leader)
@@ -409,11 +406,8 @@ def test_a_follower_skips_leader_jobs_without_a_trace_in_job_health(
 def test_on_sqlite_one_collector_scrapes_everything_and_is_shown_without_a_leader(
     tmp_path: Path, metrics_server: MetricsServer
 ) -> None:
-    from typer.testing import CliRunner
-
     from collectors.cluster import Cluster
     from collectors.schedule import scrape_job
-    from kneepoint.cli import app
     from kneepoint.config import load_config
     from tests.conftest import VLLM_032, Route
 
