@@ -136,7 +136,7 @@ def _store_all(
                 _write(session, ids[entry.item.target.name], entry)
         return {}
     except Exception:  # some row was refused: find whose, each target in its own savepoint
-        session.info.pop("histogram_layouts", None)  # ids of rows that were rolled back
+        pass
     errors: dict[int, str] = {}
     for position in storable:
         entry = normalized[position]
@@ -144,7 +144,6 @@ def _store_all(
             with session.begin_nested(), batch(session):
                 _write(session, ids[entry.item.target.name], entry)
         except Exception as error:  # this target's rows only: its savepoint is rolled back
-            session.info.pop("histogram_layouts", None)
             reason = f"cannot store the scrape: {describe(error)}"  # never the SQL's parameters
             log.warning("%s: %s", entry.item.target.name, reason)
             errors[position] = reason
