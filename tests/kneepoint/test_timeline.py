@@ -19,9 +19,11 @@ from alerts.channels import Notice, channel
 from alerts.engine import FIRING, Alert, Transition
 from alerts.outbox import enqueue
 from kneepoint.cli import app
-from kneepoint.config import load_config
+from kneepoint.config import Config, load_config
+from kneepoint.samples import CacheConfig, ReplicaSample
 from kneepoint.store.db import open_store
-from kneepoint.store.models import NotificationRow
+from kneepoint.store.models import NotificationRow, TargetConfigRow
+from kneepoint.store.writer import batch, ensure_targets, record_replica, record_replica_history
 from kneepoint.timeline import (
     HIT_RATE_DROP,
     STORM_FACTOR,
@@ -189,3 +191,30 @@ def test_a_restarted_reconfigured_upgraded_throttled_twin_shows_each_change_once
     text = channel(config.channels[0]).request(notice, at[FIRE]).json["text"]
     assert "changes in the hour before:" in text
     assert all(f"- {line}" in text for line in lines)
+
+
+def test_a_replicas_configuration_is_kept_each_time_it_changes(fresh_url) -> None:  # type: ignore[no-untyped-def]
+    """On SQLite and PostgreSQL: the writer's conditional insert adds a row only when a
+    scrape's configuration differs from the newest stored, in a batched round and in a
+    history of several scrapes alike; a configuration that comes back is a change again."""
+    sessions = open_store(fresh_url())
+    a = ReplicaSample("v1", 1, ["m"], cache=CacheConfig(16, 100, "auto", True))
+    b = ReplicaSample("v1", 1, ["m"], cache=CacheConfig(16, 80, "fp8", True))
+    with sessions.begin() as session:
+        (target,) = ensure_targets(session, [("r", "vllm", "http://r/metrics")]).values()
+        for ts, sample in ((10.0, a), (20.0, a)):
+            with batch(session):
+                record_replica(session, target, ts, sample)
+        record_replica_history(session, target, [(30.0, b), (40.0, b), (50.0, a), (60.0, a)])
+        with batch(session):
+            record_replica(session, target, 70.0, a)
+    with sessions() as session:
+        rows = session.execute(
+            select(TargetConfigRow.ts, TargetConfigRow.config).order_by(TargetConfigRow.ts)
+        ).all()
+        assert [ts for ts, _ in rows] == [10.0, 30.0, 50.0]
+        found = events(session, Config(), 0.0, 100.0)
+    assert [(e.kind, e.at) for e in found if e.kind == "config_change"] == [
+        ("config_change", 30.0),
+        ("config_change", 50.0),
+    ]
