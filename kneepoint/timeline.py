@@ -178,9 +178,11 @@ def gpu_xids(
     before: float | None = None
     for position, (ts, raw) in enumerate(zip(times, xids, strict=True)):
         code = _number(raw)
-        if position and code is not None and code != 0 and code != before:
+        if not code:  # no reading, or none yet: a code seen again after it is not new
+            continue
+        if position and code != before:
             found.append(Event(ts, replica, "gpu_xid", f"XID {code:g} on {name}"))
-        before = code if code else None
+        before = code
     return found
 
 

@@ -71,8 +71,8 @@ def test_a_configuration_change_and_an_upgrade_are_told_apart() -> None:
 
 
 def test_an_xid_is_one_event_while_its_code_is_held() -> None:
-    found = gpu_xids("GPU 0", "r", [0, 15, 30, 45, 60], [None, 79, 79, 79, 48])
-    assert [(e.at, e.detail) for e in found] == [(15, "XID 79 on GPU 0"), (60, "XID 48 on GPU 0")]
+    found = gpu_xids("GPU 0", "r", [0, 15, 30, 45, 60, 75], [None, 79, 79, None, 79, 48])
+    assert [(e.at, e.detail) for e in found] == [(15, "XID 79 on GPU 0"), (75, "XID 48 on GPU 0")]
     # A code already held at the first sample may be old: no event.
     assert gpu_xids("GPU 0", "r", [0, 15], [79, 79]) == []
 
