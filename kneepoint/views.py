@@ -13,6 +13,7 @@ from kneepoint.derived import cost, details, ratios
 from kneepoint.derived.latency import quantiles
 from kneepoint.derived.window import Window, frame_windows
 from kneepoint.knee.detect import assess, knee_for_replica, knee_throughput
+from kneepoint.samples import SATURATION
 from kneepoint.series import COLUMNS as SERIES_COLUMNS
 from kneepoint.series import gpu_series, replica_series, resample
 from kneepoint.status import build_status
@@ -38,7 +39,10 @@ def build_view(session: Session, config: Config, now: float, window: float) -> V
     frame = queries.replica_frame(session, start, now, columns=queries.LIGHT_COLUMNS)
     layouts = queries.histogram_layouts(session)
     windows = frame_windows(frame, layouts, lambda keys: queries.replica_rows_at(session, keys))
-    status = build_status(session, config, now, window, samples=frame, spans=windows)
+    gpu_rows = queries.gpu_frame(session, start, now)
+    status = build_status(
+        session, config, now, window, samples=frame, spans=windows, gpu_rows=gpu_rows
+    )
     targets = queries.targets(session)
     names = {row.id: name for name, row in targets.items()}
     series = replica_series(frame, names)
@@ -47,16 +51,18 @@ def build_view(session: Session, config: Config, now: float, window: float) -> V
         status,
         series=series,
         coarse=coarse,
-        gpus=gpu_series(queries.gpu_frame(session, start, now)),
+        gpus=gpu_series(gpu_rows),
     )
-    by_target = dict(iter(frame.groupby("target_id", sort=False)))
+    peaks = _peaks(frame)
     assessments = [assess(run, config.slos) for run in load_runs(session)]
+    by_replica: dict[str | None, list[dict[str, Any]]] = {}
+    for gpu in status["gpus"]:
+        by_replica.setdefault(gpu["replica"], []).append(gpu)
     for replica in status["replicas"]:
         row = targets.get(replica["name"])
-        rows = by_target.get(row.id, frame.iloc[0:0]) if row is not None else frame.iloc[0:0]
         span = windows.get(row.id, Window()) if row is not None else Window()
-        gpus = [g for g in status["gpus"] if g["replica"] == replica["name"]]
-        numbers = _numbers(replica, rows, span, gpus)
+        gpus = by_replica.get(replica["name"], [])
+        numbers = _numbers(replica, peaks.get(row.id, NO_PEAKS) if row else NO_PEAKS, span, gpus)
         knee = knee_for_replica(replica["name"], replica["model_names"] or [], assessments)
         prompt, generated = span.deltas.get("prompt_tokens"), span.deltas.get("generation_tokens")
         money = cost.economics(
@@ -87,8 +93,60 @@ def build_view(session: Session, config: Config, now: float, window: float) -> V
     return view
 
 
+NO_PEAKS: dict[str, float | None] = dict.fromkeys(
+    ("time_saturated", "peak_kv_occupancy", "peak_waiting", "peak_running")
+)
+
+
+def _peaks(frame: pd.DataFrame) -> dict[int, dict[str, float | None]]:
+    """Per target of `frame` (rows ordered by target and time): its time saturated
+    (details.time_saturated) and its peak KV occupancy, waiting and running requests, for
+    every target at once (one pandas step per replica cost 2 ms each: 2 s for 1,000)."""
+    if frame.empty:
+        return {}
+    groups = frame.target_id
+    above = frame.kv_cache_usage.astype(float) > SATURATION
+    if "ends_saturated" in frame:
+        above = frame.ends_saturated.astype(float).fillna(above.astype(float)) > 0
+    first = groups.ne(groups.shift())
+    spans = frame.ts.astype(float).diff().where(~first)
+    seconds = spans * above.astype(float).shift(1).where(~first)
+    if "saturated_seconds" in frame:
+        seconds = frame.saturated_seconds.astype(float).where(~first).fillna(seconds)
+    totals = pd.DataFrame({"seconds": seconds, "spans": spans, "target_id": groups})
+    totals = totals.groupby("target_id", sort=False).agg(
+        seconds=("seconds", "sum"), spans=("spans", "sum"), rows=("spans", "size")
+    )
+    values = pd.DataFrame(
+        {
+            "target_id": groups,
+            "kv": frame.kv_cache_usage_peak.fillna(frame.kv_cache_usage).astype(float),
+            "waiting": frame.requests_waiting_peak.fillna(frame.requests_waiting).astype(float),
+            "running": frame.requests_running_peak.fillna(frame.requests_running).astype(float),
+            "known_running": frame.requests_running.notna(),
+        }
+    ).groupby("target_id", sort=False)
+    maxima = values.max()
+    known = values.known_running.any()
+    peaks: dict[int, dict[str, float | None]] = {}
+    for target_id, total in totals.iterrows():
+        saturated = (
+            float(total.seconds / total.spans) if total.rows >= 2 and total.spans > 0 else None
+        )
+        peaks[int(target_id)] = {  # type: ignore[call-overload]
+            "time_saturated": saturated,
+            "peak_kv_occupancy": float(maxima.kv[target_id]),
+            "peak_waiting": float(maxima.waiting[target_id]),
+            "peak_running": float(maxima.running[target_id]) if known[target_id] else None,
+        }
+    return peaks
+
+
 def _numbers(
-    replica: dict[str, Any], rows: pd.DataFrame, window: Window, gpus: list[dict[str, Any]]
+    replica: dict[str, Any],
+    peaks: dict[str, float | None],
+    window: Window,
+    gpus: list[dict[str, Any]],
 ) -> dict[str, Any]:
     served = None
     if window.deltas.get("prompt_tokens") is not None:
@@ -116,27 +174,12 @@ def _numbers(
         window.deltas.get("spec_decode_accepted_tokens"),
         window.per_position,
     )
-    waiting = rows.requests_waiting_peak.fillna(rows.requests_waiting) if len(rows) else None
     prompt = window.deltas.get("prompt_tokens")
     return {
         "mean_context_tokens": mean_context,
         "sequence_slots": slots,
         "sequence_slots_left": slots_left,
-        "time_saturated": details.time_saturated(
-            rows.ts,
-            rows.kv_cache_usage.astype(float),
-            rows.get("saturated_seconds"),
-            rows.get("ends_saturated"),
-        )
-        if len(rows)
-        else None,
-        "peak_kv_occupancy": float(rows.kv_cache_usage_peak.fillna(rows.kv_cache_usage).max())
-        if len(rows)
-        else None,
-        "peak_waiting": float(waiting.max()) if waiting is not None and len(waiting) else None,
-        "peak_running": float(rows.requests_running_peak.fillna(rows.requests_running).max())
-        if len(rows) and rows.requests_running.notna().any()
-        else None,
+        **peaks,
         "queue_seconds": quantiles(window.histograms.get("queue")),
         "requests_per_second": ratios.ratio(finished, seconds),
         "finish_reasons": details.finish_reasons(window),

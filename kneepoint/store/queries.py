@@ -6,12 +6,28 @@ at most PAGE_ROWS rows each, however long the range: a page never reads every ro
 
 from __future__ import annotations
 
+import io
 import math
 from collections.abc import Sequence
 from typing import Any, cast
 
 import pandas as pd
-from sqlalchemy import ColumnElement, Executable, Table, and_, or_, select
+from sqlalchemy import (
+    ARRAY,
+    ColumnElement,
+    Executable,
+    Float,
+    Integer,
+    Select,
+    String,
+    Table,
+    Text,
+    and_,
+    func,
+    literal,
+    or_,
+    select,
+)
 from sqlalchemy.orm import Session
 
 from kneepoint.samples import Histogram
@@ -45,6 +61,45 @@ def read_frame(session: Session, query: Executable) -> pd.DataFrame:
     return pd.DataFrame.from_records(
         result.cursor.fetchall(), columns=list(result.keys()), coerce_float=True
     )
+
+
+def read_bulk(session: Session, query: Select[Any]) -> pd.DataFrame:
+    """A large query's rows as a DataFrame; on PostgreSQL through COPY … TO STDOUT in CSV,
+    parsed by pandas' C reader: 5× faster than building Python objects row by row
+    (241,000 rows of 38 columns: 1.9 s against 9.6 s). Floats come back exact (PostgreSQL
+    writes the shortest text that reads back to the same double); columns keep the types
+    read_frame gives them: floats, and text with None where NULL."""
+    connection = session.connection()
+    if connection.dialect.name != "postgresql":
+        return read_frame(session, query)
+    compiled = query.compile(
+        dialect=connection.dialect, compile_kwargs={"render_postcompile": True}
+    )
+    types = {c.name: c.type for c in query.selected_columns}
+    body = io.BytesIO()
+    cursor = connection.connection.dbapi_connection.cursor()  # type: ignore[union-attr]
+    try:
+        with cursor.copy(
+            f"COPY ({compiled}) TO STDOUT (FORMAT csv, HEADER)", compiled.params
+        ) as copy:
+            for chunk in copy:
+                body.write(chunk)
+    finally:
+        cursor.close()
+    body.seek(0)
+    texts = [name for name, kind in types.items() if isinstance(kind, (String, Text))]
+    floats = [name for name, kind in types.items() if isinstance(kind, Float)]
+    frame = pd.read_csv(
+        body,
+        dtype={**dict.fromkeys(texts, object), **dict.fromkeys(floats, "float64")},
+        keep_default_na=False,
+        na_values={name: [""] for name in types},
+        true_values=["t"],
+        false_values=["f"],
+    )
+    for name in texts:
+        frame[name] = frame[name].astype(object).where(frame[name].notna(), None)
+    return frame
 
 
 def targets(session: Session) -> dict[str, TargetRow]:
@@ -129,9 +184,15 @@ def _tiered(
         if resolution != RAW:
             where.append(table.c.resolution == resolution)
         # The keys lead the (key, ts) primary key, so each key's rows are one range search;
-        # by time alone the whole table would be scanned.
-        query = select(*_selected(table, key, columns)).where(*where)
-        frames.append(read_frame(session, query).assign(summary=resolution != RAW))
+        # by time alone the whole table would be scanned. Ordered: PostgreSQL returns a
+        # bitmap scan's rows in the table's order (by time, as they were written), and rows
+        # out of order would read as counter resets.
+        query = (
+            select(*_selected(table, key, columns))
+            .where(*where)
+            .order_by(table.c[key], table.c.ts)
+        )
+        frames.append(read_bulk(session, query).assign(summary=resolution != RAW))
     filled = [f for f in frames if len(f)] or frames[:1]
     frame = pd.concat(filled, ignore_index=True) if len(filled) > 1 else filled[0]
     if len(frames) > 1:
@@ -228,6 +289,24 @@ def replica_rows_at(session: Session, keys: pd.DataFrame) -> pd.DataFrame:
 
 
 def _rows_at(session: Session, table: Table, pairs: set[tuple[int, float]]) -> pd.DataFrame:
+    if session.get_bind().dialect.name == "postgresql":
+        # The pairs as two arrays joined on the primary key: one lookup per pair, and one
+        # statement of constant size (1,000 OR terms took seconds to build and plan).
+        ordered = sorted(pairs)
+        keys = (
+            func.unnest(
+                literal([t for t, _ in ordered], ARRAY(Integer)),
+                literal([ts for _, ts in ordered], ARRAY(Float)),
+            )
+            .table_valued("t", "ts")
+            .render_derived(with_types=False)
+        )
+        return read_frame(
+            session,
+            select(table).join(
+                keys, and_(table.c.target_id == keys.c.t, table.c.ts == keys.c.ts)
+            ),
+        )
     # One (target_id, ts IN …) term per target: each is a few lookups of the primary key.
     # (A tuple IN over a time range scanned every row of the range: 0.3 s for a week.)
     times: dict[int, list[float]] = {}
