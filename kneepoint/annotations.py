@@ -177,7 +177,13 @@ def make_handler(
             who = self._who()
             if who is None:
                 return
-            length = int(self.headers.get("Content-Length") or 0)
+            try:
+                length = int(self.headers.get("Content-Length") or 0)
+            except ValueError:
+                length = -1
+            if length < 0:
+                self._send(400, {"error": "Content-Length must be a number of bytes"})
+                return
             if length > MAX_BODY:
                 self._send(413, {"error": f"the body is over {MAX_BODY} bytes"})
                 return
