@@ -3,7 +3,7 @@ replicas, 10 dcgm-exporters with 4 GPUs each, light agent traffic) scraped by kn
 collector and by Prometheus at the same interval for the same minutes.
 
     .venv/bin/python bench/bench_prometheus.py [--targets 50] [--minutes 3] [--interval 5]
-        [--sessions 10] [--profile FILE]
+        [--sessions 10] [--profile FILE] [--stages ROUNDS]
 
 `--targets N`: a fifth of them dcgm-exporters, the rest vLLM replicas spread over their GPUs
 (500: 100 nodes, 400 replicas). The twin (servers, engines, agent traffic: `--sessions`
@@ -15,7 +15,9 @@ ratios. kneepoint's CPU is its collection thread's (HTTP, parse, normalize, stor
 whole process's beside it; Prometheus's is its process's, from /proc. Storage: kneepoint's
 database growth at full resolution (before rollups); Prometheus's chunk bytes in a snapshot
 block of its head (index bytes, a per-block cost, reported apart). `--profile FILE` writes a
-cProfile of kneepoint's rounds (CPU time of the thread, not wall time) to FILE after the run.
+cProfile of kneepoint's rounds (CPU time of the thread, not wall time) to FILE after the run;
+`--stages ROUNDS` runs that many more rounds after the side by side, timing each stage (fetch,
+parse, normalize, store) on the collection thread's CPU clock.
 """
 
 from __future__ import annotations
@@ -25,21 +27,28 @@ import cProfile
 import math
 import multiprocessing
 import os
+import re
 import shutil
 import subprocess
 import sys
 import tempfile
 import time
+from collections import Counter
 from pathlib import Path
 from typing import TYPE_CHECKING
 
 import httpx
 import yaml
+from sqlalchemy.orm import Session, sessionmaker
 
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
-from collectors.collect import collect_once  # noqa: E402
+import collectors.collect  # noqa: E402
+import collectors.dcgm  # noqa: E402
+import collectors.vllm  # noqa: E402
+from collectors.collect import collect_once, store_fetched  # noqa: E402
+from collectors.scrape import fetch_all  # noqa: E402
 from kneepoint.config import Config, Target  # noqa: E402
 from kneepoint.secrets import SecretURL  # noqa: E402
 from kneepoint.store.db import open_store  # noqa: E402
@@ -95,6 +104,53 @@ def process_cpu(pid: int) -> float:
     return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
 
 
+def stages(config: Config, sessions: sessionmaker[Session], rounds: int, interval: float) -> str:
+    """`rounds` more rounds, with the collection thread's CPU seconds in each stage: fetch
+    (scrape.fetch_all), parse (parse_exposition), normalize (the rest of normalizing), store
+    (store_fetched less normalizing); per target-scrape, in ms."""
+    spent = dict.fromkeys(("fetch", "parse", "normalize", "store"), 0.0)
+    originals: list[tuple[object, str, object]] = []
+
+    def timed(module: object, name: str, stage: str) -> None:
+        original = getattr(module, name)
+
+        def wrapper(*args: object, **kwargs: object) -> object:
+            began = time.thread_time()
+            try:
+                return original(*args, **kwargs)
+            finally:
+                spent[stage] += time.thread_time() - began
+
+        originals.append((module, name, original))
+        setattr(module, name, wrapper)
+
+    timed(collectors.vllm, "parse_exposition", "parse")
+    timed(collectors.dcgm, "parse_exposition", "parse")
+    timed(collectors.collect, "normalize", "normalize")
+    try:
+        for _ in range(rounds):
+            time.sleep(interval)
+            began = time.thread_time()
+            fetched = fetch_all(list(config.targets))
+            middle = time.thread_time()
+            store_fetched(fetched, sessions)
+            spent["fetch"] += middle - began
+            spent["store"] += time.thread_time() - middle
+    finally:
+        for module, name, original in originals:
+            setattr(module, name, original)
+    spent["store"] -= spent["normalize"]
+    spent["normalize"] -= spent["parse"]
+    scrapes = len(config.targets) * rounds
+    shares = ", ".join(f"{stage} {value / scrapes * 1000:.3f}" for stage, value in spent.items())
+    return f"stages, ms per target-scrape over {rounds} more rounds: {shares}"
+
+
+def _gist(error: str) -> str:
+    """An error without the target's address, so that one reason counts once."""
+    return re.sub(r"https?://\S+", "URL", error)[:120]
+
+
 def ready(url: str) -> bool:
     try:
         return httpx.get(f"{url}/-/ready", timeout=1).status_code == 200
@@ -109,6 +165,7 @@ def main() -> None:
     parser.add_argument("--targets", type=int, default=50)
     parser.add_argument("--sessions", type=float, default=10.0)
     parser.add_argument("--profile", type=Path, default=None)
+    parser.add_argument("--stages", type=int, default=0, help="rounds timed stage by stage")
     args = parser.parse_args()
     binary = shutil.which("prometheus")
     if binary is None:
@@ -164,6 +221,7 @@ def main() -> None:
         cpu_before, began = process_cpu(prometheus.pid), time.time()
         own_before = process_cpu(os.getpid())
         ours, rounds, failed = 0.0, 0, 0
+        why: Counter[str] = Counter()
         while time.time() - began < args.minutes * 60:
             started = time.thread_time()
             if profile is not None:
@@ -173,6 +231,7 @@ def main() -> None:
                 profile.disable()
             ours += time.thread_time() - started
             failed += sum(not outcome.ok for outcome in outcomes)
+            why.update(_gist(o.error) for o in outcomes if o.error is not None)
             rounds += 1
             time.sleep(max(0.0, began + rounds * args.interval - time.time()))
         elapsed = time.time() - began
@@ -183,6 +242,7 @@ def main() -> None:
         with sessions() as session:
             session.connection().exec_driver_sql("PRAGMA wal_checkpoint(TRUNCATE)")
         db_bytes = directory_bytes(folder, "k.db*") - db_before
+        breakdown = stages(settings, sessions, args.stages, args.interval) if args.stages else ""
         snapshot = httpx.post(f"{url}/api/v1/admin/tsdb/snapshot").json()["data"]["name"]
         block = folder / "tsdb" / "snapshots" / snapshot
         chunk_bytes = directory_bytes(block, "*/chunks/*")
@@ -210,6 +270,10 @@ def main() -> None:
         f"Prometheus {chunk_bytes * per_day / 1e6:.2f} MB of chunks "
         f"(ratio {db_bytes / chunk_bytes:.1f}×; its index, per block: {index_bytes / 1e6:.2f} MB)"
     )
+    if why:
+        print("kneepoint's failed scrapes:", "; ".join(f"{n}× {w}" for w, n in why.most_common(3)))
+    if breakdown:
+        print(breakdown)
     shutil.rmtree(folder, ignore_errors=True)
     if profile is not None:
         profile.dump_stats(args.profile)
