@@ -1,7 +1,7 @@
 """Scale bench: 1,000 replicas on PostgreSQL, loopback only, in about a quarter of an hour.
 
     .venv/bin/python bench/bench_scale.py [--replicas 1000 --nodes 125 --gpus 8]
-        [--rounds 8 --interval 15] [--days 7 --raw-hours 12] [--skip-collect | --skip-pages]
+        [--rounds 12 --interval 15] [--days 7 --raw-hours 12] [--skip-collect | --skip-pages]
 
 On a throwaway PostgreSQL cluster (tests/postgres.py, Debian's binaries):
 
@@ -17,7 +17,8 @@ On a throwaway PostgreSQL cluster (tests/postgres.py, Debian's binaries):
    of the same fleet as the collector and its rollup job leave it: samples every 15 s for
    the newest `--raw-hours` (the raw retention is 48 h; fewer keeps the seed short), one a
    minute before that, and the 5-minute and hourly summary tiers. Every page's server-side
-   work (the kernel functions app/data.py calls for it, named in the output) is timed for
+   work (the kernel functions app/data.py calls for it, named in the output; one SLO
+   configured, so that the SLOs page has one to show) is timed for
    1 h, 24 h and 7 d, and the bytes per row of each tier give the bytes per replica-day at
    each age.
 3. Alerts. `evaluate_once` with the built-in rules over the seeded store, `--eval-rounds`
@@ -150,6 +151,19 @@ def stored(sessions: sessionmaker[Session]) -> tuple[int, int, int]:
     return int(replicas), int(gpus), int(size)
 
 
+def failed_scrapes(sessions: sessionmaker[Session]) -> str:
+    """The stored scrape errors and refusals, most common first, in a line."""
+    with sessions() as session:
+        errors = session.execute(
+            text("SELECT error, count(*) FROM scrape_errors GROUP BY error ORDER BY 2 DESC LIMIT 3")
+        ).all()
+        refused = session.scalar(text("SELECT sum(samples_refused) FROM targets")) or 0
+    shown = [f"{count} × {error[:80]}" for error, count in errors]
+    if refused:
+        shown.append(f"{refused} samples refused")
+    return "; ".join(shown)
+
+
 def collector(url: str, args: argparse.Namespace, folder: Path) -> None:
     from kneepoint.store.db import connect_store
 
@@ -205,8 +219,10 @@ def collector(url: str, args: argparse.Namespace, folder: Path) -> None:
                     say(
                         f"  after round {round_number + 1}: {cpu - ticks[-2][1]:.2f} CPU-s, "
                         f"RSS {rss / 1024:.0f} MiB (peak {peak / 1024:.0f}), "
+                        f"{len(os.listdir(f'/proc/{collect.pid}/task'))} threads, "
                         f"{replica_rows - ticks[-2][4]} replica rows"
                     )
+            failures = failed_scrapes(sessions)
         log = (folder / "collect.log").read_text(errors="replace")
     first, last = ticks[0], ticks[-1]
     seconds = last[0] - first[0]
@@ -214,16 +230,16 @@ def collector(url: str, args: argparse.Namespace, folder: Path) -> None:
     replica_scrapes = last[4] - first[4]
     node_scrapes = (last[5] - first[5]) / args.gpus
     fetched = sum(last[8].values()) - sum(first[8].values())
-    rounds = replica_scrapes / args.replicas
-    per_scrape = cpu / (replica_scrapes + node_scrapes) if replica_scrapes else float("nan")
+    rounds = fetched / (args.replicas + args.nodes)
+    per_scrape = cpu / fetched if fetched else float("nan")
     growth = last[6] - first[6]
     rss = [t[2] for t in ticks]
-    say(f"  measured {seconds:.0f} s: {rounds:.1f} rounds stored of {args.rounds} intervals")
+    say(f"  measured {seconds:.0f} s: {rounds:.1f} rounds scraped in {args.rounds} intervals")
     say(
         f"  collector CPU: {cpu:.1f} s = {cpu / seconds:.2f} of a core; "
         f"{cpu / max(rounds, 1e-9):.2f} s per round; per target-scrape "
-        f"{per_scrape * 1000:.2f} ms ({replica_scrapes} replica + {node_scrapes:.0f} node "
-        f"scrapes stored, {fetched} served by the twin)"
+        f"{per_scrape * 1000:.2f} ms ({fetched} scrapes served by the twin; stored: "
+        f"{replica_scrapes} replica + {node_scrapes:.0f} node scrapes)"
     )
     say(f"  twin server CPU: {(last[7] - first[7]) / seconds:.2f} of a core")
     say(
@@ -245,6 +261,8 @@ def collector(url: str, args: argparse.Namespace, folder: Path) -> None:
             f"(and their {args.gpus * node_scrapes:.0f} GPU readings) = "
             f"{per_day / 1e6:.2f} MB per replica-day at full resolution ({args.interval} s)"
         )
+    if failures:
+        say(f"  failed scrapes stored: {failures}")
     missed = log.count("maximum number of running instances") + log.count("was missed by")
     if missed:
         say(f"  the scheduler skipped or delayed {missed} runs (a round outlasted the interval)")
@@ -386,7 +404,7 @@ def pages(url: str, args: argparse.Namespace) -> None:
         f"{(1440 * sample + 312 * summary) / 1e6:.2f} MB, hour rollup (to 400 d) "
         f"{(24 * sample + 24 * summary) / 1e3:.0f} kB (each with its 5-minute and hourly summaries)"
     )
-    config = bench_config(url, args, slo=False)
+    config = bench_config(url, args, slo=True)  # an SLO, as the SLOs page has one to show
     work = page_work(config, now)
     say(f"  {'page':<48} | {'functions timed (server side)':<55} |    1 h |   24 h |    7 d")
     slowest: dict[str, float] = {}
@@ -431,7 +449,7 @@ def main() -> None:
     parser.add_argument("--nodes", type=int, default=125)
     parser.add_argument("--gpus", type=int, default=8, help="GPUs per node")
     parser.add_argument("--interval", type=float, default=15.0, help="scrape interval, seconds")
-    parser.add_argument("--rounds", type=int, default=8, help="measured scrape rounds")
+    parser.add_argument("--rounds", type=int, default=12, help="measured scrape rounds")
     parser.add_argument("--days", type=float, default=7.0, help="days of seeded history")
     parser.add_argument("--raw-hours", type=float, default=12.0, help="newest hours kept at 15 s")
     parser.add_argument("--eval-rounds", type=int, default=3)
