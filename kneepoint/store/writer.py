@@ -67,6 +67,8 @@ def batch(session: Session) -> Iterator[None]:
 
 def _write(session: Session, statement: object, rows: list[dict[str, object]]) -> None:
     """Execute `statement` for `rows` now, or queue them in the open batch()."""
+    if not rows:  # an empty executemany would run the statement once, without parameters
+        return
     queued = session.info.get(_QUEUE)
     if queued is None:
         session.connection().execute(statement, rows)  # type: ignore[call-overload]
