@@ -39,9 +39,12 @@ log = logging.getLogger(__name__)
 
 def _names(kind: str) -> str:
     """The name matcher of the series a kind's normalizer reads (and no others): vLLM's
-    in both spellings (`vllm:` and Ray's `vllm_`), DCGM's fields."""
+    in both spellings (`vllm:` and Ray's `vllm_`) and the API server's own, unprefixed ones
+    (`http_requests_total`), DCGM's fields."""
     if kind == "vllm":
-        return "vllm[:_](" + "|".join(sorted(n.removeprefix("vllm:") for n in WANTED)) + ")"
+        own = sorted(n.removeprefix("vllm:") for n in WANTED if n.startswith("vllm:"))
+        server = sorted(n for n in WANTED if not n.startswith("vllm:"))
+        return "|".join(["vllm[:_](" + "|".join(own) + ")", *server])
     return "(" + "|".join(sorted(name for name, _ in FIELDS.values())) + ")"
 
 
