@@ -262,12 +262,25 @@ def report(
 def health(
     config: ConfigOption = None,
     as_json: Annotated[bool, typer.Option("--json", help="Print JSON.")] = False,
+    this_host: Annotated[
+        bool,
+        typer.Option(
+            "--this-host",
+            help="Judge only the collector on this host: healthy while it beats (a pod's "
+            "liveness probe; the jobs are the whole cluster's).",
+        ),
+    ] = False,
 ) -> None:
     """Every scheduled job recorded (scrape, rollup, alerts, deliver, heartbeat, report) and
     the database: each job's last run, success and error, and whether it is failing or
     overdue (kneepoint/health.py); the collectors (live or gone) and which one leads. Exits
     1 when any job is failing or overdue, the scrape job never ran, or the database does not
-    answer (a container health check)."""
+    answer (a container health check).
+
+    With `--this-host`, exits 1 only when the database does not answer or no live collector
+    runs on this host (hostname): the probe of one collector among several, which must not
+    fail (and be restarted) because a job on the leader fails; the cluster's jobs are
+    watched by the `alert-pipeline-failing` rule and the heartbeat."""
     settings = load_settings(config)
     sessions = open_sessions(settings)
     from kneepoint.health import check_database, check_jobs, collectors
@@ -282,6 +295,15 @@ def health(
             checks = check_jobs(session, settings, now)
             members, leader = collectors(session, settings, now)
     problems = [f"{c.job}: {c.problem}" for c in checks if c.problem]
+    if this_host:
+        import socket
+
+        host = socket.gethostname()
+        problems = (
+            []
+            if any(m["live"] and m["host"] == host for m in members)
+            else [f"no live collector on this host ({host})"]
+        )
     if database is not None:
         problems.insert(0, f"database: {database}")
     healthy = not problems

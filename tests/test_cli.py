@@ -294,3 +294,52 @@ def test_a_command_line_import_is_in_the_audit_trail(audited: Path, tmp_path: Pa
         "admin",
     )
     assert entry["actor"].startswith("cli:") and entry["after"] == {"stored": ["cli"]}
+
+
+def test_health_this_host_judges_only_this_hosts_collector(config_file: Path) -> None:
+    """A pod's liveness probe among several collectors: a job failing on the leader makes
+    `health` unhealthy for the whole cluster, but `health --this-host` only when no live
+    collector beats on this host."""
+    import socket
+
+    from kneepoint.store.models import CollectorRow, JobHealthRow
+
+    settings = load_config(config_file)
+    sessions = open_store(settings.database)
+    now = time.time()
+    lease = settings.collector.lease
+
+    def probe(*extra: str) -> tuple[int, str]:
+        result = CliRunner().invoke(app, ["health", *extra, "--config", str(config_file)])
+        return result.exit_code, result.output
+
+    with sessions.begin() as session:  # scraping fine, the alerts job failing
+        session.add(
+            JobHealthRow(job_id="scrape", runs=3, failures=0, last_run_at=now, last_success_at=now)
+        )
+        session.add(
+            JobHealthRow(job_id="alerts", runs=3, failures=3, last_run_at=now, last_error="boom")
+        )
+        session.add(
+            CollectorRow(
+                id="elsewhere:1:a", host="elsewhere", pid=1, started_at=now, last_seen_at=now
+            )
+        )
+    code, output = probe("--this-host")
+    assert code == 1 and f"no live collector on this host ({socket.gethostname()})" in output
+    with sessions.begin() as session:  # this host's collector beat long ago: gone
+        session.add(
+            CollectorRow(
+                id="here:2:b",
+                host=socket.gethostname(),
+                pid=2,
+                started_at=now - 10 * lease,
+                last_seen_at=now - 2 * lease,
+            )
+        )
+    assert probe("--this-host")[0] == 1
+    with sessions.begin() as session:  # …and now it beats
+        session.get(CollectorRow, "here:2:b").last_seen_at = time.time()
+    assert probe("--this-host")[0] == 0
+    code, output = probe()
+    assert code == 1 and "alerts" in output, "the cluster's own check still sees the failure"

@@ -468,7 +468,7 @@ def test_probes(helm: Path, tmp_path: Path) -> None:
         docs = render(helm, tmp_path, values)
         collector = container(one(docs, "Deployment", "kneepoint-collector"), "collector")
         for probe in ("startupProbe", "livenessProbe", "readinessProbe"):
-            assert collector[probe]["exec"]["command"] == ["kneepoint", "health"]
+            assert collector[probe]["exec"]["command"] == ["kneepoint", "health", "--this-host"]
         app = container(one(docs, "Deployment", "kneepoint-app"), "app")
         (port,) = app["ports"]
         assert port["containerPort"] == 8501
