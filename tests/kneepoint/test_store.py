@@ -517,6 +517,10 @@ def _shown(url: str) -> str:
 def test_the_app_says_what_to_run_when_the_database_is_not_migrated(tmp_path, monkeypatch) -> None:  # type: ignore[no-untyped-def]
     from streamlit.testing.v1 import AppTest
 
+    # The package first: AppTest puts the page's folder (app/screens, with alerts.py) first on
+    # sys.path, where `import alerts` would find the Alerts page instead (as tests/app does).
+    import alerts.evaluate  # noqa: F401
+
     config = config_for(tmp_path, f"sqlite:///{tmp_path / 'k.db'}")
     monkeypatch.setenv("KNEEPOINT_CONFIG", str(config))
     page = AppTest.from_file(str(ROOT / "app" / "screens" / "health.py"), default_timeout=60)
