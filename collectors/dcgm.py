@@ -26,6 +26,13 @@ FIELDS: dict[str, tuple[str, float]] = {
     "fb_used_mib": ("DCGM_FI_DEV_FB_USED", 1.0),
     "fb_free_mib": ("DCGM_FI_DEV_FB_FREE", 1.0),
     "xid_error": ("DCGM_FI_DEV_XID_ERRORS", 1.0),
+    # Not in the exporter's default set: stored where enabled (the timeline's throttling).
+    "clock_events": ("DCGM_FI_DEV_CLOCK_THROTTLE_REASONS", 1.0),
+}
+# Fields DCGM renamed, read under either name: the throttle reasons are "clock event
+# reasons" from DCGM 3.3.
+RENAMED: dict[str, tuple[str, float]] = {
+    "clock_events": ("DCGM_FI_DEV_CLOCKS_EVENT_REASONS", 1.0),
 }
 
 
@@ -39,7 +46,7 @@ def normalize_dcgm(parsed: ParsedScrape, default_host: str) -> list[GpuSample]:
     if not parsed.samples:
         raise ScrapeFormatError("no DCGM_FI_* series found; is this a dcgm-exporter endpoint?")
     gpus: dict[tuple[str, int], GpuSample] = {}
-    for field, (name, scale) in FIELDS.items():
+    for field, (name, scale) in [*FIELDS.items(), *RENAMED.items()]:
         for labels, value in parsed.series(name):
             gpu = _gpu(gpus, labels, default_host)
             if gpu is None or value >= SENTINEL_FLOOR:

@@ -105,4 +105,6 @@ def expected(at: dict[int, float]) -> set[tuple[str, float]]:
         ("config_change", at[RECONFIGURE]),
         ("upgrade", at[UPGRADE]),
         ("gpu_xid", at[XID]),
+        ("gpu_throttle", at[THROTTLE]),
+        ("gpu_power_cap", at[THROTTLE]),
     }

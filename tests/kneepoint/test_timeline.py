@@ -158,6 +158,8 @@ def test_a_restarted_reconfigured_upgraded_throttled_twin_shows_each_change_once
     upgrade = next(e for e in found if e.kind == "upgrade")
     assert upgrade.detail == "generation v1 → v1-0.10"
     assert f"XID {XID_CODE}" in next(e for e in found if e.kind == "gpu_xid").detail
+    assert "HW thermal slowdown" in next(e for e in found if e.kind == "gpu_throttle").detail
+    assert "SW power cap" in next(e for e in found if e.kind == "gpu_power_cap").detail
 
     # The command line: the same events, as JSON with ISO times.
     result = CliRunner().invoke(
