@@ -27,6 +27,11 @@ GAUGES: dict[str, tuple[str, ...]] = {
 KV_USAGE = ("vllm:kv_cache_usage_perc", "vllm:gpu_cache_usage_perc")
 V0_PREFIX_HIT_RATE = "vllm:gpu_prefix_cache_hit_rate"
 WAITING_BY_REASON = "vllm:num_requests_waiting_by_reason"
+# The API server process's start time (prometheus_client's process collector; no vllm:
+# prefix), epoch seconds: the timeline's restarts of a replica whose counts were all zero.
+# The newest where several processes export it; absent (older releases, no process
+# collector): None.
+PROCESS_START = "process_start_time_seconds"
 
 COUNTERS: dict[str, tuple[str, ...]] = {
     "preemptions": ("vllm:num_preemptions_total",),
@@ -96,7 +101,13 @@ V0_MARKERS = (
 
 
 def _wanted_names() -> frozenset[str]:
-    names: set[str] = {*KV_USAGE, V0_PREFIX_HIT_RATE, WAITING_BY_REASON, CACHE_CONFIG}
+    names: set[str] = {
+        *KV_USAGE,
+        V0_PREFIX_HIT_RATE,
+        WAITING_BY_REASON,
+        CACHE_CONFIG,
+        PROCESS_START,
+    }
     names.update(*GAUGES.values(), *COUNTERS.values(), V0_MARKERS)
     names.update(name for name, _, _ in LABELLED_COUNTERS.values())
     names.add(ACCEPTED_PER_POSITION)
@@ -135,6 +146,7 @@ def normalize_vllm(parsed: ParsedScrape) -> ReplicaSample:
         "kv_cache_usage_mean": sum(usage.values()) / len(usage),
         "requests_waiting_capacity": _sum_matching(parsed, WAITING_BY_REASON, "reason", "capacity"),
         "prefix_cache_hit_rate_gauge": _mean(parsed.series(V0_PREFIX_HIT_RATE)),
+        "process_start_time": _max(parsed.series(PROCESS_START)),
     }
     for field, aliases in GAUGES.items():
         gauges[field] = _sum_first(parsed, aliases)
@@ -200,6 +212,10 @@ def _sum_matching(parsed: ParsedScrape, name: str, label: str, wanted: str) -> f
 
 def _mean(series: Series) -> float | None:
     return sum(value for _, value in series) / len(series) if series else None
+
+
+def _max(series: Series) -> float | None:
+    return max(value for _, value in series) if series else None
 
 
 def _model_names(parsed: ParsedScrape, name: str) -> list[str]:

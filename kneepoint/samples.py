@@ -107,6 +107,11 @@ REPLICA_GAUGES = (
     "spec_decode_acceptance_rate_gauge",
 )
 
+# Point-in-time values kept as the last sample's, never averaged (a summary row holds its
+# bucket's last): the API server process's start time (vLLM: process_start_time_seconds),
+# epoch seconds; it moving forward is a restart (kneepoint/timeline.py).
+REPLICA_LAST_GAUGES = ("process_start_time",)
+
 
 @dataclass(frozen=True)
 class Histogram:

@@ -3,10 +3,12 @@
 Each detector is a pure function over consecutive stored samples (or stored rows) that
 returns Events; `events` reads the store for a range and runs them all. What is detected:
 
-- `restart`: a replica's counters went back (any cumulative counter lower than in the
-  sample before). vLLM's `process_start_time_seconds` is not stored (the normalizers keep
-  only the engine's own families), so a restart that loses no count (an idle replica whose
-  counters were all zero) is seen only as the scrape outage around it.
+- `restart`: a replica's stored process start time (vLLM's `process_start_time_seconds`)
+  moved forward, or its counters went back (any cumulative counter lower than in the
+  sample before); one event where both are seen. The start time finds the restart that
+  loses no count (an idle replica whose counters were all zero); where it is not exposed
+  (older vLLM, other engines) counter resets alone tell, and such a restart is seen only as
+  the scrape outage around it.
 - `config_change` and `upgrade`: the store keeps a replica's configuration each time it
   changes (target_configs, store/configs.py): model names, and `cache_config_info`'s block
   size, blocks, cache dtype, prefix caching and memory share are config changes; the engine
@@ -88,6 +90,8 @@ POWER_BITS = {0x4: "SW power cap", 0x80: "HW power brake"}
 UPGRADE_KEYS = ("engine", "generation")
 # Counters whose fall marks a restart (every cumulative counter a replica has).
 RESTART_COUNTERS = REPLICA_COUNTERS
+# The stored process start time (samples.REPLICA_LAST_GAUGES) whose move forward is one.
+PROCESS_START = "process_start_time"
 
 
 @dataclass(frozen=True)
@@ -124,12 +128,22 @@ def iso(ts: float) -> str:
 
 
 def restarts(
-    replica: str, times: Sequence[float], counters: Mapping[str, Sequence[float | None]]
+    replica: str,
+    times: Sequence[float],
+    counters: Mapping[str, Sequence[float | None]],
+    started: Sequence[float | None] | None = None,
 ) -> list[Event]:
-    """A restart at each sample where some counter is lower than in the sample before."""
+    """A restart at each sample whose process start time (`started`, epoch seconds; None:
+    not known) is later than the last one known before it, or where some counter is lower
+    than in the sample before: one event for a sample where both are seen."""
     found: list[Event] = []
     last: dict[str, float] = {}
+    last_start: float | None = None
     for position, ts in enumerate(times):
+        start = None if started is None else _number(started[position])
+        moved = start is not None and last_start is not None and start > last_start
+        if start is not None:
+            last_start = start
         fallen: list[str] = []
         for name, values in counters.items():
             value = _number(values[position])
@@ -139,10 +153,13 @@ def restarts(
             if before is not None and value < before:
                 fallen.append(f"{name} {before:g} → {value:g}")
             last[name] = value
-        if fallen:
-            shown = ", ".join(fallen[:3]) + (
-                f" and {len(fallen) - 3} more" if len(fallen) > 3 else ""
-            )
+        shown = ", ".join(fallen[:3]) + (f" and {len(fallen) - 3} more" if len(fallen) > 3 else "")
+        if moved and start is not None:
+            when = datetime.fromtimestamp(start, UTC).strftime("%H:%M:%S")
+            reset = f"; counters reset ({shown})" if fallen else ""
+            detail = f"process restarted (started at {when} UTC){reset}"
+            found.append(Event(ts, replica, "restart", detail))
+        elif fallen:
             found.append(Event(ts, replica, "restart", f"counters reset ({shown})"))
     return found
 
@@ -376,7 +393,7 @@ def _replica_events(
     session: Session, names: dict[int, str], since: float, until: float, ids: list[int] | None
 ) -> list[Event]:
     # From the hour before `since`: the trailing baselines of drops and storms.
-    columns = list(dict.fromkeys([*series.COLUMNS, *RESTART_COUNTERS]))
+    columns = list(dict.fromkeys([*series.COLUMNS, *RESTART_COUNTERS, PROCESS_START]))
     frame = queries.replica_frame(session, since - HISTORY, until, ids, columns=columns)
     found: list[Event] = []
     for target_id, rows in frame.groupby("target_id", sort=False):
@@ -385,7 +402,8 @@ def _replica_events(
             continue
         times = [float(t) for t in rows.ts]
         counters = {c: list(rows[c]) for c in RESTART_COUNTERS if c in rows}
-        found += restarts(name, times, counters)
+        started = list(rows[PROCESS_START]) if PROCESS_START in rows else None
+        found += restarts(name, times, counters, started)
         intervals = series.resample(series.replica_series(rows, names), EVENT_INTERVAL)
         found += hit_rate_drops(name, intervals)
         found += prefill_storms(name, intervals)

@@ -89,6 +89,8 @@ class ReplicaSampleRow(Base):
     prefix_cache_hit_rate_gauge: Mapped[float | None] = mapped_column(Float)
     spec_decode_acceptance_length_gauge: Mapped[float | None] = mapped_column(Float)
     spec_decode_acceptance_rate_gauge: Mapped[float | None] = mapped_column(Float)
+    # samples.REPLICA_LAST_GAUGES: the last sample's in a rollup, never averaged.
+    process_start_time: Mapped[float | None] = mapped_column(Float)
     accepted_per_position: Mapped[str | None] = mapped_column(Text)
 
 

@@ -32,6 +32,27 @@ def test_it_reads_the_real_vllm_0_32_capture() -> None:
     assert sample.cache.gpu_memory_utilization == 0.92
 
 
+def _exposed_start_time(text: str) -> float:
+    """The capture's own `process_start_time_seconds` line, read without the parser."""
+    lines = [line for line in text.splitlines() if line.startswith("process_start_time_seconds ")]
+    assert len(lines) == 1
+    return float(lines[0].split()[1])
+
+
+def test_it_reads_the_api_server_s_process_start_time() -> None:
+    text = read(VLLM_032)
+    sample = parse_vllm(text)
+    assert sample.gauges["process_start_time"] == _exposed_start_time(text)
+    ray = read(OWN_FIXTURES / "vllm-0.32.0-ray-prefix.prom")
+    assert parse_vllm(ray).gauges["process_start_time"] == _exposed_start_time(ray)
+
+
+def test_a_capture_without_the_process_start_time_gives_none() -> None:
+    text = read(OWN_FIXTURES / "vllm-0.10.2-dp2.prom")
+    assert "process_start_time_seconds" not in text
+    assert parse_vllm(text).gauges["process_start_time"] is None
+
+
 def test_it_keeps_the_capture_s_histogram_buckets() -> None:
     ttft = parse_vllm(read(VLLM_032)).histograms["ttft"]
     assert ttft.bounds[:5] == (0.001, 0.005, 0.01, 0.02, 0.04)

@@ -6,8 +6,11 @@ an alert that fires after them."""
 
 from __future__ import annotations
 
+import copy
+import itertools
 import json
 import time
+from datetime import UTC, datetime
 from pathlib import Path
 
 import pandas as pd
@@ -18,11 +21,13 @@ from typer.testing import CliRunner
 from alerts.channels import Notice, channel
 from alerts.engine import FIRING, Alert, Transition
 from alerts.outbox import enqueue
+from collectors.vllm import parse_vllm
 from kneepoint.cli import app
-from kneepoint.config import Config, load_config
+from kneepoint.config import Config, Retention, load_config
 from kneepoint.samples import CacheConfig, ReplicaSample
 from kneepoint.store.db import open_store
-from kneepoint.store.models import NotificationRow, TargetConfigRow
+from kneepoint.store.models import NotificationRow, ReplicaRollupRow, TargetConfigRow
+from kneepoint.store.rollup import rollup
 from kneepoint.store.writer import batch, ensure_targets, record_replica, record_replica_history
 from kneepoint.timeline import (
     HIT_RATE_DROP,
@@ -38,7 +43,7 @@ from kneepoint.timeline import (
     prefill_storms,
     restarts,
 )
-from tests.conftest import migrated
+from tests.conftest import VLLM_032, migrated, read
 from tests.timeline_scenario import FIRE, STEP, XID_CODE, expected, store_history, write_config
 
 pytestmark = pytest.mark.timeout(120)
@@ -52,6 +57,89 @@ def test_a_counter_that_falls_is_a_restart_and_one_that_stalls_is_not() -> None:
     assert [(e.at, e.kind) for e in found] == [(30.0, "restart")]
     assert "prompt_tokens 200 → 5" in found[0].detail
     assert restarts("r", times, {"prompt_tokens": [100, 100, None, 120]}) == []
+
+
+def test_an_idle_replica_whose_process_start_time_moves_is_one_restart() -> None:
+    times = [0.0, 15.0, 30.0, 45.0]
+    idle = {"prompt_tokens": [0.0, 0.0, 0.0, 0.0], "preemptions": [0.0, 0.0, 0.0, 0.0]}
+    # Started before the range, restarted between the second and third scrape.
+    first, second = times[0] - 3600.0, times[1] + 5.0
+    found = restarts("r", times, idle, [first, first, second, second])
+    assert [(e.at, e.kind) for e in found] == [(times[2], "restart")]
+    assert found[0].detail.startswith("process restarted (started at ")
+    assert datetime.fromtimestamp(second, UTC).strftime("%H:%M:%S UTC") in found[0].detail
+    # Without the start time the same samples show nothing (counters never fall).
+    assert restarts("r", times, idle) == []
+
+
+def test_a_counter_reset_with_the_start_time_moving_is_one_restart() -> None:
+    times = [0.0, 15.0, 30.0, 45.0]
+    counters = {"prompt_tokens": [100.0, 200.0, 5.0, 9.0]}
+    started = [-100.0, -100.0, 20.0, 20.0]
+    found = restarts("r", times, counters, started)
+    assert [(e.at, e.kind) for e in found] == [(times[2], "restart")]
+    assert "process restarted" in found[0].detail
+    assert "prompt_tokens 200 → 5" in found[0].detail
+
+
+def test_an_unchanged_start_time_is_no_restart() -> None:
+    times = [0.0, 15.0, 30.0]
+    counters = {"prompt_tokens": [10.0, 20.0, 30.0]}
+    assert restarts("r", times, counters, [-50.0, -50.0, -50.0]) == []
+
+
+def test_a_missing_start_time_falls_back_to_counter_resets() -> None:
+    times = [0.0, 15.0, 30.0, 45.0]
+    counters = {"prompt_tokens": [100.0, 200.0, 5.0, 5.0]}
+    with_none = restarts("r", times, counters, [None, None, None, None])
+    without = restarts("r", times, counters)
+    assert with_none == without
+    assert [(e.at, e.detail.startswith("counters reset")) for e in with_none] == [(times[2], True)]
+    # A start time known only on one side of a gap is compared with the last one known.
+    gap = restarts("r", times, {"prompt_tokens": [0.0] * 4}, [-9.0, None, None, 40.0])
+    assert [e.at for e in gap] == [times[3]]
+
+
+def test_a_stored_idle_replica_restarted_between_scrapes_is_one_restart_in_raw_and_rollups(
+    fresh_url,  # type: ignore[no-untyped-def]
+) -> None:
+    """The real 0.32 capture, normalized, as an idle replica (every counter 0 before and
+    after) whose process start time moves once, mid-bucket: stored, the timeline shows one
+    restart there, and the 5-minute summary rows keep each bucket's last start time."""
+    before = parse_vllm(read(VLLM_032))
+    started = before.gauges["process_start_time"]
+    assert started is not None
+    before.counters = dict.fromkeys(before.counters, 0.0)
+    after = copy.deepcopy(before)
+    after.gauges["process_start_time"] = started + 3600.0
+    step, first = 15.0, 300.0 * 1000
+    times = [first + step * i for i in range(120)]
+    restarted = 50  # 750 s in: inside a 5-minute bucket, not at its edge
+    sessions = open_store(fresh_url())
+    with sessions.begin() as session:
+        (target,) = ensure_targets(session, [("r", "vllm", "http://r/metrics")]).values()
+        record_replica_history(
+            session, target, [(t, before if i < restarted else after) for i, t in enumerate(times)]
+        )
+    with sessions() as session:
+        found = [e for e in events(session, Config(), times[0], times[-1]) if e.kind == "restart"]
+    assert [e.at for e in found] == [times[restarted]]
+    assert "process restarted" in found[0].detail
+
+    with sessions.begin() as session:
+        rollup(session, times[-1] + 600.0, Retention())
+    with sessions() as session:
+        rows = session.execute(
+            select(ReplicaRollupRow.ts, ReplicaRollupRow.process_start_time)
+            .where(ReplicaRollupRow.resolution == 300)
+            .order_by(ReplicaRollupRow.ts)
+        ).all()
+    assert rows
+    for ts, value in rows:
+        last = max(i for i, t in enumerate(times) if t <= ts)
+        assert value == (started if last < restarted else started + 3600.0)
+    values = [value for _, value in rows]
+    assert sum(1 for a, b in itertools.pairwise(values) if b > a) == 1
 
 
 def test_a_configuration_change_and_an_upgrade_are_told_apart() -> None:
