@@ -20,7 +20,7 @@ from sqlalchemy.orm import Session
 
 from alerts import maintenance, slo
 from alerts.engine import FIRING, RESOLVED, Alert, Transition, evaluate
-from alerts.outbox import enqueue, notice_for, put
+from alerts.outbox import enqueue, notice_for, put, read_ahead
 from alerts.rules import effective_rules
 from alerts.values import FLEET, monitor_values, not_exposed, values
 from kneepoint.config import ENGINE_KINDS, Config, Rule
@@ -218,6 +218,8 @@ def evaluate_once(session: Session, config: Config, now: float) -> list[Transiti
         and not any(o.covers(alert.replica) for o in lasting)
     ]
     news |= {r.alert.fingerprint for r in reminders}
+    # The messages' reads first: the writes below hold SQLite's write lock until commit.
+    ahead = read_ahead(session, config, rules, transitions + reminders, now)
     muted, unmuted = _maintenance(
         session, config, rules, transitions + reminders, states, notified, lasting, now
     )
@@ -228,7 +230,7 @@ def evaluate_once(session: Session, config: Config, now: float) -> list[Transiti
         sent = now if key in news else notified.get(key)
         session.merge(AlertRow(**asdict(alert), updated_at=now, notified_at=sent))
     outgoing = [c for c in transitions + reminders if c.alert.fingerprint not in muted]
-    enqueue(session, config, rules, outgoing + unmuted, now, states)
+    enqueue(session, config, rules, outgoing + unmuted, now, states, ahead)
     for change in transitions:
         session.add(
             AlertHistoryRow(

@@ -124,17 +124,19 @@ def enqueue(
     changes: list[Transition],
     now: float,
     states: dict[str, Alert] | None = None,
+    ahead: ReadAhead | None = None,
 ) -> int:
     """Put every firing and every resolution (of an alert that fired) in the outbox, once
     per channel of its rule; a silenced or inhibited one is logged as such and not sent.
-    Return how many rows will be sent."""
+    Return how many rows will be sent. `ahead`: the messages' reads done before the caller
+    wrote anything (read_ahead)."""
     by_name = {rule.name: rule for rule in rules}
     configs = {c.name: c for c in config.channels}
     active = silences.load(session)
     added = 0
     groups: dict[tuple[str, str], list[Notice]] = {}  # (rule, status) -> notices to send
-    seen: dict[tuple[str, float], list[Event]] = {}  # timeline reads, per replica and time
-    known: dict[str, causes.Signals | None] = {}  # the cause's signals, once per evaluation
+    ahead = ahead or ReadAhead()
+    seen, known = ahead.seen, ahead.known
     for change in changes:
         # Firing (first time or a repeat_interval reminder), or resolved after it fired.
         news = change.after == FIRING or (change.after == RESOLVED and change.before == FIRING)
@@ -162,6 +164,36 @@ def enqueue(
                 put(session, name, notice, now)
                 added += 1
     return added
+
+
+@dataclass
+class ReadAhead:
+    """The reads firing messages make: timeline events per replica and time, and the
+    cause's signals (once per evaluation)."""
+
+    seen: dict[tuple[str, float], list[Event]] = field(default_factory=dict)
+    known: dict[str, causes.Signals | None] = field(default_factory=dict)
+
+
+def read_ahead(
+    session: Session, config: Config, rules: list[Rule], changes: list[Transition], now: float
+) -> ReadAhead:
+    """Make the timeline and cause reads of the firing messages `changes` would send, before
+    the evaluation writes anything. On SQLite the first write takes the database's write
+    lock until the commit, and these reads (a view of the fleet, an hour of timeline) then
+    held it for seconds: long enough, on a loaded machine, for a scrape round to fail with
+    `database is locked` in the round where alerts fired."""
+    ahead = ReadAhead()
+    by_name = {rule.name: rule for rule in rules}
+    for change in changes:
+        rule = by_name.get(change.alert.rule)
+        if change.after != FIRING or rule is None:
+            continue
+        notice = notice_for(change, rule, config, now)
+        changes_before(session, config, notice, ahead.seen)
+        if rule.severity == "page" or rule.metric.startswith("slo_burn:"):
+            cause_of(session, config, notice, now, ahead.known)
+    return ahead
 
 
 def runbook_line(rule: Rule, config: Config) -> str:

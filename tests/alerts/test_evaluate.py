@@ -243,3 +243,53 @@ def test_eval_says_no_data_in_words_never_value_none(tmp_path: Path) -> None:
     # replica-down never answered: no data, which this rule counts as a breach.
     assert "kv-blind on replica-down: inactive -> firing (no data, threshold 0.9" in said, said
     assert "None" not in said, said
+
+
+def test_a_firing_messages_reads_hold_no_write_lock(
+    seeded: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The cause and timeline reads of a firing page's message are made before evaluation
+    writes: on SQLite a write holds the database's write lock until commit, and a scrape
+    round waiting behind seconds of reads failed with `database is locked`."""
+    import sqlite3
+
+    from alerts import outbox
+
+    config_path = Path(str(seeded))
+    config_path.write_text(
+        config_path.read_text()
+        + "  - {name: kv-page, metric: kv_cache_occupancy, op: '>=', threshold: 0, for: 0s,"
+        " severity: page}\n"
+    )
+    config = load_config(config_path)
+    database = config.database.reveal().removeprefix("sqlite:///")
+    writable: list[bool] = []
+
+    def can_write() -> None:
+        other = sqlite3.connect(database, timeout=0)  # another writer, as the scrape is
+        try:
+            other.execute("BEGIN IMMEDIATE")  # the write lock, or `database is locked`
+            other.execute("ROLLBACK")
+            writable.append(True)
+        except sqlite3.OperationalError:
+            writable.append(False)
+        finally:
+            other.close()
+
+    gather, events = outbox.causes.gather, outbox.timeline.events
+
+    def gathering(*args: object, **kwargs: object) -> object:
+        can_write()
+        return gather(*args, **kwargs)  # type: ignore[arg-type]
+
+    def reading(*args: object, **kwargs: object) -> object:
+        can_write()
+        return events(*args, **kwargs)  # type: ignore[arg-type]
+
+    monkeypatch.setattr(outbox.causes, "gather", gathering)
+    monkeypatch.setattr(outbox.timeline, "events", reading)
+    sessions = open_store(config.database)
+    with sessions.begin() as session:
+        transitions = evaluate_once(session, config, time.time())
+    assert any(t.alert.rule == "kv-page" for t in transitions)
+    assert writable and all(writable), f"reads made while the write lock was held: {writable}"
