@@ -93,6 +93,12 @@ def store_fetched(fetched: list[Fetched], sessions: sessionmaker[Session]) -> li
     errors: list[str | None] = [entry.error for entry in normalized]
     refused: list[bool] = [False] * len(normalized)
     with sessions.begin() as session:
+        if session.get_bind().dialect.name == "sqlite":
+            # The write lock first, waited for up to the busy timeout. A transaction that
+            # reads first cannot wait for it later: if another connection commits between
+            # its first read and its first write (the membership beat, an evaluation), the
+            # write fails at once with `database is locked` (SQLITE_BUSY_SNAPSHOT in WAL).
+            session.connection().exec_driver_sql("BEGIN IMMEDIATE")
         ids = ensure_targets(
             session, [(f.target.name, f.target.kind, f.target.url) for f in fetched]
         )
