@@ -138,6 +138,20 @@ def serving_metrics() -> Iterator[MetricsServer]:
     server.server_close()
 
 
+@contextmanager
+def loopback(handler: type[BaseHTTPRequestHandler]) -> Iterator[int]:
+    """A threaded HTTP server on 127.0.0.1 with `handler`, on a free port (yielded); shut
+    down afterwards."""
+    server = ThreadingHTTPServer(("127.0.0.1", 0), handler)
+    server.daemon_threads = True
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    try:
+        yield server.server_address[1]
+    finally:
+        server.shutdown()
+        server.server_close()
+
+
 def free_port() -> int:
     import socket
 

@@ -20,7 +20,7 @@ import time
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass, field
-from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from http.server import BaseHTTPRequestHandler
 from pathlib import Path
 
 import pytest
@@ -32,7 +32,7 @@ from kneepoint.cli import app
 from kneepoint.store.db import connect_store
 from kneepoint.store.models import JobHealthRow, NotificationRow
 from kneepoint.twin.fleet import Fleet, FleetSpec
-from tests.conftest import MetricsServer, migrated
+from tests.conftest import MetricsServer, loopback, migrated
 from tests.postgres import running_postgres
 
 pytestmark = [pytest.mark.real, pytest.mark.timeout(240)]
@@ -103,15 +103,9 @@ def counting(fleet: Fleet) -> Iterator[Counting]:
         def log_message(self, *args: object) -> None:
             pass
 
-    server = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
-    server.daemon_threads = True
-    state.port = server.server_address[1]
-    threading.Thread(target=server.serve_forever, daemon=True).start()
-    try:
+    with loopback(Handler) as port:
+        state.port = port
         yield state
-    finally:
-        server.shutdown()
-        server.server_close()
 
 
 @dataclass
@@ -139,15 +133,9 @@ def receiving() -> Iterator[Receiver]:
         def log_message(self, *args: object) -> None:
             pass
 
-    server = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
-    server.daemon_threads = True
-    state.port = server.server_address[1]
-    threading.Thread(target=server.serve_forever, daemon=True).start()
-    try:
+    with loopback(Handler) as port:
+        state.port = port
         yield state
-    finally:
-        server.shutdown()
-        server.server_close()
 
 
 def until(
