@@ -1,0 +1,165 @@
+"""The fleet's one status (kneepoint/fleet_status.py): each branch of its rule, the reasons
+and their links, and the status line."""
+
+from __future__ import annotations
+
+import pytest
+
+from kneepoint.fleet_status import (
+    DEGRADED,
+    DOWN,
+    OK,
+    AlertState,
+    ReplicaState,
+    SloState,
+    assess,
+    lasting,
+    ordered,
+)
+
+SERVING = ReplicaState("a", up=True)
+OTHER = ReplicaState("b", up=True)
+VIEW = {"page": "capacity", "range": "1h", "replica": "a"}
+
+
+def alert(severity: str, state: str = "firing", rule: str = "r", replica: str = "a") -> AlertState:
+    return AlertState(rule, replica, state, severity, since=1000.0, view=VIEW)
+
+
+def test_nothing_wrong_is_ok() -> None:
+    status = assess([], [SloState("s", budget_left=0.5, burn_rate=0.3)], [SERVING, OTHER])
+    assert status.level == OK and status.reasons == () and status.summary() == "OK"
+
+
+def test_pending_and_info_alerts_are_noted_not_reasons() -> None:
+    alerts = [alert("page", "pending"), alert("ticket", "pending"), alert("info", "firing")]
+    status = assess(alerts, [], [SERVING])
+    assert status.level == OK and status.reasons == ()
+    assert status.notes == ("2 pending", "1 info firing")
+    assert status.summary() == "OK · 2 pending · 1 info firing"
+
+
+def test_a_firing_page_alert_is_down_and_links_to_its_view() -> None:
+    status = assess([alert("ticket"), alert("page", rule="kv-cache-saturated")], [], [SERVING])
+    assert status.level == DOWN
+    first = status.reasons[0]  # the down reason before the degraded one
+    assert (first.level, first.kind, first.subject) == (DOWN, "alert", "kv-cache-saturated")
+    assert first.view == VIEW
+    assert "kv-cache-saturated firing on a (page)" == first.text
+    assert status.summary() == "Down: 1 page alert firing, 1 alert firing"
+
+
+@pytest.mark.parametrize("severity", ["ticket", "critical"])
+def test_a_firing_ticket_or_unknown_severity_alert_is_degraded(severity: str) -> None:
+    status = assess([alert(severity, replica="")], [], [SERVING])
+    assert status.level == DEGRADED
+    assert [r.text for r in status.reasons] == [f"r firing on fleet ({severity})"]
+
+
+def test_no_replica_serving_is_down() -> None:
+    replicas = [
+        ReplicaState("a", up=False, last_error="connection refused"),
+        ReplicaState("b", up=False, stale=True),
+        ReplicaState("c", up=True, stalled=True),
+        ReplicaState("never", up=None),  # never scraped: not counted either way
+    ]
+    status = assess([], [], replicas)
+    assert status.level == DOWN
+    assert status.reasons[0].kind == "fleet" and "3 of 3" in status.reasons[0].text
+    troubles = {r.subject: r.text for r in status.reasons if r.kind == "replica"}
+    assert troubles == {"a": "a down", "b": "b stale", "c": "c stalled"}
+    assert status.summary().startswith("Down: no replica serving, 1 replica down")
+
+
+def test_one_replica_serving_keeps_it_degraded() -> None:
+    status = assess([], [], [ReplicaState("a", up=False), ReplicaState("b", up=False), OTHER])
+    assert status.level == DEGRADED
+    assert status.summary() == "Degraded: 2 replicas down"
+    views = {r.subject: r.view for r in status.reasons}
+    assert views["a"] == {"page": "overview", "range": "1h", "replica": "a"}
+
+
+def test_never_scraped_or_no_replicas_is_not_down() -> None:
+    assert assess([], [], [ReplicaState("a", up=None)]).level == OK
+    assert assess([], [], []).level == OK
+
+
+@pytest.mark.parametrize(
+    ("replica", "trouble", "page"),
+    [
+        (ReplicaState("x", up=False), "down", "overview"),
+        (ReplicaState("x", up=False, stale=True), "stale", "health"),
+        (ReplicaState("x", up=True, stalled=True), "stalled", "overview"),
+    ],
+)
+def test_a_replica_in_trouble_is_degraded(replica: ReplicaState, trouble: str, page: str) -> None:
+    status = assess([], [], [replica, SERVING])
+    assert status.level == DEGRADED
+    (reason,) = status.reasons
+    assert reason.text == f"x {trouble}" and reason.view["page"] == page
+    assert reason.view["replica"] == "x"
+
+
+def test_an_exhausted_budget_is_degraded() -> None:
+    status = assess([], [SloState("fast-ttft", budget_left=-0.2, burn_rate=3.0)], [SERVING])
+    assert status.level == DEGRADED
+    (reason,) = status.reasons
+    assert reason.text == "SLO fast-ttft: error budget exhausted"
+    assert reason.view == {"page": "slos", "range": "1h", "slo": "fast-ttft"}
+    assert assess([], [SloState("s", budget_left=0.0)], [SERVING]).level == DEGRADED
+
+
+def test_a_burning_slo_is_degraded() -> None:
+    slo = SloState("avail", budget_left=0.9, burn_rate=20.0, burning=("1h", "6h"))
+    status = assess([], [slo], [SERVING])
+    assert status.level == DEGRADED
+    assert [r.text for r in status.reasons] == ["SLO avail: burning over 1h, 6h"]
+    assert status.summary() == "Degraded: 1 SLO burning"
+
+
+def test_an_slo_without_data_or_with_a_problem_is_no_reason() -> None:
+    slos = [
+        SloState("empty", budget_left=None),
+        SloState("wrong", budget_left=-1.0, burning=("1h",), problem="not a bucket bound"),
+    ]
+    assert assess([], slos, [SERVING]).level == OK
+
+
+def test_from_status_reads_kneepoint_status_entries() -> None:
+    entry = {"name": "a", "up": False, "stale": True, "stalled": None, "last_error": "refused"}
+    replica = ReplicaState.from_status(entry)
+    assert (replica.up, replica.stale, replica.stalled, replica.trouble) == (
+        False,
+        True,
+        False,
+        "stale",
+    )
+
+
+def test_ordered_puts_firing_pages_first_then_longest() -> None:
+    alerts = [
+        AlertState("p", "a", "pending", "page", since=1.0),
+        AlertState("i", "a", "firing", "info", since=1.0),
+        AlertState("t", "a", "firing", "ticket", since=1.0),
+        AlertState("late", "a", "firing", "page", since=50.0),
+        AlertState("early", "a", "firing", "page", since=10.0),
+    ]
+    assert [a.rule for a in ordered(alerts)] == ["early", "late", "t", "i", "p"]
+
+
+@pytest.mark.parametrize(
+    ("seconds", "text"),
+    [
+        (None, "–"),
+        (float("nan"), "–"),
+        (-3.0, "0 s"),
+        (42.4, "42 s"),
+        (60 * 12 + 5, "12 min"),
+        (3600 * 3, "3 h"),
+        (3600 * 3 + 60 * 5, "3 h 5 min"),
+        (86400 * 2 + 3600 * 4, "2 d 4 h"),
+        (86400 * 2, "2 d"),
+    ],
+)
+def test_lasting_reads_for_people(seconds: float | None, text: str) -> None:
+    assert lasting(seconds) == text
