@@ -45,7 +45,7 @@ def test_a_firing_page_alert_is_down_and_links_to_its_view() -> None:
     first = status.reasons[0]  # the down reason before the degraded one
     assert (first.level, first.kind, first.subject) == (DOWN, "alert", "kv-cache-saturated")
     assert first.view == VIEW
-    assert "kv-cache-saturated firing on a (page)" == first.text
+    assert first.text == "kv-cache-saturated firing on a (page)"
     assert status.summary() == "Down: 1 page alert firing, 1 alert firing"
 
 
