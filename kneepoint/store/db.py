@@ -32,6 +32,7 @@ from kneepoint.secrets import Secret, redact_url, reveal
 
 MIGRATIONS = Path(__file__).resolve().parent.parent / "migrations"
 BUSY_TIMEOUT_MS = 10_000
+WAL_SWITCH_TRIES = 5  # see _use_wal
 # The key of the PostgreSQL advisory lock that serializes `kneepoint migrate` runs.
 MIGRATION_LOCK = zlib.crc32(b"kneepoint migrate")
 
@@ -60,9 +61,9 @@ def make_engine(given: str | Secret, *, create: bool = True) -> Engine:
     @event.listens_for(engine, "connect")
     def _pragmas(connection, _record) -> None:  # type: ignore[no-untyped-def]
         cursor = connection.cursor()
-        if not memory:
-            cursor.execute("PRAGMA journal_mode=WAL")
         cursor.execute(f"PRAGMA busy_timeout={busy_ms}")
+        if not memory:
+            _use_wal(cursor)
         cursor.execute("PRAGMA synchronous=NORMAL")
         cursor.execute("PRAGMA foreign_keys=ON")
         cursor.close()
@@ -70,6 +71,24 @@ def make_engine(given: str | Secret, *, create: bool = True) -> Engine:
     if not memory and parsed.query.get("uri") is None:  # a file by its path, not a URI
         _guard_file(engine, Path(os.path.abspath(str(parsed.database))), create)
     return engine
+
+
+def _use_wal(cursor: sqlite3.Cursor) -> None:
+    """Switch the file to WAL (kept in the file: later connections find it so).
+
+    Two connections switching one new file at once each hold a read lock and want the write
+    lock; SQLite refuses one of them at once with "database is locked" rather than let both
+    wait on each other (the busy timeout is not consulted). A new try holds no lock: it waits
+    on the busy timeout while the other connection switches, then finds the file in WAL and
+    has nothing to do. Only a try that lands in the microseconds before the other takes its
+    pending lock is refused again, hence a few tries (no sleep: the busy timeout waits)."""
+    for tries_left in reversed(range(WAL_SWITCH_TRIES)):
+        try:
+            cursor.execute("PRAGMA journal_mode=WAL")
+            return
+        except sqlite3.OperationalError as error:
+            if "locked" not in str(error) or not tries_left:
+                raise
 
 
 def _guard_file(engine: Engine, path: Path, create: bool) -> None:
