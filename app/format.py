@@ -2,7 +2,10 @@
 
 from __future__ import annotations
 
+from datetime import UTC, datetime
 from typing import Any
+
+import pandas as pd
 
 from kneepoint.samples import ENGINE_NAMES, unavailable_reason
 
@@ -40,3 +43,150 @@ def quantile(values: dict[str, float | None] | None, key: str, unit: str = "s") 
     if not values or values.get(key) is None:
         return "–"
     return show(values[key], unit, 3)
+
+
+# Tables and numbers for people (app/tables.py): never None/NaN/NaT, never a cut number.
+EMPTY = "–"
+
+
+def is_empty(value: Any) -> bool:
+    """None, NaN, NaT, pd.NA or a blank string: shown as "–"."""
+    if isinstance(value, str):
+        return not value.strip()
+    try:
+        return bool(pd.isna(value))
+    except (TypeError, ValueError):  # a list or an array: not one empty cell
+        return False
+
+
+def text(value: Any) -> str:
+    return EMPTY if is_empty(value) else str(value)
+
+
+def yes_no(value: Any) -> str:
+    """A boolean as a word: "yes", "no", or "–" when unknown."""
+    return EMPTY if is_empty(value) else ("yes" if bool(value) else "no")
+
+
+_UNITS = ((1e12, "T"), (1e9, "B"), (1e6, "M"), (1e3, "k"))
+
+
+def compact(value: float | None, unit: str = "", digits: int = 3) -> str:
+    """A number short enough never to be cut: 459088 → "459k", 1234567 → "1.23M",
+    with `digits` significant digits (trailing zeros dropped) and the unit after it."""
+    if is_empty(value):
+        return EMPTY
+    assert value is not None
+    number = float(value)
+    suffix = ""
+    for index, (scale, letter) in enumerate(_UNITS):
+        if abs(number) >= scale:
+            scaled = float(f"{number / scale:.{digits}g}")
+            if abs(scaled) >= 1000 and index > 0:  # 999,950 rounds to 1000k: say 1M
+                scale, letter = _UNITS[index - 1]
+                scaled = float(f"{number / scale:.{digits}g}")
+            number, suffix = scaled, letter
+            break
+    if suffix:
+        shown = f"{number:.{digits}g}"
+    else:
+        shown = f"{number:,.{max(digits - len(str(int(abs(number)))), 0)}f}"
+        if "." in shown:
+            shown = shown.rstrip("0").rstrip(".")
+    return f"{shown}{suffix} {unit}".strip()
+
+
+def times(value: float | None, what: str = "", digits: int = 2) -> str:
+    """A ratio with its unit: 2.1636 → "2.16×", with what it is a multiple of
+    ("2.16× budget"); 1.0 → "1×"."""
+    if is_empty(value):
+        return EMPTY
+    assert value is not None
+    shown = f"{float(value):.{digits}f}".rstrip("0").rstrip(".")
+    return f"{shown}× {what}".strip()
+
+
+def duration(seconds: float) -> str:
+    """A span in the largest units that say it: "45 s", "12 min", "1 h 20 min", "3 d 4 h"."""
+    seconds = abs(float(seconds))
+    if seconds < 60:
+        return f"{seconds:.0f} s"
+    minutes = int(seconds // 60)
+    if minutes < 60:
+        return f"{minutes} min"
+    hours, minutes = divmod(minutes, 60)
+    if hours < 24:
+        return f"{hours} h {minutes} min" if minutes else f"{hours} h"
+    days, hours = divmod(hours, 24)
+    return f"{days} d {hours} h" if hours else f"{days} d"
+
+
+def ago(ts: float | None, now: float) -> str:
+    """A moment relative to `now`: "just now", "12 min ago", "in 5 min"; "–" for none."""
+    if is_empty(ts):
+        return EMPTY
+    assert ts is not None
+    delta = now - float(ts)
+    if abs(delta) < 5:
+        return "just now"
+    return f"{duration(delta)} ago" if delta > 0 else f"in {duration(delta)}"
+
+
+def utc(ts: float | None) -> str:
+    """The absolute time: "2026-12-01 14:03:05 UTC"; "–" for none."""
+    if is_empty(ts):
+        return EMPTY
+    assert ts is not None
+    return datetime.fromtimestamp(float(ts), UTC).strftime("%Y-%m-%d %H:%M:%S UTC")
+
+
+# A coloured dot before a state or severity word (renders in a dataframe cell and on a phone).
+_BADGES = {
+    "🔴": "firing critical page down failed failing broken error refused dead stalled",
+    "🟠": "pending warning ticket stale retrying degraded burning",
+    "🟢": "resolved ok up sent delivered healthy success inactive",
+    "🔵": "info",
+}
+_DOT = {word: dot for dot, words in _BADGES.items() for word in words.split()}
+
+
+def badge(value: Any) -> str:
+    """A state or severity as a coloured badge: "🔴 firing", "🟠 pending", "🟢 resolved";
+    an unknown word gets a white dot, an empty one "–"."""
+    if is_empty(value):
+        return EMPTY
+    word = str(value)
+    return f"{_DOT.get(word.strip().lower(), '⚪')} {word}"
+
+
+def metric_unit(metric: str) -> str:
+    """The unit an alert rule's metric reads in (alerts/rules.METRICS): "%" for shares,
+    "× budget" for SLO burn rates, "×", "s", "$", or "" for counts."""
+    if metric.startswith("slo_burn:"):
+        return "× budget"
+    from alerts.rules import METRICS
+
+    described = METRICS.get(metric, "")
+    for marker, unit in (("(0..1)", "%"), ("(×)", "×"), ("(s)", "s"), ("(USD)", "$")):
+        if marker in described:
+            return unit
+    if "points, 0..1" in described:
+        return "points"
+    return ""
+
+
+def metric_value(value: float | None, unit: str) -> str:
+    """An alert's value or threshold in its metric's unit (metric_unit): 2.1636 with
+    "× budget" → "2.16× budget", 0.93 with "%" → "93.0%", 0.3 "points" → "30 points"."""
+    if is_empty(value):
+        return EMPTY
+    assert value is not None
+    if unit.startswith("×"):
+        return times(value, unit[1:].strip())
+    if unit == "points":
+        return f"{float(value) * 100:.0f} points"
+    if unit == "s":
+        return show(float(value), "s", 3)
+    if unit in ("%", "$"):
+        return show(float(value), unit)
+    return compact(value)

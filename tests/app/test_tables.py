@@ -1,0 +1,183 @@
+"""Tables for people (app/tables.py) and the numbers in them (app/format.py): "–" for empty,
+relative times with the exact time beside them, compact numbers, ratios with a unit, badges,
+human headers; and the pages that show tables render none of None/NaN/NaT."""
+
+from __future__ import annotations
+
+import math
+import time
+from datetime import UTC, datetime
+
+import pandas as pd
+import pytest
+
+import alerts.evaluate  # noqa: F401  the package: AppTest puts app/screens (with alerts.py) first
+from app import format as fmt
+from app import tables
+
+EMPTIES = [None, float("nan"), pd.NaT, pd.NA, "", "  "]
+
+
+@pytest.mark.parametrize("value", EMPTIES, ids=repr)
+def test_every_kind_of_empty_reads_as_a_dash(value: object) -> None:
+    assert fmt.is_empty(value)
+    assert fmt.text(value) == "–"
+    assert fmt.yes_no(value) == "–"
+    assert fmt.badge(value) == "–"
+    if not isinstance(value, str):
+        assert fmt.compact(value) == "–"  # type: ignore[arg-type]
+        assert fmt.times(value) == "–"  # type: ignore[arg-type]
+        assert fmt.ago(value, 1000.0) == "–"  # type: ignore[arg-type]
+        assert fmt.utc(value) == "–"  # type: ignore[arg-type]
+
+
+@pytest.mark.parametrize("value", [0, 0.0, False, "0", "no"], ids=repr)
+def test_zero_and_false_are_not_empty(value: object) -> None:
+    assert not fmt.is_empty(value)
+    assert fmt.text(value) == str(value)
+
+
+@pytest.mark.parametrize(
+    ("seconds", "expected"),
+    [
+        (2, "just now"),
+        (42, "42 s ago"),
+        (12 * 60 + 30, "12 min ago"),
+        (3600, "1 h ago"),
+        (3600 + 20 * 60, "1 h 20 min ago"),
+        (3 * 86400 + 4 * 3600 + 59, "3 d 4 h ago"),
+        (-5 * 60, "in 5 min"),
+    ],
+)
+def test_relative_time(seconds: float, expected: str) -> None:
+    now = 1_800_000_000.0
+    assert fmt.ago(now - seconds, now) == expected
+
+
+def test_absolute_time_is_utc_and_says_so() -> None:
+    moment = datetime(2026, 3, 4, 5, 6, 7, tzinfo=UTC)
+    assert fmt.utc(moment.timestamp()) == "2026-03-04 05:06:07 UTC"
+
+
+@pytest.mark.parametrize(
+    ("value", "unit", "expected"),
+    [
+        (459_088, "tokens", "459k tokens"),
+        (1_234_567, "", "1.23M"),
+        (1_200_000, "", "1.2M"),
+        (999_950, "", "1M"),  # rounds up into the next unit, not "1000k"
+        (12_345, "", "12.3k"),
+        (3_400_000_000, "", "3.4B"),
+        (-45_000, "", "-45k"),
+        (999, "seqs", "999 seqs"),
+        (12.345, "", "12.3"),
+        (0, "", "0"),
+    ],
+)
+def test_compact_numbers(value: float, unit: str, expected: str) -> None:
+    assert fmt.compact(value, unit) == expected
+
+
+@pytest.mark.parametrize("value", [459_088, 1_234_567_891, 98_765.4321, 7])
+def test_compact_numbers_are_short_and_close(value: float) -> None:
+    shown = fmt.compact(value)
+    assert len(shown) <= 5
+    scale = {"k": 1e3, "M": 1e6, "B": 1e9, "T": 1e12}.get(shown[-1], 1.0)
+    number = float(shown.rstrip("kMBT").replace(",", ""))
+    assert math.isclose(number * scale, value, rel_tol=0.005)
+
+
+def test_ratios_have_a_unit_and_are_rounded() -> None:
+    assert fmt.times(2.1636, "budget") == "2.16× budget"
+    assert fmt.times(1.0) == "1×"
+    assert fmt.times(14.4) == "14.4×"
+    # An SLO burn alert's value and threshold (issue 17: "2.1636 against a threshold of 1").
+    unit = fmt.metric_unit("slo_burn:chat-latency:1h")
+    assert fmt.metric_value(2.1636, unit) == "2.16× budget"
+    assert fmt.metric_value(1.0, unit) == "1× budget"
+
+
+def test_alert_values_read_in_their_metric_s_unit() -> None:
+    assert fmt.metric_unit("kv_cache_occupancy") == "%"
+    assert fmt.metric_value(0.93, "%") == "93.0%"
+    assert fmt.metric_unit("ttft_p99_seconds") == "s"
+    assert fmt.metric_value(1.23456, "s") == "1.235 s"
+    assert fmt.metric_unit("spec_expected_speedup") == "×"
+    assert fmt.metric_unit("cost_per_million_tokens") == "$"
+    assert fmt.metric_unit("prefix_cache_hit_rate_drop") == "points"
+    assert fmt.metric_value(0.3, "points") == "30 points"
+    assert fmt.metric_unit("requests_waiting") == ""
+    assert fmt.metric_value(3.0, "") == "3"
+
+
+def test_badges_colour_states_and_severities() -> None:
+    assert fmt.badge("firing") == "🔴 firing"
+    assert fmt.badge("page") == "🔴 page"
+    assert fmt.badge("pending") == "🟠 pending"
+    assert fmt.badge("ticket") == "🟠 ticket"
+    assert fmt.badge("resolved") == "🟢 resolved"
+    assert fmt.badge("info") == "🔵 info"
+    assert fmt.badge("something new") == "⚪ something new"
+
+
+def test_booleans_are_words() -> None:
+    assert [fmt.yes_no(v) for v in (True, False, 1, 0)] == ["yes", "no", "yes", "no"]
+
+
+def test_prepare_names_orders_and_fills_the_columns() -> None:
+    now = time.time()
+    frame = pd.DataFrame(
+        {
+            "fired_at": [now - 720, None],
+            "state": ["firing", None],
+            "failures in a row": [3, None],
+            "stale": [True, None],
+            "kv_cache_capacity_tokens": [459_088, None],
+            "burn": [2.1636, None],
+            "share": [0.93, None],
+            "internal": ["x", "y"],
+        }
+    )
+    shown, config = tables.prepare(
+        frame,
+        {
+            "state": tables.badge("State"),
+            "fired_at": tables.time("Fired"),
+            "failures in a row": tables.number("Failures in a row", digits=0),
+            "stale": tables.yes_no("Stale"),
+            "kv_cache_capacity_tokens": tables.number("KV capacity", "tokens", compact=True),
+            "burn": tables.ratio("Burn rate", "budget"),
+            "share": tables.percent("Hit rate"),
+        },
+    )
+    assert list(shown.columns) == [
+        "State",
+        "Fired",
+        "Fired (UTC)",
+        "Failures in a row",
+        "Stale",
+        "KV capacity (tokens)",
+        "Burn rate (× budget)",
+        "Hit rate",
+    ]
+    assert set(config) == set(shown.columns)
+    assert list(shown["State"]) == ["🔴 firing", "–"]
+    assert list(shown["Stale"]) == ["yes", "–"]
+    # Times and numbers keep their types (sortable); the placeholder shows their gaps.
+    assert str(shown["Fired"].dtype).startswith("datetime64")
+    assert shown["Fired"].iloc[0].timestamp() == pytest.approx(now - 720, abs=1e-3)
+    assert shown["Hit rate"].iloc[0] == pytest.approx(93.0)
+    assert config["Fired"]["type_config"]["format"] == "distance"
+    assert config["Fired (UTC)"]["type_config"]["timezone"] == "UTC"
+    assert config["KV capacity (tokens)"]["type_config"]["format"] == "compact"
+    assert config["Burn rate (× budget)"]["type_config"]["format"] == "%.2f×"
+
+
+def test_prepare_refuses_a_column_the_frame_does_not_have() -> None:
+    with pytest.raises(KeyError, match="fired_at"):
+        tables.prepare(pd.DataFrame({"state": ["firing"]}), {"fired_at": tables.time("Fired")})
+
+
+def test_an_empty_frame_keeps_its_headers() -> None:
+    shown, _ = tables.prepare(pd.DataFrame(), {"a": tables.text("A"), "t": tables.time("T")})
+    assert list(shown.columns) == ["A", "T", "T (UTC)"] and shown.empty
