@@ -79,7 +79,7 @@ MAX_PENDING = 1000  # pending rows looked at per round, oldest first
 COUNTS = ("sent", "retry", "failed", "held", "superseded", "expired")
 CHANGES_BEFORE = 3600.0  # a firing message lists the timeline's events this long before it
 MAX_CHANGES = 10  # the newest ones
-# The page that explains a metric (the link in the message).
+# The page that explains a metric (the link in the message; the Overview's alert list too).
 PAGES = {
     "kv_cache_occupancy": "capacity",
     "requests_waiting": "capacity",
@@ -94,7 +94,21 @@ PAGES = {
     "xid_errors": "gpus",
     "cost_per_million_tokens": "cost",
     "up": "health",
+    "stale_targets": "health",  # the collector's own state: jobs, scrape errors
+    "engine_stalled": "overview",  # the replica's tile says stalled, its charts show the work
+    "ttft_p99_seconds": "knee",  # latency against concurrency, and where the knee is
+    "itl_p99_seconds": "knee",
+    "alert_pipeline_problems": "alerts",  # channel health and the delivery log
 }
+SLO_BURN = "slo_burn:"  # alerts/slo.py burn_metric: slo_burn:<slo>:<long window>
+
+
+def view_of(metric: str) -> tuple[str, str]:
+    """The page that explains a rule's metric, and the SLO it is about ("" but for an SLO's
+    burn rate, which the SLOs page explains)."""
+    if metric.startswith(SLO_BURN):
+        return "slos", metric[len(SLO_BURN) :].rsplit(":", 1)[0]
+    return PAGES.get(metric, "overview"), ""
 
 
 def notice_for(change: Transition, rule: Rule, config: Config, now: float) -> Notice:
@@ -112,7 +126,8 @@ def notice_for(change: Transition, rule: Rule, config: Config, now: float) -> No
         at=now,
         runbook=runbook_line(rule, config),
         dashboard_url=config.dashboard_url,
-        page=PAGES.get(rule.metric, "overview"),
+        page=view_of(rule.metric)[0],
+        slo=view_of(rule.metric)[1],
         labels=dict(rule.labels),
     )
 

@@ -32,6 +32,7 @@ class Notice:
     runbook: str = ""
     dashboard_url: str = "http://localhost:8501"
     page: str = "overview"
+    slo: str = ""  # an SLO burn's SLO: the link opens the SLOs page on it
     labels: dict[str, str] = field(default_factory=dict)
     # A group: the same rule's news for several replicas in one evaluation, one message.
     members: list[dict[str, Any]] = field(default_factory=list)
@@ -69,6 +70,8 @@ class Notice:
         query: dict[str, str] = {"page": self.page, "range": "1h"}
         if self.replica and not self.members:
             query["replica"] = self.replica
+        if self.slo:
+            query["slo"] = self.slo
         return f"{self.dashboard_url.rstrip('/')}/?{urlencode(query)}"
 
     def title(self) -> str:
