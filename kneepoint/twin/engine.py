@@ -32,6 +32,53 @@ StepObserver = Callable[[list[tuple["Request", int]], float], None]
 
 
 @dataclass(frozen=True)
+class StepCost:
+    """What one engine step costs, as a sum of linear terms (seconds), so it can be fitted to
+    a real replica (kneepoint/whatif/calibrate.py). The default (`StepCost.of(config)`) is
+    the physics from the GPU and model profiles: a fixed launch/scheduling overhead, the
+    weights read once per step, every scheduled token's 2 × parameters FLOPs, each context
+    token's KV read, and a drafter's steps."""
+
+    overhead_seconds: float = STEP_OVERHEAD_SECONDS  # per step with work (not memory-bound)
+    weight_read_seconds: float = 0.0  # per step with work: the weights streamed once
+    token_seconds: float = 0.0  # per scheduled token (prefill and decode): compute
+    prefill_token_seconds: float = 0.0  # extra per prefill (chunk) token: compute
+    context_token_seconds: float = 0.0  # per context token read per step: KV bytes moved
+    sequence_seconds: float = 0.0  # per sequence in the step (sampling, metadata)
+    draft_token_seconds: float = 0.0  # per drafted token, in a step that decodes
+    # Latency outside the engine steps per request (API server, tokenization): added to TTFT
+    # by the what-if predictions, never to the engine's own clock.
+    request_overhead_seconds: float = 0.0
+
+    @classmethod
+    def of(cls, config: EngineConfig) -> StepCost:
+        """The profile physics of `config` (what the twin has always used)."""
+        bandwidth = config.gpu.bandwidth_gbs * 1e9 * BANDWIDTH_EFFICIENCY
+        weights = config.weight_bytes / bandwidth
+        return cls(
+            overhead_seconds=STEP_OVERHEAD_SECONDS,
+            weight_read_seconds=weights,
+            token_seconds=2 * config.model.parameters / (config.peak_flops * COMPUTE_EFFICIENCY),
+            context_token_seconds=config.kv_bytes_per_token / bandwidth,
+            draft_token_seconds=config.spec_draft_cost * weights,
+        )
+
+    def scaled(self, memory: float = 1.0, compute: float = 1.0) -> StepCost:
+        """The terms bound by memory bandwidth times `memory`, those bound by compute times
+        `compute` (another GPU: the ratios of the two GPUs' bandwidth and FLOPs)."""
+        return StepCost(
+            overhead_seconds=self.overhead_seconds,
+            weight_read_seconds=self.weight_read_seconds * memory,
+            token_seconds=self.token_seconds * compute,
+            prefill_token_seconds=self.prefill_token_seconds * compute,
+            context_token_seconds=self.context_token_seconds * memory,
+            sequence_seconds=self.sequence_seconds,
+            draft_token_seconds=self.draft_token_seconds * memory,
+            request_overhead_seconds=self.request_overhead_seconds,
+        )
+
+
+@dataclass(frozen=True)
 class EngineConfig:
     gpu: Gpu
     model: Model
@@ -46,6 +93,10 @@ class EngineConfig:
     num_speculative_tokens: int = 0
     spec_acceptance_rate: float = 0.0  # per drafted token, given the ones before it
     spec_draft_cost: float = 0.1  # a draft step's cost relative to a target decode step
+    # What a step costs; None: the GPU and model profiles' physics (StepCost.of).
+    step_cost: StepCost | None = None
+    # vLLM's --num-gpu-blocks-override: the KV cache's blocks as measured, not from memory.
+    num_gpu_blocks_override: int | None = None
 
     @property
     def weight_bytes(self) -> float:
@@ -59,6 +110,10 @@ class EngineConfig:
     @property
     def num_gpu_blocks(self) -> int:
         """What vLLM's memory profiling leaves for the KV cache, in blocks."""
+        if self.num_gpu_blocks_override is not None:
+            if self.num_gpu_blocks_override < 2:
+                raise ValueError("num_gpu_blocks_override must be at least 2")
+            return self.num_gpu_blocks_override
         budget = self.gpu.memory_gib * GIB * self.gpu_memory_utilization
         free = budget - self.weight_bytes - ACTIVATION_RESERVE_GIB * GIB
         blocks = int(free // (self.block_size * self.kv_bytes_per_token))
@@ -113,6 +168,7 @@ class Engine:
         self.admitted: list[Request] = []  # requests scheduled for the first time this step
         self.observers: list[StepObserver] = []
         self._rng = random.Random(seed)
+        self.cost = config.step_cost or StepCost.of(config)
 
     @property
     def capacity_tokens(self) -> int:
@@ -266,26 +322,27 @@ class Engine:
         stats.observe("request_prefill_kv_computed_tokens", request.prompt_len - hit)
 
     def _duration(self, work: list[tuple[Request, int]]) -> float:
-        config = self.config
+        config, cost = self.config, self.cost
         tokens = sum(count for _, count in work)
         context = sum(request.computed + count for request, count in work)
-        read = config.weight_bytes + context * config.kv_bytes_per_token
-        memory = read / (config.gpu.bandwidth_gbs * 1e9 * BANDWIDTH_EFFICIENCY)
+        memory = cost.weight_read_seconds + context * cost.context_token_seconds
         prefill_tokens = sum(
             count for request, count in work if request.computed < request.prefill_target
         )
-        flops = 2 * config.model.parameters * tokens
-        compute = flops / (config.peak_flops * COMPUTE_EFFICIENCY)
+        compute = (
+            tokens * cost.token_seconds
+            + prefill_tokens * cost.prefill_token_seconds
+            + len(work) * cost.sequence_seconds
+        )
         decoding = any(request.computed >= request.prefill_target for request, _ in work)
         draft = 0.0
         if decoding and config.num_speculative_tokens:
-            weights = config.weight_bytes / (config.gpu.bandwidth_gbs * 1e9 * BANDWIDTH_EFFICIENCY)
-            draft = config.spec_draft_cost * config.num_speculative_tokens * weights
+            draft = cost.draft_token_seconds * config.num_speculative_tokens
         stats = self.stats
         stats.memory_seconds += memory
         stats.compute_seconds += compute
         stats.prefill_compute_seconds += compute * prefill_tokens / max(tokens, 1)
-        duration = STEP_OVERHEAD_SECONDS + memory + compute + draft
+        duration = cost.overhead_seconds + memory + compute + draft
         stats.busy_seconds += duration
         stats.observe("iteration_tokens_total", tokens)
         return duration

@@ -1,0 +1,234 @@
+"""Fit the twin's step-time model (kneepoint.twin.engine.StepCost) to a replica.
+
+From a knee run (sweep or import): each concurrency step's throughput, mean TTFT and mean
+inter-token latency are, for the twin, linear in the cost's coefficients given the schedule
+(sweep.py), so the coefficients are the non-negative least-squares solution
+(scipy.optimize.nnls) of those equations, each row divided by its measured value so that
+the residuals are relative errors and a slow step does not outweigh a fast one.
+
+From production history (history.py `Level`s): at a load level with b requests running,
+a generation rate G and a computed-prompt rate P, a decode step carries b tokens and
+P·b/G prompt tokens and reads the KV the running requests hold (occupancy × capacity), and
+the mean inter-token latency is that step's duration: one more linear row per level.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+import numpy as np
+from scipy.optimize import nnls
+
+from kneepoint.knee.runs import Point, Run
+from kneepoint.twin.engine import EngineConfig, StepCost
+from kneepoint.twin.profiles import GPUS, MODELS
+from kneepoint.whatif.profile import (
+    MIN_POINTS,
+    TRUST_RMS,
+    EngineShape,
+    FitPoint,
+    FitQuality,
+    Profile,
+    WhatIfError,
+)
+from kneepoint.whatif.sweep import TERMS, StepTerms, requests_for, simulate_step
+
+# The terms fitted by default. sequence_seconds is left out: a decode step's sequences are
+# its decode tokens, so the two cannot be told apart from sweeps (token_seconds absorbs it).
+FITTED = (
+    "overhead_seconds",
+    "token_seconds",
+    "prefill_token_seconds",
+    "context_token_seconds",
+    "request_overhead_seconds",
+)
+
+
+@dataclass(frozen=True)
+class Level:
+    """A replica's production load level (history.py): means over the time it spent there."""
+
+    running: float  # requests running
+    generation_tokens_per_second: float
+    computed_prompt_tokens_per_second: float  # prompt tokens computed (not cache hits)
+    kv_cache_usage: float  # 0..1
+    itl_mean_seconds: float | None  # from the inter-token-latency histogram's sum ÷ count
+    seconds: float  # time spent at this level
+
+
+def sweep_terms(
+    shape: EngineShape,
+    points: Sequence[Point],
+    input_tokens: int,
+    output_tokens: int,
+) -> list[StepTerms]:
+    """The twin's schedule of each measured step (same concurrency, request count, lengths)."""
+    config = shape.engine_config(StepCost())
+    out = []
+    for point in points:
+        length = round(point.input_tokens_mean) if point.input_tokens_mean else input_tokens
+        requests = point.completed or requests_for(point.concurrency)
+        out.append(
+            simulate_step(config, point.concurrency, requests, max(1, length), output_tokens)
+        )
+    return out
+
+
+def calibrate_sweep(
+    points: Sequence[Point],
+    shape: EngineShape,
+    input_tokens: int = 256,
+    output_tokens: int = 128,
+    replica: str = "replica",
+    run_label: str | None = None,
+    levels: Sequence[Level] = (),
+    now: float | None = None,
+) -> Profile:
+    """Fit a profile to measured sweep points (and production levels, if any).
+
+    `points`: a knee run's steps (concurrency, output_tokens_per_second, ttft_mean_seconds,
+    itl_mean_seconds, completed, input_tokens_mean as measured; missing measures are skipped).
+    `shape`: the engine's configuration when they were measured. `input_tokens` and
+    `output_tokens`: the sweep's request shape (input_tokens_mean of a point wins where the
+    server counted it). The profile's `fit` says how closely each measured number is
+    reproduced and whether it is trusted (profile.TRUST_RMS); fitting never raises for a
+    poor fit, predicting from it does."""
+    if not points and not levels:
+        raise WhatIfError("nothing to calibrate from: no sweep points and no history levels")
+    extra = ("draft_token_seconds",) if shape.num_speculative_tokens else ()
+    fitted = (*FITTED, *extra)
+    columns = [TERMS.index(name) for name in fitted]
+    rows: list[np.ndarray] = []
+    measured: list[float] = []
+    fixed: list[float] = []  # the part of each measured number no fitted term pays (stalls)
+    labels: list[tuple[str, float, str, int]] = []  # source, load, metric, output tokens
+    usable = [p for p in points if p.output_tokens_per_second > 0]
+    terms = sweep_terms(shape, usable, input_tokens, output_tokens)
+    for point, step in zip(usable, terms, strict=True):
+        c, tokens = float(point.concurrency), step.output_tokens
+        rows.append(step.wall)
+        measured.append(tokens / point.output_tokens_per_second)  # the step's wall time
+        fixed.append(step.wall_fixed)
+        labels.append(("sweep", c, "throughput", tokens))
+        if point.ttft_mean_seconds:
+            rows.append(step.ttft_mean)
+            measured.append(point.ttft_mean_seconds)
+            fixed.append(step.ttft_fixed)
+            labels.append(("sweep", c, "ttft_mean", 0))
+        if point.itl_mean_seconds and step.itl_mean is not None:
+            rows.append(step.itl_mean)
+            measured.append(point.itl_mean_seconds)
+            fixed.append(step.itl_fixed)
+            labels.append(("sweep", c, "itl_mean", 0))
+    for level in levels:
+        row = level_row(shape, level)
+        if row is not None and level.itl_mean_seconds:
+            rows.append(row)
+            measured.append(level.itl_mean_seconds)
+            fixed.append(0.0)
+            labels.append(("history", level.running, "itl_mean", 0))
+    if not rows:
+        raise WhatIfError("no measured number to fit: every point lacks throughput and latency")
+    matrix = np.vstack(rows)
+    values, offsets = np.asarray(measured), np.asarray(fixed)
+    scale = np.where(values > 0, values, 1.0)
+    solution, _ = nnls(matrix[:, columns] / scale[:, None], (values - offsets) / scale)
+    theta = np.zeros(len(TERMS))
+    theta[columns] = solution
+    fits = matrix @ theta + offsets
+    fit_points = []
+    for (source, load, metric, tokens), value, fit in zip(labels, values, fits, strict=True):
+        if metric == "throughput":  # compared as throughput, as it was measured
+            value, fit = tokens / value, (tokens / fit if fit > 0 else 0.0)
+        fit_points.append(FitPoint(source, load, metric, float(value), float(fit)))
+    quality = judge(fit_points, {p.concurrency for p in usable} | {lv.running for lv in levels})
+    return Profile(
+        replica=replica,
+        shape=shape,
+        cost=cost_of(theta, shape),
+        fit=quality,
+        run_label=run_label,
+        fitted_at=time.time() if now is None else now,
+        input_tokens=input_tokens,
+        output_tokens=output_tokens,
+    )
+
+
+def calibrate(
+    run: Run,
+    shape: EngineShape,
+    replica: str,
+    levels: Sequence[Level] = (),
+    now: float | None = None,
+) -> Profile:
+    """Fit a profile to a stored knee run (its notes' input/output tokens where recorded,
+    else `kneepoint sweep`'s defaults 256 and 128) and the replica's production levels."""
+    notes = run.notes or {}
+    return calibrate_sweep(
+        run.points,
+        shape,
+        int(notes.get("input_tokens") or 256),
+        int(notes.get("output_tokens") or 128),
+        replica=replica,
+        run_label=run.label,
+        levels=levels,
+        now=now,
+    )
+
+
+def level_row(shape: EngineShape, level: Level) -> np.ndarray | None:
+    """The terms of a decode step at a production level (None when nothing was running)."""
+    b, g = level.running, level.generation_tokens_per_second
+    if b < 0.5 or g <= 0:
+        return None
+    accepted = 1.0 + shape.spec_acceptance_rate * shape.num_speculative_tokens
+    steps_per_second = g / (b * accepted)
+    prefill = level.computed_prompt_tokens_per_second / steps_per_second
+    row = np.zeros(len(TERMS))
+    row[TERMS.index("overhead_seconds")] = 1.0
+    row[TERMS.index("token_seconds")] = b * (1 + shape.num_speculative_tokens) + prefill
+    row[TERMS.index("prefill_token_seconds")] = prefill
+    row[TERMS.index("context_token_seconds")] = level.kv_cache_usage * shape.capacity_tokens
+    row[TERMS.index("sequence_seconds")] = b
+    row[TERMS.index("draft_token_seconds")] = shape.num_speculative_tokens
+    return row
+
+
+def judge(points: list[FitPoint], loads: set[float]) -> FitQuality:
+    """Trusted when there are enough points at two loads or more and their RMS relative
+    error is within TRUST_RMS."""
+    quality = FitQuality(tuple(points), False, "")
+    rms = quality.rms
+    if len(points) < MIN_POINTS or len(loads) < 2:
+        reason = f"{len(points)} measured numbers at {len(loads)} loads; needs {MIN_POINTS} at 2"
+        return FitQuality(tuple(points), False, reason)
+    if not np.isfinite(rms) or rms > TRUST_RMS:
+        reason = f"RMS relative error {rms:.0%} is above {TRUST_RMS:.0%}"
+        return FitQuality(tuple(points), False, reason)
+    return FitQuality(tuple(points), True, f"RMS relative error {rms:.1%} ≤ {TRUST_RMS:.0%}")
+
+
+def cost_of(theta: np.ndarray, shape: EngineShape) -> StepCost:
+    """A StepCost from fitted coefficients. The per-step constant is split into overhead
+    and weights read in the proportion the GPU and model profiles give (needed only to
+    scale it to another GPU); with no profile it all counts as overhead."""
+    fixed = float(theta[TERMS.index("overhead_seconds")])
+    weights = 0.0
+    if shape.gpu and shape.model:
+        default = StepCost.of(EngineConfig(GPUS[shape.gpu], MODELS[shape.model]))
+        share = default.weight_read_seconds / (
+            default.weight_read_seconds + default.overhead_seconds
+        )
+        weights = fixed * share
+    return StepCost(
+        overhead_seconds=fixed - weights,
+        weight_read_seconds=weights,
+        token_seconds=float(theta[TERMS.index("token_seconds")]),
+        prefill_token_seconds=float(theta[TERMS.index("prefill_token_seconds")]),
+        context_token_seconds=float(theta[TERMS.index("context_token_seconds")]),
+        sequence_seconds=float(theta[TERMS.index("sequence_seconds")]),
+        draft_token_seconds=float(theta[TERMS.index("draft_token_seconds")]),
+        request_overhead_seconds=float(theta[TERMS.index("request_overhead_seconds")]),
+    )
