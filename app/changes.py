@@ -9,7 +9,7 @@ import streamlit as st
 
 from app import data
 from app.filters import Filters
-from dashboards.charts import MARKERS, Marker
+from dashboards.charts import MARKERS, WINDOW, Marker
 from kneepoint.config import config_path
 from kneepoint.timeline import Event
 
@@ -33,10 +33,16 @@ def _events(path: str, since: float, until: float) -> list[Event]:
 
 def mark_charts(chosen: Filters) -> None:
     """Every time-series chart of this page run marks the events of its range and replicas
-    (a vertical line each, the detail on hover)."""
+    (a vertical line each, the detail on hover), and spans that range (charts line up)."""
     until = data.now()
     found = events(until - chosen.range_seconds, until, chosen.replicas)
     MARKERS.set(tuple(marker(e) for e in found))
+    WINDOW.set(
+        (
+            pd.Timestamp(until - chosen.range_seconds, unit="s", tz="UTC"),
+            pd.Timestamp(until, unit="s", tz="UTC"),
+        )
+    )
 
 
 def marker(event: Event) -> Marker:

@@ -4,11 +4,12 @@ from __future__ import annotations
 
 import streamlit as st
 
-from app import auth, changes, data, filters
+from app import auth, changes, chrome, data, filters
 from app.registry import PAGES, PAGES_DIR
 from kneepoint.config import ConfigError
 
 st.set_page_config(page_title="kneepoint", page_icon=":material/monitoring:", layout="wide")
+chrome.style()
 
 try:
     who = auth.gate()  # a sign-in page or a refusal stops here
@@ -29,6 +30,7 @@ pages = {
 }
 page = st.navigation(list(pages.values()))
 current_path = next(path for path, candidate in pages.items() if candidate is page)
+chrome.tab_title(page.title, page.icon)
 
 requested = st.query_params.get("page")
 if requested in pages and requested != current_path:
@@ -49,3 +51,4 @@ chosen = filters.sidebar(replicas)
 changes.mark_charts(chosen)  # every time-series chart marks the timeline's events
 st.query_params["page"] = current_path
 page.run()
+chrome.footer()  # not after a page's st.stop(): that page said why it stopped instead

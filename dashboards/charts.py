@@ -1,9 +1,17 @@
-"""Generic chart builders: a DataFrame in, a Plotly figure out."""
+"""Generic chart builders: a DataFrame in, a Plotly figure out.
+
+Every figure has a title and axis titles that end in their unit in parentheses ("time (UTC)",
+"KV-cache occupancy (%)"); time series hover all their lines at once ("x unified") over the
+page's time range (WINDOW), so the charts of a page line up. `config` is what the app passes
+to st.plotly_chart (the modebar's PNG download, named after the chart) and `data_csv` the
+chart's data as CSV."""
 
 from __future__ import annotations
 
+import io
+import re
 from contextvars import ContextVar
-from typing import NamedTuple
+from typing import Any, NamedTuple
 
 import pandas as pd
 import plotly.express as px
@@ -11,6 +19,8 @@ import plotly.graph_objects as go
 
 LAYOUT = {"height": 280, "margin": {"l": 10, "r": 10, "t": 40, "b": 10}}
 CHANGES = "changes"  # the name of the markers' trace
+TIME_AXIS = "time (UTC)"
+HOVER = "x unified"
 
 
 class Marker(NamedTuple):
@@ -23,6 +33,31 @@ class Marker(NamedTuple):
 
 # The changes every time-series chart marks, set once per page run (app/changes.py).
 MARKERS: ContextVar[tuple[Marker, ...]] = ContextVar("kneepoint_chart_markers", default=())
+# The page's time range (the sidebar's), set with MARKERS: every time series spans it.
+WINDOW: ContextVar[tuple[pd.Timestamp, pd.Timestamp] | None] = ContextVar(
+    "kneepoint_chart_window", default=None
+)
+
+
+def axis_title(name: str, unit: str) -> str:
+    """"KV-cache occupancy (%)": the unit in parentheses, where the hover and a reader look."""
+    return f"{name} ({unit})" if unit else name
+
+
+def over_time(figure: go.Figure, times: pd.Series | None = None) -> go.Figure:
+    """A time series' x axis: titled with its zone, one hover for all lines at a time, and
+    the page's WINDOW (widened to `times` where they reach past it, as a fragment's later
+    run does) so the page's charts share their x range."""
+    figure.update_layout(hovermode=HOVER)
+    figure.update_xaxes(title_text=TIME_AXIS)
+    window = WINDOW.get()
+    if window is not None:
+        start, end = window
+        if times is not None and len(times):
+            start = min(start, pd.Timestamp(times.min()))
+            end = max(end, pd.Timestamp(times.max()))
+        figure.update_xaxes(range=[start, end])
+    return figure
 
 
 def marked(figure: go.Figure, start: pd.Timestamp | None = None) -> go.Figure:
@@ -60,13 +95,20 @@ def lines(
     color: str = "replica",
     percent: bool = False,
     unit: str = "",
+    y_title: str | None = None,
 ) -> go.Figure:
-    """One line per `color` value of column `y` over time."""
+    """One line per `color` value of column `y` over time; the y axis is `y_title` (the
+    title by default) with `unit` ("%" when `percent`: values are shares, shown as %)."""
     figure = px.line(frame, x="time", y=y, color=color, title=title)
-    figure.update_layout(**LAYOUT, legend_title_text="", xaxis_title=None, yaxis_title=unit)
+    figure.update_layout(
+        **LAYOUT,
+        legend_title_text="",
+        yaxis_title=axis_title(y_title or title, "%" if percent else unit),
+    )
     if percent:
         figure.update_yaxes(tickformat=".0%", rangemode="tozero")
     times = frame["time"] if "time" in frame and len(frame) else None
+    over_time(figure, times)
     return marked(figure, None if times is None else pd.Timestamp(times.min()))
 
 
@@ -79,9 +121,73 @@ def events(figure: go.Figure, starts: list[pd.Timestamp], label: str) -> go.Figu
     return figure
 
 
-def bars(labels: list[str], values: list[float], title: str, percent: bool = False) -> go.Figure:
-    figure = go.Figure(go.Bar(x=labels, y=values))
-    figure.update_layout(**LAYOUT, title=title)
+def bars(
+    labels: list[str],
+    values: list[float],
+    title: str,
+    percent: bool = False,
+    x_title: str = "",
+    y_title: str | None = None,
+    unit: str = "",
+) -> go.Figure:
+    """One bar per label; axis titles as in lines()."""
+    figure = go.Figure(go.Bar(x=labels, y=values, name=y_title or title))
+    figure.update_layout(
+        **LAYOUT,
+        title=title,
+        xaxis_title=x_title,
+        yaxis_title=axis_title(y_title or title, "%" if percent else unit),
+    )
     if percent:
         figure.update_yaxes(tickformat=".0%", range=[0, 1])
     return figure
+
+
+def file_stem(figure: go.Figure) -> str:
+    """The chart's title as a file name: "kneepoint-kv-cache-occupancy"."""
+    title = figure.layout.title.text or "chart"
+    slug = re.sub(r"[^a-z0-9]+", "-", re.sub(r"<[^>]*>", " ", title).lower()).strip("-")
+    return f"kneepoint-{slug[:60].rstrip('-') or 'chart'}"
+
+
+def config(figure: go.Figure) -> dict[str, Any]:
+    """Plotly's config for st.plotly_chart: the modebar's camera saves a PNG named after the
+    chart (at twice the size on screen), no Plotly logo, no selection tools."""
+    return {
+        "toImageButtonOptions": {"format": "png", "filename": file_stem(figure), "scale": 2},
+        "displaylogo": False,
+        "modeBarButtonsToRemove": ["select2d", "lasso2d"],
+    }
+
+
+def data_frame(figure: go.Figure) -> pd.DataFrame:
+    """The figure's data, one row per point: the series, then x and y under their axes'
+    titles (a trace on the right axis gets that axis's column), in the axis's unit (a share
+    drawn as % is written in %). The timeline's markers are not data; lines drawn as shapes
+    (a knee, an SLO) are in the chart only."""
+    parts = []
+    layout = figure.layout
+    for trace in figure.data:
+        if trace.name == CHANGES or trace.x is None or trace.y is None:
+            continue
+        x_axis = layout[_axis_key("x", trace.xaxis)]
+        y_axis = layout[_axis_key("y", trace.yaxis)]
+        x_name = x_axis.title.text or "x"
+        y_name = y_axis.title.text or "y"
+        y = pd.Series(list(trace.y), dtype="object")
+        if (y_axis.tickformat or "").endswith("%"):  # shares drawn as %: the file says 43, not 0.43
+            y = pd.to_numeric(y, errors="coerce") * 100
+        parts.append(pd.DataFrame({"series": trace.name or "", x_name: list(trace.x), y_name: y}))
+    return pd.concat(parts, ignore_index=True) if parts else pd.DataFrame(columns=["series"])
+
+
+def data_csv(figure: go.Figure) -> str:
+    out = io.StringIO()
+    data_frame(figure).to_csv(out, index=False)
+    return out.getvalue()
+
+
+def _axis_key(letter: str, reference: str | None) -> str:
+    """"y2" → "yaxis2", None or "y" → "yaxis"."""
+    suffix = (reference or letter)[1:]
+    return f"{letter}axis{suffix}"

@@ -54,8 +54,10 @@ def headroom(forecast: Forecast) -> go.Figure:
     figure.update_layout(
         **LAYOUT,
         title=f"{forecast.replica}: daily peak concurrency against the knee",
-        yaxis_title="requests (running + waiting)",
+        xaxis_title="day (UTC)",
+        yaxis_title="peak concurrency (requests running + waiting)",
         legend_title_text="",
+        hovermode="x unified",
     )
     figure.update_yaxes(rangemode="tozero")
     return figure

@@ -17,6 +17,25 @@ TITLES = {
 }
 
 
+# The y axis of each: what is counted, and its unit.
+AXES = {
+    "kv_cache_occupancy": ("KV-cache occupancy", "%"),
+    "requests_running": ("running", "requests"),
+    "requests_waiting": ("waiting", "requests"),
+    "prompt_tokens_per_second": ("prompt", "tok/s"),
+    "generation_tokens_per_second": ("generated", "tok/s"),
+    "preemptions_per_second": ("preemptions", "1/s"),
+}
+
+
 def replica_lines(series: pd.DataFrame, column: str) -> go.Figure:
     """One line per replica of `column` over time."""
-    return lines(series, column, TITLES.get(column, column), percent=column == "kv_cache_occupancy")
+    name, unit = AXES.get(column, (column, ""))
+    return lines(
+        series,
+        column,
+        TITLES.get(column, column),
+        percent=unit == "%",
+        unit="" if unit == "%" else unit,
+        y_title=name,
+    )

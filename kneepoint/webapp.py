@@ -22,6 +22,47 @@ from kneepoint.auth import OidcAuth, listen_problem
 from kneepoint.config import Config
 
 APP_ENTRY = Path(__file__).resolve().parent.parent / "app" / "main.py"
+# kneepoint's look: Streamlit options (config.toml's [theme], [theme.light], [theme.dark]
+# tables) the app is started with as flags, so they hold whatever folder it is started from
+# (Streamlit reads .streamlit/config.toml from the working directory only). With both a
+# light and a dark table the browser's preference picks one; the app menu's settings can
+# switch. No `base`: Streamlit ignores the light and dark tables when one is set.
+THEME: dict[str, dict[str, str | int | bool]] = {
+    "theme": {
+        "font": "sans-serif",
+        "baseRadius": "0.5rem",
+        "showWidgetBorder": True,
+        "metricValueFontSize": "1.6rem",
+    },
+    "theme.light": {
+        "primaryColor": "#0f766e",
+        "backgroundColor": "#ffffff",
+        "secondaryBackgroundColor": "#f1f5f9",
+        "textColor": "#0f172a",
+        "linkColor": "#0f766e",
+        "borderColor": "#d9e2ec",
+    },
+    "theme.dark": {
+        "primaryColor": "#2dd4bf",
+        "backgroundColor": "#0b1220",
+        "secondaryBackgroundColor": "#152036",
+        "textColor": "#e2e8f0",
+        "linkColor": "#5eead4",
+        "borderColor": "#24324a",
+    },
+}
+# The product's chrome: the toolbar of a viewer (no "Deploy", a short app menu).
+CLIENT = {"toolbarMode": "viewer"}
+
+
+def look_flags() -> list[str]:
+    """The Streamlit flags of kneepoint's look: toolbar and theme."""
+    flags = [f"--client.{name}={value}" for name, value in CLIENT.items()]
+    for section, options in THEME.items():
+        for name, value in options.items():
+            text = str(value).lower() if isinstance(value, bool) else str(value)
+            flags.append(f"--{section}.{name}={text}")
+    return flags
 
 
 class ListenRefused(RuntimeError):
@@ -98,8 +139,7 @@ def app_process(
         str(max(1, round(config.limits.upload_mb))),
         "--browser.gatherUsageStats",
         "false",
-        "--client.toolbarMode",
-        "viewer",
+        *look_flags(),
         # An exception's text may carry what a secret-scrubbing log would have caught:
         # pages show its type only; the log has the rest.
         "--client.showErrorDetails",

@@ -172,15 +172,24 @@ def html_report(report: WeeklyReport) -> str:
 def figures(report: WeeklyReport) -> list[go.Figure]:
     series = report.this.view.coarse
     charts = []
-    for column, title, unit in (
-        ("kv_cache_occupancy", "KV-cache occupancy", "share"),
-        ("requests_running", "Sequences running", "sequences"),
-        ("hit_rate", "Prefix-cache hit rate", "share"),
+    for column, title, axis in (
+        ("kv_cache_occupancy", "KV-cache occupancy", "occupancy (%)"),
+        ("requests_running", "Sequences running", "running (sequences)"),
+        ("hit_rate", "Prefix-cache hit rate", "hit rate (%)"),
     ):
         figure = go.Figure()
         if not series.empty and column in series:
             for replica, rows in series.groupby("replica"):
                 figure.add_trace(go.Scatter(x=rows.time, y=rows[column], name=str(replica)))
-        figure.update_layout(title=title, yaxis_title=unit, height=320, font_family="system-ui")
+        figure.update_layout(
+            title=title,
+            xaxis_title="time (UTC)",
+            yaxis_title=axis,
+            hovermode="x unified",
+            height=320,
+            font_family="system-ui",
+        )
+        if axis.endswith("(%)"):  # shares, drawn as %
+            figure.update_yaxes(tickformat=".0%")
         charts.append(figure)
     return charts

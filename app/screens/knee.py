@@ -7,6 +7,7 @@ import pandas as pd
 import streamlit as st
 
 from app import actions, auth, data, filters
+from app.plots import chart
 from dashboards.knee import knee_chart
 from kneepoint.auth import Refused
 from kneepoint.knee import tables
@@ -34,6 +35,14 @@ else:
         horizontal=True,
         format_func=lambda c: "TTFT p99" if c.startswith("ttft") else "ITL p99",
     )
+    scale = st.radio(
+        "Throughput axis",
+        ["share", "shared"],
+        horizontal=True,
+        format_func=lambda s: "% of each run's peak" if s == "share" else "tok/s, shared",
+        help="% of each run's peak: every run's knee shows, a small replica's too. "
+        "tok/s, shared: runs compared in absolute throughput (and the production curve).",
+    )
     production_replica = st.selectbox(
         "Production curve of",
         ["(none)", *replicas],
@@ -48,7 +57,7 @@ else:
     slo = next((s for s in data.store()[0].slos if s.metric and latency.startswith(s.metric)), None)
     shown = [by_label[label] for label in chosen]
     if shown:
-        st.plotly_chart(
+        chart(
             knee_chart(
                 tables.curves(shown, latency),
                 tables.markers(shown),
@@ -56,8 +65,11 @@ else:
                 tables.production(curve, latency),
                 curve.peak_concurrency if curve else None,
                 latency,
+                normalized=scale == "share",
             )
         )
+        if scale == "share" and curve is not None:
+            st.caption("The production curve is on the shared tok/s axis; here, its peak's line.")
         st.dataframe(
             tables.summary(shown, curve),
             hide_index=True,
