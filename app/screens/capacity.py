@@ -7,6 +7,7 @@ import streamlit as st
 
 from app import data, filters, insight
 from app.format import engine_label, quantile, show, why
+from app.plots import chart
 from dashboards.charts import lines
 from dashboards.forecast import headroom
 from kneepoint.derived.capacity import Plan, what_ifs
@@ -110,10 +111,15 @@ if series.empty:
     st.info("No samples in this time range yet.")
 else:
     left, right = st.columns(2)
-    left.plotly_chart(lines(series, "kv_cache_occupancy", "KV-cache occupancy", percent=True))
-    right.plotly_chart(lines(series, "requests_waiting", "Waiting sequences", unit="seqs"))
-    left.plotly_chart(lines(series, "preemptions_per_second", "Preemptions / s", unit="/s"))
-    right.plotly_chart(lines(series, "requests_running", "Running sequences", unit="seqs"))
+    chart(lines(series, "kv_cache_occupancy", "KV-cache occupancy", percent=True), left)
+    waiting = lines(series, "requests_waiting", "Waiting sequences", unit="seqs", y_title="waiting")
+    chart(waiting, right)
+    chart(
+        lines(series, "preemptions_per_second", "Preemptions", unit="1/s", y_title="preemptions"),
+        left,
+    )
+    running = lines(series, "requests_running", "Running sequences", unit="seqs", y_title="running")
+    chart(running, right)
 
 st.subheader("Headroom forecast")
 st.caption(
@@ -155,7 +161,7 @@ else:
     )
     shown = [o for o in outlooks if o.peaks]
     for column, o in zip(st.columns(2) * len(shown), shown, strict=False):
-        column.plotly_chart(headroom(o))
+        chart(headroom(o), column)
 
 st.subheader("Planner: how many agents fit")
 with st.form("planner"):

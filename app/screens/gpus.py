@@ -6,6 +6,7 @@ import streamlit as st
 
 from app import data, filters
 from app.format import show
+from app.plots import chart
 from dashboards.charts import lines
 
 view_filter = filters.current(data.replica_names())
@@ -39,9 +40,13 @@ for gpu in gpus:
 frame = view.gpus
 if not frame.empty:
     left, right = st.columns(2)
-    left.plotly_chart(lines(frame, "utilization", "GPU_UTIL", color="gpu", percent=True))
-    right.plotly_chart(
-        lines(frame, "gr_engine_active", "Graphics engine active", color="gpu", percent=True)
+    chart(
+        lines(frame, "utilization", "GPU busy (GPU_UTIL)", "gpu", percent=True, y_title="busy"),
+        left,
     )
-    left.plotly_chart(lines(frame, "dram_active", "DRAM active", color="gpu", percent=True))
-    right.plotly_chart(lines(frame, "power_watts", "Power", color="gpu", unit="W"))
+    chart(
+        lines(frame, "gr_engine_active", "Graphics engine active", color="gpu", percent=True),
+        right,
+    )
+    chart(lines(frame, "dram_active", "DRAM active", color="gpu", percent=True), left)
+    chart(lines(frame, "power_watts", "Power", color="gpu", unit="W", y_title="power"), right)

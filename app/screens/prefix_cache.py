@@ -6,6 +6,7 @@ import streamlit as st
 
 from app import data, filters
 from app.format import show, why
+from app.plots import chart
 from dashboards.charts import events, lines
 from kneepoint.derived.details import divergence
 
@@ -60,11 +61,15 @@ if coarse.empty:
     st.info("No samples in this time range yet.")
 else:
     figure = lines(coarse, "hit_rate", "Prefix-cache hit rate", percent=True)
-    st.plotly_chart(events(figure, [e.start for e in view.events["hit_rate_drops"]], "drop"))
+    chart(events(figure, [e.start for e in view.events["hit_rate_drops"]], "drop"))
     storms = lines(
-        coarse, "computed_prompt_tokens_per_second", "Computed prompt tokens / s", unit="tok/s"
+        coarse,
+        "computed_prompt_tokens_per_second",
+        "Computed prompt tokens / s",
+        unit="tok/s",
+        y_title="computed prompt tokens",
     )
-    st.plotly_chart(events(storms, [e.start for e in view.events["prefill_storms"]], "storm"))
+    chart(events(storms, [e.start for e in view.events["prefill_storms"]], "storm"))
 for kind, label in (("hit_rate_drops", "Hit-rate drop"), ("prefill_storms", "Prefill storm")):
     for event in view.events[kind]:
         st.caption(

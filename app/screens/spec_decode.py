@@ -6,6 +6,7 @@ import streamlit as st
 
 from app import data, filters
 from app.format import show
+from app.plots import chart
 from dashboards.charts import bars, lines
 
 view_filter = filters.current(data.replica_names())
@@ -41,14 +42,20 @@ for replica in drafting:
     )
     positions = replica["spec_decode_per_position_acceptance"] or []
     if positions:
-        st.plotly_chart(
+        chart(
             bars(
                 [f"position {i}" for i in range(len(positions))],
                 positions,
                 "Acceptance by draft position",
                 percent=True,
+                x_title="draft position (token)",
+                y_title="accepted",
             )
         )
 series = view.series.dropna(subset=["spec_acceptance"])
 if not series.empty:
-    st.plotly_chart(lines(series, "spec_acceptance", "Acceptance rate over time", percent=True))
+    chart(
+        lines(
+            series, "spec_acceptance", "Acceptance rate over time", percent=True, y_title="accepted"
+        )
+    )

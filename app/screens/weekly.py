@@ -5,6 +5,7 @@ from __future__ import annotations
 import streamlit as st
 
 from app import actions, data, filters
+from app.plots import chart
 from kneepoint.auth import Refused
 from review.render import figures
 
@@ -20,7 +21,7 @@ st.download_button(
 )
 st.markdown(summary.split("\n", 1)[1])  # its own title is this page's
 for figure in figures(report):
-    st.plotly_chart(figure)
+    chart(figure)
 st.caption(
     "This week against the week before, computed as `kneepoint status` and every page compute "
     "their numbers. `kneepoint report` writes the same report; `report.schedule` sends it."
