@@ -142,9 +142,9 @@ def utc(ts: float | None) -> str:
 
 # A coloured dot before a state or severity word (renders in a dataframe cell and on a phone).
 _BADGES = {
-    "🔴": "firing critical page down failed failing broken error refused dead stalled",
+    "🔴": "firing critical page down gone failed failing broken error refused dead stalled",
     "🟠": "pending warning ticket stale retrying degraded burning",
-    "🟢": "resolved ok up sent delivered healthy success inactive",
+    "🟢": "resolved ok up live done sent delivered healthy success inactive",
     "🔵": "info",
 }
 _DOT = {word: dot for dot, words in _BADGES.items() for word in words.split()}
@@ -190,3 +190,15 @@ def metric_value(value: float | None, unit: str) -> str:
     if unit in ("%", "$"):
         return show(float(value), unit)
     return compact(value)
+
+
+def metric_text(value: Any, unit: str) -> str:
+    """An alert's value as app/data.alerts gives it (a number or its text, "no data", or
+    the reason the engine does not give it) in the metric's unit (metric_value)."""
+    if is_empty(value):
+        return EMPTY
+    try:
+        number = float(value)
+    except (TypeError, ValueError):
+        return str(value)
+    return metric_value(number, unit)

@@ -146,9 +146,9 @@ def prepare(
                 format="distance",
                 help=_joined(
                     column.help,
-                    f"How long ago; the exact time is in “{header}{UTC_SUFFIX}”."
+                    f"Relative to now; the exact time is in “{header}{UTC_SUFFIX}”."
                     if column.absolute
-                    else "How long ago.",
+                    else "Relative to now.",
                 ),
                 pinned=pinned,
             )

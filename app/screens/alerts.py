@@ -7,7 +7,11 @@ import time
 import pandas as pd
 import streamlit as st
 
+from alerts.rules import effective_rules
+from alerts.slo import burn_rules
 from app import actions, data, filters, insight
+from app import tables as t
+from app.format import metric_text, metric_unit, metric_value
 from kneepoint import runbooks
 from kneepoint.auth import Refused
 
@@ -28,7 +32,25 @@ if asked:
         st.markdown(runbooks.section(section).replace("## ", f"### Runbook: {asked} · ", 1))
 end = data.now()
 current, history = data.alerts(end - view.range_seconds, end)
-columns = ["state", "rule", "replica", "value", "threshold", "fired_at", "pending_since"]
+config, _ = data.store()
+rules = {r.name: r for r in (*effective_rules(config), *burn_rules(config.slos))}
+
+
+def _readable(frame: pd.DataFrame) -> pd.DataFrame:
+    """Each alert's value (and threshold) in its metric's unit, and its rule's severity."""
+    units = [metric_unit(rules[r].metric) if r in rules else "" for r in frame.rule]
+    readable = frame.assign(
+        severity=[rules[r].severity if r in rules else None for r in frame.rule],
+        value=[metric_text(v, u) for v, u in zip(frame.value, units, strict=True)],
+    )
+    if "threshold" in frame:
+        readable["threshold"] = [
+            f"{rules[r].op} {metric_value(x, u)}" if r in rules else metric_value(x, u)
+            for r, x, u in zip(frame.rule, frame.threshold, units, strict=True)
+        ]
+    return readable
+
+
 firing = current[current.state == "firing"]
 pending = current[current.state == "pending"]
 a, b = st.columns(2)
@@ -37,7 +59,21 @@ b.metric("Pending", len(pending), help="Breaching now, not yet for their whole `
 if current.empty:
     st.success("Nothing is firing or pending.")
 else:
-    st.dataframe(current[columns], hide_index=True, width="stretch")
+    shown = _readable(current).assign(
+        since=current.fired_at.where(current.state == "firing", current.pending_since)
+    )
+    t.people_table(
+        shown,
+        {
+            "state": t.badge("State"),
+            "severity": t.badge("Severity"),
+            "rule": t.text("Rule"),
+            "replica": t.text("Replica"),
+            "value": t.text("Value", help="The rule's number now, in its unit."),
+            "threshold": t.text("Threshold", help="The rule's condition."),
+            "since": t.time("Since", help="Firing: when it fired. Pending: when it began."),
+        },
+    )
     st.subheader("Likely causes")
     st.caption(
         "Per firing or pending alert, the likely cause over the last 15 minutes with its "
@@ -55,8 +91,17 @@ st.subheader(f"State changes, last {view.range_label}")
 if history.empty:
     st.info("No alert changed state in this time range.")
 else:
-    shown = history[["ts", "rule", "replica", "before", "after", "value"]]
-    st.dataframe(shown.rename(columns={"ts": "time"}), hide_index=True, width="stretch")
+    t.people_table(
+        _readable(history),
+        {
+            "ts": t.time("Time"),
+            "rule": t.text("Rule"),
+            "replica": t.text("Replica"),
+            "before": t.badge("From"),
+            "after": t.badge("To"),
+            "value": t.text("Value", help="The rule's number at the change, in its unit."),
+        },
+    )
 
 log, health = data.deliveries(end - view.range_seconds, end)
 st.subheader("Channels")
@@ -78,7 +123,19 @@ st.subheader(f"Delivery log, last {view.range_label}")
 if log.empty:
     st.info("Nothing was sent in this time range.")
 else:
-    st.dataframe(log, hide_index=True, width="stretch")
+    t.people_table(
+        log,
+        {
+            "created_at": t.time("Created"),
+            "channel": t.text("Channel"),
+            "state": t.badge("State"),
+            "attempts": t.number("Attempts", digits=0),
+            "sent_at": t.time("Sent", absolute=False),
+            "next_attempt_at": t.time("Next attempt", absolute=False),
+            "last_error": t.text("Last error"),
+            "fingerprint": t.text("Alert fingerprint", help="Which alert (rule and replica)."),
+        },
+    )
 
 st.subheader("Runbooks")
 st.caption(
@@ -135,17 +192,22 @@ with st.form("new-silence"):
 ended = [s for s in every_silence if s.ends_at <= moment]
 if ended:
     with st.expander(f"Ended silences ({len(ended)}, kept for retention.silences)"):
-        st.dataframe(
+        t.people_table(
             [
                 {
-                    "id": s.id,
+                    "id": f"#{s.id}",
                     "matchers": ", ".join(f"{k}={v}" for k, v in s.matchers.items()),
                     "author": s.author,
                     "comment": s.comment,
-                    "ended": pd.Timestamp(s.ends_at, unit="s", tz="UTC"),
+                    "ended": s.ends_at,
                 }
                 for s in reversed(ended)
             ],
-            hide_index=True,
-            width="stretch",
+            {
+                "id": t.text("Silence"),
+                "matchers": t.text("Matchers"),
+                "author": t.text("Author"),
+                "comment": t.text("Comment"),
+                "ended": t.time("Ended"),
+            },
         )

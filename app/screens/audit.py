@@ -2,10 +2,10 @@
 
 from __future__ import annotations
 
-import pandas as pd
 import streamlit as st
 
 from app import auth, data, filters
+from app import tables as t
 
 auth.require_page("admin", "The Audit page")
 view = filters.current(data.replica_names())
@@ -20,26 +20,19 @@ entries = data.audit_entries(end - view.range_seconds)
 if not entries:
     st.info(f"Nothing was recorded in the last {view.range_label}.")
 else:
-    table = pd.DataFrame([e.as_dict() for e in entries])
-    table["ts"] = pd.to_datetime(table["ts"], unit="s", utc=True)
-    for column in ("before", "after"):
-        table[column] = table[column].map(lambda v: "" if v is None else str(v))
-    st.dataframe(
-        table.rename(columns={"ts": "time"})[
-            [
-                "time",
-                "actor",
-                "role",
-                "via",
-                "address",
-                "action",
-                "outcome",
-                "subject",
-                "before",
-                "after",
-                "detail",
-            ]
-        ],
-        hide_index=True,
-        width="stretch",
+    t.people_table(
+        [e.as_dict() for e in entries],
+        {
+            "ts": t.time("Time"),
+            "actor": t.text("Who"),
+            "role": t.text("Role"),
+            "via": t.text("Via", help="The web app, the CLI or the API."),
+            "address": t.text("From address"),
+            "action": t.text("Action"),
+            "outcome": t.badge("Outcome"),
+            "subject": t.text("Subject"),
+            "before": t.text("Before"),
+            "after": t.text("After"),
+            "detail": t.text("Detail"),
+        },
     )

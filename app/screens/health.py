@@ -6,7 +6,10 @@ from __future__ import annotations
 import streamlit as st
 
 from app import data, filters
+from app import tables as t
+from app.format import is_empty
 from kneepoint.health import collectors
+from kneepoint.samples import ENGINE_NAMES
 
 view = filters.current(data.replica_names())
 st.title("Collector health")
@@ -17,7 +20,28 @@ st.subheader("Targets")
 if targets.empty:
     st.info("Nothing has been scraped yet.")
 else:
-    st.dataframe(targets, hide_index=True, width="stretch")
+    t.people_table(
+        targets.assign(
+            state=[
+                None if is_empty(up) else "stale" if stale else "up" if up else "down"
+                for up, stale in zip(targets.up, targets.stale, strict=True)
+            ],
+            engine=[None if is_empty(e) else ENGINE_NAMES.get(e, e) for e in targets.engine],
+        ),
+        {
+            "target": t.text("Target"),
+            "state": t.badge(
+                "State", help="stale: not scraped lately (counted as down); –: never scraped."
+            ),
+            "kind": t.text("Kind"),
+            "engine": t.text("Engine"),
+            "generation": t.text("Generation"),
+            "last scrape": t.time("Last scrape"),
+            "failures in a row": t.number("Failures in a row", digits=0),
+            "last error": t.text("Last error"),
+            "url": t.text("URL"),
+        },
+    )
 
 st.subheader("Collectors")
 config, sessions = data.store()
@@ -32,16 +56,41 @@ else:
         st.caption("SQLite: no election; every collector scrapes every target and runs every job.")
     else:
         st.warning("No collector holds the leadership: alerts are not being evaluated.")
-    st.dataframe(members, hide_index=True, width="stretch")
+    t.people_table(
+        [{**m, "state": "live" if m["live"] else "gone"} for m in members],
+        {
+            "id": t.text("Collector"),
+            "host": t.text("Host"),
+            "pid": t.text("PID"),
+            "state": t.badge("State", help="gone: not seen within the collector lease."),
+            "leader": t.yes_no("Leader"),
+            "last_seen_at": t.time("Last seen"),
+            "started_at": t.time("Started", absolute=False),
+            "leader_since": t.time("Leader since", absolute=False),
+            "targets": t.number("Targets", digits=0, help="Targets it held at its last round."),
+        },
+    )
 
 st.subheader("Scheduled jobs")
 if jobs.empty:
     st.info("No scheduled job has run yet (is `kneepoint serve` or `kneepoint collect` running?).")
 else:
-    st.dataframe(jobs, hide_index=True, width="stretch")
+    t.people_table(
+        jobs,
+        {
+            "job": t.text("Job"),
+            "runs": t.number("Runs", digits=0),
+            "failures": t.number("Failures", digits=0),
+            "last run": t.time("Last run"),
+            "last error": t.text("Last error"),
+        },
+    )
 
 st.subheader(f"Scrape errors, last {view.range_label}")
 if errors.empty:
     st.success("No scrape errors in this time range.")
 else:
-    st.dataframe(errors, hide_index=True, width="stretch")
+    t.people_table(
+        errors.iloc[::-1],  # newest first
+        {"time": t.time("Time"), "target": t.text("Target"), "error": t.text("Error")},
+    )

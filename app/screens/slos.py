@@ -5,12 +5,12 @@ from __future__ import annotations
 
 from datetime import UTC, datetime
 
-import pandas as pd
 import streamlit as st
 
 from alerts import maintenance
 from alerts.slo import BURN_WINDOWS, window_label
 from app import data, filters, insight
+from app import tables as t
 from app.format import show
 from kneepoint.config import Maintenance
 
@@ -70,7 +70,21 @@ for r in reports:
         }
         for w in BURN_WINDOWS
     ]
-    st.dataframe(pd.DataFrame(rows), hide_index=True, width="stretch")
+    t.people_table(
+        rows,
+        {
+            "alert window": t.text("Alert window", help="Long window / short window."),
+            "severity": t.badge("Severity"),
+            "factor": t.ratio(
+                "Fires above", "budget", help="Both burn rates must exceed this factor."
+            ),
+            "long burn rate": t.ratio(
+                "Long-window burn", "budget", help="1× spends the budget in exactly the SLO window."
+            ),
+            "short burn rate": t.ratio("Short-window burn", "budget"),
+            "firing": t.yes_no("Firing"),
+        },
+    )
 
 
 def _when(ts: float) -> str:
@@ -103,18 +117,20 @@ if windows:
         if coming
         else "No window to come."
     )
-    st.dataframe(
-        pd.DataFrame(
-            [
-                {
-                    "window": w.name,
-                    "when": _schedule(w),
-                    "replicas": ", ".join(w.replicas) or "all",
-                    "now": any(o.name == w.name for o in maintenance.active(windows, now)),
-                }
-                for w in windows
-            ]
-        ),
-        hide_index=True,
-        width="stretch",
+    t.people_table(
+        [
+            {
+                "window": w.name,
+                "when": _schedule(w),
+                "replicas": ", ".join(w.replicas) or "all",
+                "now": any(o.name == w.name for o in maintenance.active(windows, now)),
+            }
+            for w in windows
+        ],
+        {
+            "window": t.text("Window"),
+            "when": t.text("When"),
+            "replicas": t.text("Replicas"),
+            "now": t.yes_no("In maintenance now"),
+        },
     )

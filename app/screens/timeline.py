@@ -3,10 +3,10 @@ same events mark every time-series chart, and `kneepoint timeline` prints them).
 
 from __future__ import annotations
 
-import pandas as pd
 import streamlit as st
 
 from app import changes, data, filters
+from app import tables as t
 from kneepoint.timeline import KINDS
 
 chosen = filters.current(data.replica_names())
@@ -24,12 +24,15 @@ shown = [e for e in found if not kinds or e.kind in kinds]
 if not shown:
     st.info(f"No change in the last {chosen.range_label}.")
 else:
-    table = pd.DataFrame(
+    t.people_table(
+        [
+            {"at": e.at, "replica": e.replica or "fleet", "kind": e.kind, "detail": e.detail}
+            for e in reversed(shown)
+        ],
         {
-            "time": [pd.Timestamp(e.at, unit="s", tz="UTC") for e in shown],
-            "replica": [e.replica or "fleet" for e in shown],
-            "kind": [e.kind for e in shown],
-            "detail": [e.detail for e in shown],
-        }
-    ).iloc[::-1]
-    st.dataframe(table, hide_index=True, width="stretch")
+            "at": t.time("Time"),
+            "replica": t.text("Replica"),
+            "kind": t.text("Kind"),
+            "detail": t.text("Detail"),
+        },
+    )

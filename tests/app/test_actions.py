@@ -402,12 +402,12 @@ def test_the_audit_page_shows_an_admin_every_entry(store: Any, auth: str) -> Non
     assert errors(app) == []
     shown = app.dataframe[0].value
     actor = "anonymous" if auth else "local user"
-    assert list(shown["actor"]) == [actor]
-    assert list(shown["action"]) == ["silence.create"]
-    assert list(shown["outcome"]) == ["done"]
+    assert list(shown["Who"]) == [actor]
+    assert list(shown["Action"]) == ["silence.create"]
+    assert list(shown["Outcome"]) == ["🟢 done"]
     (silence,) = administering.silences()
-    assert list(shown["subject"]) == [f"silence {silence.id}"]
-    assert "seen on the audit page" in shown["after"][0]
+    assert list(shown["Subject"]) == [f"silence {silence.id}"]
+    assert "seen on the audit page" in shown["After"][0]
 
 
 # --- The banner -----------------------------------------------------------------------------

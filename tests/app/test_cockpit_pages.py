@@ -90,8 +90,8 @@ def test_the_capacity_page_shows_each_replica_s_forecast(seeded: Path) -> None:
     app = AppTest.from_file(CAPACITY, default_timeout=60).run()
     assert not app.exception, [e.value for e in app.exception]
     assert "Headroom forecast" in [h.value for h in app.subheader]
-    table = next(d.value for d in app.dataframe if "why" in d.value.columns)
-    assert {"replica-a", "replica-b"} <= set(table.replica)
+    table = next(d.value for d in app.dataframe if "Why no date" in d.value.columns)
+    assert {"replica-a", "replica-b"} <= set(table["Replica"])
     # An hour of history: too few days, so no date and a note that says so.
-    assert table.crosses.isna().all()
-    assert all("day(s) of history" in note for note in table.why)
+    assert (table["Reaches the knee"] == "–").all()
+    assert all("day(s) of history" in note for note in table["Why no date"])
