@@ -11,12 +11,13 @@ from sqlalchemy.orm import Session, sessionmaker
 
 from alerts import evaluate as alert_rounds
 from alerts import silences
-from alerts.outbox import channel_health
+from alerts.outbox import channel_health, view_of
+from alerts.rules import effective_rules
 from alerts.silences import Silence
-from alerts.slo import Report
-from kneepoint import audit
+from alerts.slo import BURN_WINDOWS, Report, burn_rules, window_label
+from kneepoint import audit, fleet_status
 from kneepoint.auth import Limits
-from kneepoint.config import ENGINE_KINDS, Config, config_path, load_config
+from kneepoint.config import ENGINE_KINDS, Config, ConfigError, config_path, load_config
 from kneepoint.knee.detect import Assessment, assess
 from kneepoint.knee.passive import ProductionCurve, replica_curve
 from kneepoint.series import COLUMNS as SERIES_COLUMNS
@@ -267,3 +268,68 @@ def audit_entries(since: float) -> list[audit.Entry]:
     _, sessions = store()
     with sessions() as session:
         return audit.entries(session, since)
+
+
+def alert_states() -> list[fleet_status.AlertState]:
+    """Pending and firing alerts (what `kneepoint alerts list --json` lists), each with its
+    rule's severity and metric and the view its message links to."""
+    return _alert_states(str(config_path().resolve()))
+
+
+@st.cache_data(ttl=5, show_spinner=False)
+def _alert_states(path: str) -> list[fleet_status.AlertState]:
+    config, sessions = _open(path)
+    try:
+        rules = effective_rules(config)
+    except ConfigError:  # a bad config rule: the Alerts page says which; severities unknown
+        rules = []
+    by_name = {rule.name: rule for rule in rules + burn_rules(config.slos)}
+    with sessions() as session:
+        frame = queries.alert_states(session)
+    out = []
+    for row in frame.to_dict("records"):
+        rule = by_name.get(str(row["rule"]))
+        metric = rule.metric if rule is not None else ""
+        page, slo = view_of(metric)
+        replica = str(row["replica"] or "")
+        view = {"page": page, "range": fleet_status.RANGE}
+        view |= {"replica": replica} if replica else {}
+        view |= {"slo": slo} if slo else {}
+        firing = row["state"] == fleet_status.FIRING
+        out.append(
+            fleet_status.AlertState(
+                rule=str(row["rule"]),
+                replica=replica,
+                state=str(row["state"]),
+                severity=rule.severity if rule is not None else "ticket",
+                since=_number(row["fired_at"] if firing else row["pending_since"]),
+                value=_number(row["value"]),
+                threshold=_number(row["threshold"]),
+                op=rule.op if rule is not None else "",
+                metric=metric,
+                fingerprint=str(row["fingerprint"]),
+                view=view,
+            )
+        )
+    return out
+
+
+def slo_states(now: float) -> list[fleet_status.SloState]:
+    """Each SLO's budget left, its burn rate over the first (fastest) burn window's long
+    window, and the windows burning; read at most every 30 s (a fleet's windows are costly)."""
+    first = BURN_WINDOWS[0].long
+    return [
+        fleet_status.SloState(
+            name=r.slo.name,
+            budget_left=r.budget.budget_left,
+            burn_rate=r.rates.get(first),
+            burn_window=window_label(first),
+            burning=tuple(window_label(w.long) for w in r.burning),
+            problem=r.problem,
+        )
+        for r in slo_reports(now // 30 * 30)
+    ]
+
+
+def _number(value: Any) -> float | None:
+    return None if value is None or pd.isna(value) else float(value)

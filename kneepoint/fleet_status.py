@@ -65,6 +65,7 @@ class AlertState:
     value: float | None = None
     threshold: float | None = None
     op: str = ""
+    metric: str = ""  # the rule's metric (alerts/rules.METRICS, or slo_burn:…)
     fingerprint: str = ""
     # The query string of the view that explains it (what its message links to).
     view: Mapping[str, str] = field(default_factory=dict)
@@ -244,23 +245,6 @@ def ordered(alerts: Iterable[AlertState]) -> list[AlertState]:
             a.replica,
         ),
     )
-
-
-def lasting(seconds: float | None) -> str:
-    """How long, for people: "40 s", "12 min", "3 h 5 min", "2 d 4 h"; "–" unknown."""
-    if seconds is None or seconds != seconds:  # None or NaN
-        return "–"
-    seconds = max(0.0, seconds)
-    if seconds < 60:
-        return f"{seconds:.0f} s"
-    minutes = int(seconds // 60)
-    if minutes < 60:
-        return f"{minutes} min"
-    hours, minutes = divmod(minutes, 60)
-    if hours < 24:
-        return f"{hours} h {minutes} min" if minutes else f"{hours} h"
-    days, hours = divmod(hours, 24)
-    return f"{days} d {hours} h" if hours else f"{days} d"
 
 
 def _notes(alerts: list[AlertState]) -> tuple[str, ...]:

@@ -1,20 +1,140 @@
-"""Overview: a tile per replica, then fleet time series."""
+"""Overview, the on-call landing page: is the fleet OK (kneepoint/fleet_status.py), what fires
+or is pending, each SLO's budget and burn, the replicas in trouble; then a tile per replica
+and the fleet's time series. Every line links to the view that explains it."""
 
 from __future__ import annotations
+
+from collections.abc import Mapping
+from urllib.parse import urlencode
 
 import streamlit as st
 
 from app import data, filters
-from app.format import engine_label, why
+from app.format import duration, engine_label, metric_unit, metric_value, show, utc, why
+from app.registry import PAGES
 from dashboards.overview import replica_lines
+from kneepoint import fleet_status, runbooks
+from kneepoint.fleet_status import SEVERITY_COLOURS, AlertState, ReplicaState, SloState
 
 config, _ = data.store()
 view = filters.current(data.replica_names())
+TITLES = {spec.url_path: spec.title for spec in PAGES}
+SHOWN_REASONS = 6  # on the status line; the sections below list every one
 st.title("Overview")
+
+
+def link(target: Mapping[str, str]) -> str:
+    """A relative link (works under any base path) to a view, in this page's time range."""
+    query = {**target, "range": view.range_label}
+    return f"./?{urlencode(query)}"
+
+
+def page_link(target: Mapping[str, str]) -> str:
+    return f"[{TITLES.get(target.get('page', ''), 'Open')} →]({link(target)})"
 
 
 def _fmt(value: float | None, fmt: str) -> str:
     return "–" if value is None else fmt.format(value)
+
+
+def status_line(status: fleet_status.FleetStatus) -> None:
+    icon = {"ok": "check_circle", "degraded": "warning", "down": "error"}[status.level]
+    st.markdown(f"### :{status.colour}[:material/{icon}: {status.summary()}]")
+    if status.reasons:  # one paragraph, each reason a link to the view that explains it
+        shown = [f"[{r.text}]({link(r.view)})" for r in status.reasons[:SHOWN_REASONS]]
+        more = len(status.reasons) - SHOWN_REASONS
+        st.markdown(" · ".join(shown) + (f" · and {more} more below" if more > 0 else ""))
+
+
+def alert_line(alert: AlertState, now: float) -> None:
+    colour = SEVERITY_COLOURS.get(alert.severity, "orange")
+    state = ":red[firing]" if alert.state == fleet_status.FIRING else ":gray[pending]"
+    lasted = "–" if alert.since is None else duration(now - alert.since)
+    book = runbooks.url(".", alert.rule)
+    parts = [
+        f":{colour}-badge[{alert.severity}] **{alert.rule}**",
+        alert.where,
+        f"{state} for {lasted}",
+        page_link(alert.view),
+    ]
+    if book:
+        parts.append(f"[runbook]({book})")
+    hover = f"{alert.state} since {utc(alert.since)}"
+    if alert.metric:
+        unit = metric_unit(alert.metric)
+        value = "no data" if alert.value is None else metric_value(alert.value, unit)
+        hover += f" · value {value} (threshold {alert.op} {metric_value(alert.threshold, unit)})"
+    st.markdown(" · ".join(parts), help=hover)
+
+
+def slo_line(slo: SloState) -> None:
+    target = fleet_status.slo_view(slo.name)
+    if slo.problem is not None:
+        st.markdown(
+            f":orange-badge[cannot judge] **{slo.name}** · {page_link(target)}", help=slo.problem
+        )
+        return
+    badges = []
+    if slo.exhausted:
+        badges.append(":red-badge[budget exhausted]")
+    if slo.burning:
+        badges.append(f":red-badge[burning {', '.join(slo.burning)}]")
+    if not badges:
+        badges.append(":green-badge[ok]" if slo.budget_left is not None else ":gray-badge[no data]")
+    burn = "–" if slo.burn_rate is None else f"{slo.burn_rate:.2f}×"
+    st.markdown(
+        f"{' '.join(badges)} **{slo.name}** · budget left {show(slo.budget_left, '%')} · "
+        f"burn {burn} over {slo.burn_window} · {page_link(target)}",
+        help="Budget left: 1 − bad share ÷ allowed share over the SLO's window (negative: "
+        "overspent). Burn rate: how fast it is spent; at 1× it lasts exactly the window.",
+    )
+
+
+def replica_line(replica: ReplicaState) -> None:
+    trouble = replica.trouble
+    target = fleet_status.replica_view(replica)
+    if trouble == "stale":
+        detail = f"not scraped since {replica.last_scrape_at or '–'}"
+    elif trouble == "down":
+        detail = replica.last_error or "its last scrape failed"
+    else:
+        detail = f"no token counted since {replica.stalled_since or '–'} while requests wait"
+    st.markdown(f":red-badge[{trouble}] **{replica.name}** · {detail} · {page_link(target)}")
+
+
+@st.fragment(run_every=max(5.0, config.scrape_interval))
+def landing() -> None:
+    now = data.now()
+    report = data.status(300.0, now)
+    alerts = fleet_status.ordered(data.alert_states())
+    slos = data.slo_states(now)
+    replicas = [ReplicaState.from_status(r) for r in report["replicas"]]
+    status_line(fleet_status.assess(alerts, slos, replicas))
+
+    firing = sum(1 for a in alerts if a.state == fleet_status.FIRING)
+    st.subheader(f"Alerts: {firing} firing, {len(alerts) - firing} pending")
+    if not alerts:
+        st.markdown(":green[Nothing is firing or pending.]")
+    for alert in alerts:
+        alert_line(alert, now)
+
+    if slos:
+        st.subheader("SLOs")
+        for slo in slos:
+            slo_line(slo)
+
+    troubled = [r for r in replicas if r.trouble is not None]
+    never = [r.name for r in replicas if not r.known]
+    st.subheader(f"Replicas: {len(troubled)} of {len(replicas)} down, stale or stalled")
+    for replica in troubled:
+        replica_line(replica)
+    if not troubled and replicas:
+        st.markdown(":green[Every scraped replica is up and serving.]")
+    if never:
+        st.caption(f"Never scraped yet: {', '.join(never)}")
+
+
+landing()
 
 
 @st.fragment(run_every=max(5.0, config.scrape_interval))
@@ -24,11 +144,13 @@ def tiles() -> None:
     if not shown:
         st.info("No engine targets are configured: add some under `targets:` in kneepoint.yaml.")
         return
+    st.subheader("Replicas, last 5 minutes")
     columns = st.columns(min(4, len(shown)))
     for index, replica in enumerate(shown):
         with columns[index % len(columns)].container(border=True):
             state = {True: ":green[● up]", False: ":red[● down]", None: ":gray[● never scraped]"}
-            st.markdown(f"**{replica['name']}** {state[replica['up']]}")
+            stalled = " :red[● stalled]" if replica.get("stalled") else ""
+            st.markdown(f"**{replica['name']}** {state[replica['up']]}{stalled}")
             if replica.get("stale"):
                 st.caption(f"stale: not scraped since {replica['last_scrape_at']}")
             elif replica["up"] is False and replica["last_error"]:
@@ -55,10 +177,18 @@ def tiles() -> None:
                 help=why(replica, "generation_tokens_per_second", "Generated tokens per second."),
             )
             st.caption(
-                f"prompt {_fmt(replica['prompt_tokens_per_second'], '{:.0f}')} tok/s · "
-                f"{engine_label(replica)}"
+                f"GPU busy {_fmt(replica.get('gpu_utilization'), '{:.0%}')} · "
+                f"prompt {_fmt(replica['prompt_tokens_per_second'], '{:,.0f}')} tok/s · "
+                f"{engine_label(replica)}",
+                help="GPU busy (DCGM): the share of time the replica's GPUs ran a kernel, mean "
+                "over its GPUs; not load vs knee.",
             )
-    st.caption(f"Last 5 minutes, as of {report['generated_at']}")
+    st.caption(
+        "GPU busy (DCGM) is the share of time a GPU runs any kernel; load vs knee (Cost, the "
+        "weekly review) is throughput against the knee. A decode step runs kernels however "
+        "small its batch, so a GPU can be 90 % busy at 5 % of its knee with its KV cache "
+        f"nearly empty. As of {report['generated_at']}."
+    )
     if report.get("gone"):  # discovery no longer finds them (or taken out of targets:)
         st.caption(
             "Gone, their history kept: "

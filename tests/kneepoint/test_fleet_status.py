@@ -13,7 +13,6 @@ from kneepoint.fleet_status import (
     ReplicaState,
     SloState,
     assess,
-    lasting,
     ordered,
 )
 
@@ -145,21 +144,3 @@ def test_ordered_puts_firing_pages_first_then_longest() -> None:
         AlertState("early", "a", "firing", "page", since=10.0),
     ]
     assert [a.rule for a in ordered(alerts)] == ["early", "late", "t", "i", "p"]
-
-
-@pytest.mark.parametrize(
-    ("seconds", "text"),
-    [
-        (None, "–"),
-        (float("nan"), "–"),
-        (-3.0, "0 s"),
-        (42.4, "42 s"),
-        (60 * 12 + 5, "12 min"),
-        (3600 * 3, "3 h"),
-        (3600 * 3 + 60 * 5, "3 h 5 min"),
-        (86400 * 2 + 3600 * 4, "2 d 4 h"),
-        (86400 * 2, "2 d"),
-    ],
-)
-def test_lasting_reads_for_people(seconds: float | None, text: str) -> None:
-    assert lasting(seconds) == text

@@ -1,0 +1,183 @@
+"""The Overview as the on-call landing page: on a store where an SLO's budget is spent (so its
+burn-rate alerts fire), a ticket alert fires and a replica is down, the page opens on the
+fleet's status with its reasons, then lists the alerts `kneepoint alerts list --json` lists,
+each linking to the view that explains it, the SLO's budget, and the down replica; no
+"None" or "NaN" anywhere."""
+
+from __future__ import annotations
+
+import copy
+import json
+import re
+import time
+from pathlib import Path
+from urllib.parse import parse_qs
+
+import pytest
+from streamlit.testing.v1 import AppTest
+from typer.testing import CliRunner
+
+import alerts.evaluate  # noqa: F401  the package: AppTest puts app/screens (with alerts.py) first
+from alerts.evaluate import evaluate_once
+from alerts.outbox import view_of
+from alerts.rules import effective_rules
+from alerts.slo import burn_rules
+from app.registry import PAGES, PAGES_DIR
+from collectors.vllm import parse_vllm
+from kneepoint.cli import app as cli
+from kneepoint.config import load_config
+from kneepoint.samples import Histogram
+from kneepoint.store.db import open_store
+from kneepoint.store.models import AlertRow
+from kneepoint.store.writer import ensure_targets, record_failure, record_replica
+from tests.conftest import VLLM_032, migrated, read
+
+OVERVIEW = str(PAGES_DIR / "overview.py")
+LINK = re.compile(r"\]\(\./\?([^)]*)\)")
+
+
+@pytest.fixture
+def troubled(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
+    """Two replicas serving an hour of requests, a tenth of them slower than the SLO's
+    250 ms (budget spent: 10 % bad against 1 % allowed), one replica refusing its scrape;
+    alerts evaluated on it, and a ticket alert firing on replica-b."""
+    config_file = tmp_path / "kneepoint.yaml"
+    config_file.write_text(f"""
+database: sqlite:///{tmp_path / "kneepoint.db"}
+scrape_interval: 60s
+targets:
+  - {{name: replica-a, kind: vllm, url: "http://127.0.0.1:9/a"}}
+  - {{name: replica-b, kind: vllm, url: "http://127.0.0.1:9/b"}}
+  - {{name: replica-down, kind: vllm, url: "http://127.0.0.1:9/down"}}
+slos:
+  - {{name: fast-ttft, metric: ttft, threshold: 0.25s, objective: 0.99}}
+""")
+    migrated(config_file)
+    config = load_config(config_file)
+    sessions = open_store(config.database)
+    base = parse_vllm(read(VLLM_032))
+    bounds = base.histograms["ttft"].bounds
+    fast = bounds.index(0.25)
+    now = time.time()
+    with sessions.begin() as session:
+        ids = ensure_targets(session, [(t.name, t.kind, t.url) for t in config.targets])
+        for step in range(61):  # every minute for an hour, the last a few seconds ago
+            ts = now - 5 - (60 - step) * 60
+            for name in ("replica-a", "replica-b"):
+                sample = copy.deepcopy(base)
+                good, bad = 90.0 * step, 10.0 * step
+                finite = tuple(good if i >= fast else 0.0 for i in range(len(bounds) - 1))
+                sample.histograms["ttft"] = Histogram(bounds, (*finite, good + bad), 0.1 * step)
+                sample.counters["generation_tokens"] = step * 900.0  # working, not stalled
+                sample.counters["prompt_tokens"] = step * 4000.0
+                sample.gauges["requests_running"] = 4.0
+                sample.gauges["requests_waiting"] = 0.0
+                record_replica(session, ids[name], ts, sample)
+        record_failure(session, ids["replica-down"], now - 5, "cannot connect: connection refused")
+    for at in (now - 90, now):  # target-down pends, then fires after its minute
+        with sessions.begin() as session:
+            evaluate_once(session, config, at)
+    with sessions.begin() as session:
+        session.add(
+            AlertRow(
+                fingerprint="own-ticket",
+                rule="preemptions-sustained",
+                replica="replica-b",
+                state="firing",
+                value=0.2,
+                threshold=0.05,
+                pending_since=now - 1500,
+                fired_at=now - 900,
+                resolved_at=None,
+                updated_at=now,
+                notified_at=now - 900,
+            )
+        )
+    monkeypatch.setenv("KNEEPOINT_CONFIG", str(config_file))
+    return config_file
+
+
+def listed(config_file: Path) -> list[dict[str, object]]:
+    result = CliRunner().invoke(cli, ["alerts", "list", "--json", "--config", str(config_file)])
+    assert result.exit_code == 0, result.output
+    return list(json.loads(result.stdout)["alerts"])
+
+
+def everything(app: AppTest) -> list[str]:
+    """Every text the page shows: markdown (with its hover help), headers, captions, tiles."""
+    texts = [m.value for m in app.markdown] + [str(m.help or "") for m in app.markdown]
+    texts += [h.value for h in (*app.title, *app.subheader, *app.caption)]
+    texts += [f"{m.label} {m.value} {m.help or ''}" for m in app.metric]
+    texts += [e.value for e in (*app.info, *app.success, *app.warning, *app.error)]
+    return texts
+
+
+def test_the_overview_opens_on_the_fleet_status_and_the_firing_alerts(troubled: Path) -> None:
+    alerts_now = listed(troubled)
+    firing = [a for a in alerts_now if a["state"] == "firing"]
+    assert any(str(a["rule"]).startswith("fast-ttft-burn-") for a in firing)  # page severity
+    assert any(a["rule"] == "preemptions-sustained" for a in firing)
+
+    app = AppTest.from_file(OVERVIEW, default_timeout=90).run()
+    assert not app.exception, [e.value for e in app.exception]
+    lines = [m.value for m in app.markdown]
+
+    # The status line first: down (a page alert fires), with its reasons counted.
+    rules = {r.name: r for r in effective_rules(load_config(troubled))}
+    rules |= {r.name: r for r in burn_rules(load_config(troubled).slos)}
+    severities = [rules[str(a["rule"])].severity for a in firing]
+    pages, others = severities.count("page"), len(severities) - severities.count("page")
+    status = lines[0]
+    assert status.startswith("### :red[") and "Down: " in status
+    assert f"{pages} page alert{'s' if pages > 1 else ''} firing" in status, status
+    assert f"{others} alert{'s' if others > 1 else ''} firing" in status, status
+    assert "1 replica down" in status and "1 SLO budget exhausted" in status
+    reasons = lines[1]  # each a link to the view that explains it
+    assert "[replica-down down](./?page=overview&range=1h&replica=replica-down)" in reasons
+    assert "firing on fleet (page)](./?page=slos&range=1h&slo=fast-ttft)" in reasons
+
+    # Every alert the CLI lists, firing and pending, on a line of its own, firing first,
+    # severity badge, where, how long, and the link to the view that explains it.
+    alert_lines = [line for line in lines if re.match(r":\w+-badge\[(page|ticket|info)\]", line)]
+    assert len(alert_lines) == len(alerts_now)
+    states = []
+    for alert in alerts_now:
+        where = alert["replica"] or "fleet"
+        (line,) = [x for x in alert_lines if f"**{alert['rule']}** · {where} · " in x]
+        rule = rules[str(alert["rule"])]
+        assert line.startswith(f":{'red' if rule.severity == 'page' else 'orange'}-badge[")
+        assert f"[{alert['state']}] for " in line
+        query = parse_qs(LINK.search(line).group(1))  # type: ignore[union-attr]
+        page, slo = view_of(rule.metric)
+        assert query["page"] == [page] and query["range"] == ["1h"]
+        assert query.get("slo") == ([slo] if slo else None)
+        assert query.get("replica") == ([alert["replica"]] if alert["replica"] else None)
+        states.append((alert_lines.index(line), alert["state"]))
+    assert [s for _, s in sorted(states)] == sorted(s for _, s in states)  # firing first
+
+    # Each SLO's budget and burn; the down replica called out with its error.
+    (slo_line,) = [x for x in lines if "**fast-ttft** · budget left" in x]
+    assert ":red-badge[budget exhausted]" in slo_line and "page=slos" in slo_line
+    (down,) = [x for x in lines if x.startswith(":red-badge[down] **replica-down**")]
+    assert "connection refused" in down
+
+    # Then the tiles and the charts, GPU busy named apart from load vs knee.
+    assert any("GPU busy (DCGM)" in c.value and "load vs knee" in c.value for c in app.caption)
+    assert app.metric and len(app.get("plotly_chart")) == 4
+
+    shown = "\n".join(everything(app))
+    assert "None" not in shown and "NaN" not in shown and "nan %" not in shown
+
+
+def test_every_link_on_it_opens_a_page_of_the_app(troubled: Path) -> None:
+    app = AppTest.from_file(OVERVIEW, default_timeout=90)
+    app.query_params["range"] = "6h"
+    app.run()
+    assert not app.exception, [e.value for e in app.exception]
+    paths = {spec.url_path for spec in PAGES}
+    links = [parse_qs(q) for m in app.markdown for q in LINK.findall(m.value)]
+    assert links
+    for query in links:
+        assert query.get("page", [""])[0] in paths or "rule" in query, query
+        if "rule" not in query:  # the runbook links keep their own form
+            assert query["range"] == ["6h"]  # the page's time range travels with the link
