@@ -2,11 +2,11 @@
 
 from __future__ import annotations
 
-import pandas as pd
 import streamlit as st
 
 from app import data, filters, insight
-from app.format import engine_label, quantile, show, why
+from app import tables as t
+from app.format import compact, engine_label, quantile, show, why
 from app.plots import chart
 from dashboards.charts import lines
 from dashboards.forecast import headroom
@@ -62,7 +62,7 @@ for replica in chosen:
     f, g, h, i, j = st.columns(5)
     f.metric(
         "Capacity",
-        show(replica["kv_cache_capacity_tokens"], "tokens", 0),
+        compact(replica["kv_cache_capacity_tokens"], "tokens"),
         help=why(
             replica,
             "kv_cache_capacity_tokens",
@@ -72,7 +72,7 @@ for replica in chosen:
     )
     g.metric(
         "Live mean context",
-        show(extra["mean_context_tokens"], "tokens", 0),
+        compact(extra["mean_context_tokens"], "tokens"),
         help="Occupied KV tokens ÷ running sequences.",
     )
     h.metric(
@@ -96,7 +96,7 @@ for replica in chosen:
     estimate = " (estimate)" if replica["preemption_recompute_is_estimate"] else ""
     j.metric(
         f"Recompute{estimate}",
-        show(extra["recompute_tokens_per_second"], "tok/s", 0),
+        compact(extra["recompute_tokens_per_second"], "tok/s"),
         help=RECOMPUTE_FORMULA
         if replica["preemption_recompute_is_estimate"]
         else "Exact on v0: Δprompt_tokens − Δ requests' own prompt tokens.",
@@ -138,26 +138,22 @@ outlooks = [
 if not outlooks:
     st.info("No replica has stored history yet.")
 else:
-    st.dataframe(
-        pd.DataFrame(
-            [
-                {
-                    "replica": o.replica,
-                    "knee": o.knee,
-                    "latest daily peak": o.peaks[-1] if o.peaks else None,
-                    "days": len(o.days),
-                    "growth / day": o.slope_per_day,
-                    "± (std. error)": o.slope_stderr,
-                    "crosses": o.as_dict()["crossing"],
-                    "earliest": o.as_dict()["earliest"],
-                    "latest": o.as_dict()["latest"],
-                    "why": o.note,
-                }
-                for o in outlooks
-            ]
-        ),
-        hide_index=True,
-        width="stretch",
+    t.people_table(
+        [o.as_dict() for o in outlooks],
+        {
+            "replica": t.text("Replica"),
+            "knee": t.number("Knee", "seqs", digits=0, help="The knee's concurrency."),
+            "latest_peak": t.number(
+                "Latest daily peak", "seqs", digits=0, help="Requests running + waiting."
+            ),
+            "days": t.number("Days", digits=0, help="Whole UTC days of history."),
+            "slope_per_day": t.number("Growth", "seqs / day", digits=2),
+            "slope_stderr": t.number("± std. error", "seqs / day", digits=2),
+            "crossing": t.text("Reaches the knee", help="At the current growth (UTC date)."),
+            "earliest": t.text("Earliest"),
+            "latest": t.text("Latest"),
+            "note": t.text("Why no date"),
+        },
     )
     shown = [o for o in outlooks if o.peaks]
     for column, o in zip(st.columns(2) * len(shown), shown, strict=False):
@@ -186,11 +182,15 @@ plan = Plan(
     weights_gib=weights,
     gpu_memory_utilization=share,
 )
-st.dataframe(
-    pd.DataFrame(what_ifs(plan)).T[
-        ["bytes_per_token", "sequence_gib", "kv_tokens", "max_sequences"]
-    ],
-    width="stretch",
+t.people_table(
+    [{"variant": name, **result} for name, result in what_ifs(plan).items()],
+    {
+        "variant": t.text("Plan"),
+        "bytes_per_token": t.number("KV per token", "bytes", digits=0, compact=True),
+        "sequence_gib": t.number("KV per sequence", "GiB", digits=2),
+        "kv_tokens": t.number("KV capacity", "tokens", compact=True),
+        "max_sequences": t.number("Sequences that fit", digits=2),
+    },
 )
 st.caption(
     "Bytes per token = 2 × layers × KV heads × head dim × dtype bytes; KV tokens = "

@@ -5,7 +5,8 @@ from __future__ import annotations
 import streamlit as st
 
 from app import data, filters
-from app.format import show, why
+from app import tables as t
+from app.format import compact, show, why
 from app.plots import chart
 from dashboards.charts import events, lines
 from kneepoint.derived.details import divergence
@@ -70,9 +71,30 @@ else:
         y_title="computed prompt tokens",
     )
     chart(events(storms, [e.start for e in view.events["prefill_storms"]], "storm"))
-for kind, label in (("hit_rate_drops", "Hit-rate drop"), ("prefill_storms", "Prefill storm")):
-    for event in view.events[kind]:
-        st.caption(
-            f"{label} from {event.start:%Y-%m-%d %H:%M} UTC: {event.value:.2f} against "
-            f"a baseline of {event.baseline:.2f}"
-        )
+found = [
+    {
+        "kind": "Hit-rate drop",
+        "at": e.start,
+        "value": show(e.value, "%"),
+        "was": show(e.baseline, "%"),
+    }
+    for e in view.events["hit_rate_drops"]
+] + [
+    {
+        "kind": "Prefill storm",
+        "at": e.start,
+        "value": compact(e.value, "tok/s"),
+        "was": compact(e.baseline, "tok/s"),
+    }
+    for e in view.events["prefill_storms"]
+]
+if found:
+    t.people_table(
+        sorted(found, key=lambda e: e["at"], reverse=True),
+        {
+            "kind": t.text("Event"),
+            "at": t.time("From"),
+            "value": t.text("Value", help="Hit rate, or computed prompt tokens per second."),
+            "was": t.text("Baseline", help="Its 1-hour trailing mean (storms: median)."),
+        },
+    )
