@@ -11,6 +11,7 @@ import streamlit as st
 
 from app import data, filters
 from app.format import duration, engine_label, metric_unit, metric_value, show, utc, why
+from app.plots import chart
 from app.registry import PAGES
 from dashboards.overview import replica_lines
 from kneepoint import fleet_status, runbooks
@@ -218,9 +219,7 @@ def fleet_charts() -> None:
             "generation_tokens_per_second",
         )
     ):
-        (left if index % 2 == 0 else right).plotly_chart(
-            replica_lines(series, column), width="stretch"
-        )
+        chart(replica_lines(series, column), left if index % 2 == 0 else right)
 
 
 fleet_charts()
