@@ -30,7 +30,11 @@ def summary(report: WeeklyReport, page: Path) -> str:
         f"{len(report.recommendations)} recommendations"
         + (": " if report.recommendations else "."),
     ]
-    lines += [f"- {r.replica}: {r.title} ({r.knob})" for r in report.recommendations]
+    lines += [
+        f"- {r.replica}: {r.title} ({r.knob})"
+        + (f"; {r.effect}" if r.effect.startswith("predicted") else "")
+        for r in report.recommendations
+    ]
     lines.append(f"Report: {page}")
     return "\n".join(lines)
 

@@ -21,6 +21,7 @@ th:first-child, td:first-child { text-align: left; }
 .better { color: #1a7f37; } .worse { color: #cf222e; }
 .rec { border-left: 4px solid #0969da; padding: 0.2rem 1rem; margin: 0.8rem 0; }
 .muted { color: #656d76; font-size: 0.85rem; }
+.effect { font-style: italic; }
 """
 
 
@@ -61,6 +62,8 @@ def markdown(report: WeeklyReport) -> str:
     for rec in report.recommendations:
         lines.append(f"- **{rec.replica}: {rec.title}.** Turn: {rec.knob}.")
         lines += [f"  - {item}" for item in rec.evidence]
+        if rec.effect:
+            lines.append(f"  - *What-if:* {rec.effect}")
     lines += ["", "## Fleet", ""]
     fleet_rows = (
         ("generation_tokens_per_second", "Throughput", "tok/s"),
@@ -135,9 +138,10 @@ def html_report(report: WeeklyReport) -> str:
         parts.append("<p>None: nothing in this week's numbers calls for a change.</p>")
     for rec in report.recommendations:
         evidence = "".join(f"<li>{html.escape(item)}</li>" for item in rec.evidence)
+        effect = f"<p class='effect'>What-if: {html.escape(rec.effect)}</p>" if rec.effect else ""
         parts.append(
             f"<div class='rec'><p><b>{html.escape(rec.replica)}: {html.escape(rec.title)}.</b> "
-            f"Turn: {html.escape(rec.knob)}.</p><ul>{evidence}</ul></div>"
+            f"Turn: {html.escape(rec.knob)}.</p><ul>{evidence}</ul>{effect}</div>"
         )
     parts.append("<h2>Per replica</h2>")
     for name, numbers in this.replicas.items():

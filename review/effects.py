@@ -1,0 +1,113 @@
+"""The predicted effect of each recommendation: the what-if change its knob stands for,
+replayed through the replica's calibrated twin over the review's week (kneepoint.whatif), or
+the reason there is no prediction (no calibration, an untrusted one, a change the twin does
+not model). The What-if page formats its numbers with the same functions."""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Callable, Mapping
+from dataclasses import replace
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    from review.recommend import Recommendation
+
+# The numbers a prediction is read by: key of `whatif --json`'s measured / baseline /
+# predicted objects, label, unit (as review.render.value takes it).
+METRICS: tuple[tuple[str, str, str], ...] = (
+    ("preemptions", "preemptions", ""),
+    ("generation_tokens_per_second", "throughput", "tok/s"),
+    ("ttft_p99_seconds", "TTFT p99", "s"),
+    ("kv_cache_occupancy_p95", "p95 KV occupancy", "%"),
+    ("cost_per_million_tokens", "$/1M tokens", "$"),
+)
+
+# Why a recommendation without a what-if change has no prediction.
+NOT_MODELLED = "no prediction: the twin has no change for this (it replays engine settings, "
+NOT_MODELLED += "GPUs, replicas and traffic growth)"
+
+# (replica, change) -> `whatif --json` as a dict; raises ValueError (kneepoint.whatif's
+# WhatIfError and UntrustedProfile are ValueErrors) with the reason there is no prediction.
+Predictor = Callable[[str, Mapping[str, Any]], dict[str, Any]]
+
+
+def number(value: Any) -> float | None:
+    """A finite number, or None (no data: never NaN or infinity on a page)."""
+    if isinstance(value, bool) or not isinstance(value, int | float):
+        return None
+    return float(value) if math.isfinite(value) else None
+
+
+def flags(change: Mapping[str, Any]) -> str:
+    """A change as the engine's flags read: {"kv_cache_dtype": "fp8"} → --kv-cache-dtype fp8."""
+    parts = []
+    for key, setting in change.items():
+        if key == "replicas":
+            parts.append(f"{setting} replicas")
+        elif key == "growth":
+            parts.append(f"traffic ×{setting:g}")
+        elif key == "num_speculative_tokens" and setting == 0:
+            parts.append("no drafter")
+        else:
+            text = str(setting).lower() if isinstance(setting, bool) else str(setting)
+            parts.append(f"--{key.replace('_', '-')} {text}")
+    return ", ".join(parts)
+
+
+def bound(result: Mapping[str, Any], key: str) -> float | None:
+    """The prediction's relative error bound for `key` (0.3 for ±30 %), from the error
+    bounds beside the predicted numbers: `bounds`/`errors` as {key: relative} or
+    {key: [low, high]}; None where the result gives none."""
+    predicted = number((result.get("predicted") or {}).get(key))
+    for name in ("bounds", "errors", "error_bounds", "relative_errors"):
+        table = result.get(name)
+        if not isinstance(table, Mapping) or key not in table:
+            continue
+        entry = table[key]
+        if number(entry) is not None:
+            return abs(float(entry))
+        if isinstance(entry, list | tuple) and len(entry) == 2 and predicted:
+            low, high = number(entry[0]), number(entry[1])
+            if low is not None and high is not None:
+                return max(abs(high - predicted), abs(predicted - low)) / abs(predicted)
+    return None
+
+
+def describe(result: Mapping[str, Any]) -> str:
+    """`predicted: preemptions 340 → 12 ±30 %, TTFT p99 2.10 s → 800 ms ±12 %, …`: measured
+    this week → predicted under the change, with the calibration's error; a number the week
+    or the twin does not give is left out."""
+    from review.render import value
+
+    measured = result.get("measured") or {}
+    predicted = result.get("predicted") or {}
+    parts = []
+    for key, label, unit in METRICS:
+        before, after = number(measured.get(key)), number(predicted.get(key))
+        if after is None:
+            continue
+        error = bound(result, key)
+        spread = "" if error is None else f" ±{error:.0%}".replace("%", " %")
+        parts.append(f"{label} {value(before, unit)} → {value(after, unit)}{spread}")
+    if not parts:
+        return "no prediction: the replay gave no numbers for this week"
+    return "predicted: " + ", ".join(parts)
+
+
+def effect(rec: Recommendation, predictor: Predictor) -> str:
+    """The predicted effect of one recommendation, or why there is none."""
+    if not rec.change:
+        return NOT_MODELLED
+    if rec.replica == "fleet":
+        return "no prediction: the what-if replays one replica's traffic, not the fleet's"
+    try:
+        result = predictor(rec.replica, rec.change)
+    except ValueError as error:
+        return f"no prediction for {flags(rec.change)}: {error}"
+    return f"{describe(result)} (with {flags(rec.change)})"
+
+
+def with_effects(recs: list[Recommendation], predictor: Predictor) -> list[Recommendation]:
+    """Each recommendation with its predicted effect (or why there is none)."""
+    return [replace(rec, effect=effect(rec, predictor)) for rec in recs]
