@@ -40,7 +40,7 @@ def _fmt(value: float | None, fmt: str) -> str:
 
 def status_line(status: fleet_status.FleetStatus) -> None:
     icon = {"ok": "check_circle", "degraded": "warning", "down": "error"}[status.level]
-    st.markdown(f"### :{status.colour}[:material/{icon}: {status.summary()}]")
+    st.markdown(f"#### :{status.colour}[:material/{icon}: {status.summary()}]")
     if status.reasons:  # one paragraph, each reason a link to the view that explains it
         shown = [f"[{r.text}]({link(r.view)})" for r in status.reasons[:SHOWN_REASONS]]
         more = len(status.reasons) - SHOWN_REASONS

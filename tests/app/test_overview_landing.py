@@ -38,12 +38,18 @@ LINK = re.compile(r"\]\(\./\?([^)]*)\)")
 
 @pytest.fixture
 def troubled(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
+    config_file = troubled_store(tmp_path)
+    monkeypatch.setenv("KNEEPOINT_CONFIG", str(config_file))
+    return config_file
+
+
+def troubled_store(folder: Path) -> Path:
     """Two replicas serving an hour of requests, a tenth of them slower than the SLO's
     250 ms (budget spent: 10 % bad against 1 % allowed), one replica refusing its scrape;
-    alerts evaluated on it, and a ticket alert firing on replica-b."""
-    config_file = tmp_path / "kneepoint.yaml"
+    alerts evaluated on it, and a ticket alert firing on replica-b. Returns the config."""
+    config_file = folder / "kneepoint.yaml"
     config_file.write_text(f"""
-database: sqlite:///{tmp_path / "kneepoint.db"}
+database: sqlite:///{folder / "kneepoint.db"}
 scrape_interval: 60s
 targets:
   - {{name: replica-a, kind: vllm, url: "http://127.0.0.1:9/a"}}
@@ -93,7 +99,6 @@ slos:
                 notified_at=now - 900,
             )
         )
-    monkeypatch.setenv("KNEEPOINT_CONFIG", str(config_file))
     return config_file
 
 
@@ -128,7 +133,7 @@ def test_the_overview_opens_on_the_fleet_status_and_the_firing_alerts(troubled: 
     severities = [rules[str(a["rule"])].severity for a in firing]
     pages, others = severities.count("page"), len(severities) - severities.count("page")
     status = lines[0]
-    assert status.startswith("### :red[") and "Down: " in status
+    assert status.startswith("#### :red[") and "Down: " in status
     assert f"{pages} page alert{'s' if pages > 1 else ''} firing" in status, status
     assert f"{others} alert{'s' if others > 1 else ''} firing" in status, status
     assert "1 replica down" in status and "1 SLO budget exhausted" in status
