@@ -202,3 +202,12 @@ def metric_text(value: Any, unit: str) -> str:
     except (TypeError, ValueError):
         return str(value)
     return metric_value(number, unit)
+
+
+# The two meanings of "utilization", named apart wherever both appear (issue 17).
+GPU_BUSY_VS_LOAD = (
+    "GPU busy (DCGM) is the share of time a GPU runs a kernel; load vs knee is the throughput "
+    "served ÷ the knee's. They differ by design: decode at small batch is memory-bound, the GPU "
+    "is busy reading the weights each step whether one or 64 sequences ride along, so a GPU can "
+    "be 90 % busy at 5 % of its knee."
+)

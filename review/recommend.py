@@ -148,10 +148,10 @@ def fill_troughs(name: str, n: dict[str, Any]) -> Recommendation | None:
         return None
     return Recommendation(
         name,
-        "The GPUs are mostly idle",
+        "The replica runs far below its knee",
         "fill the troughs with batch work, or serve this traffic from a hosted API",
         (
-            f"utilization {_pct(utilization)} of the knee's throughput",
+            f"load vs knee {_pct(utilization)} (generated tokens/s ÷ the knee's)",
             f"{n.get('idle_gpu_hours') or 0:.1f} idle GPU-hours",
             f"break-even against the API at {_pct(n.get('break_even_utilization'))}",
         ),

@@ -34,11 +34,11 @@ ROWS: tuple[tuple[str, str, str, str], ...] = (
     ("knee_concurrency", "Knee", "", "concurrency where more load stops paying"),
     ("headroom", "Headroom to knee", "", "knee − peak concurrency"),
     ("spec_verdict", "Speculative decoding", "", "paying off, marginal or slowing down"),
-    ("utilization", "Utilization", "%", "throughput ÷ knee throughput"),
-    ("idle_gpu_hours", "Idle GPU-hours", "h", "GPU time with the engine idle"),
+    ("utilization", "Load vs knee", "%", "generated tokens/s ÷ the knee's; not GPU busy"),
+    ("idle_gpu_hours", "Idle GPU-hours", "h", "GPU time not busy (DCGM graphics activity)"),
     ("cost_per_million_tokens", "True $/1M tokens", "$", "GPU cost ÷ tokens served"),
     ("nominal_cost_per_million_generated_tokens", "Nominal $/1M generated", "$", "at the knee"),
-    ("break_even_utilization", "Break-even vs API", "%", "below it the API is cheaper"),
+    ("break_even_utilization", "Break-even vs API", "%", "load vs knee below which API is cheaper"),
     ("joules_per_million_tokens", "Energy / 1M tokens", "J", "GPU energy ÷ tokens served"),
 )
 REPLICA_KEYS = (

@@ -5,7 +5,7 @@ from __future__ import annotations
 import streamlit as st
 
 from app import data, filters
-from app.format import show
+from app.format import GPU_BUSY_VS_LOAD, show
 
 view_filter = filters.current(data.replica_names())
 st.title("Cost")
@@ -48,7 +48,7 @@ for replica in view.status["replicas"]:
     f.metric(
         "Idle GPU-hours",
         show(extra["idle_gpu_hours"], "h", 2),
-        help="(1 − graphics-engine activity) × hours of the window × GPUs.",
+        help="(1 − GPU busy: DCGM graphics-engine activity) × hours of the window × GPUs.",
     )
     g, h, i, j = st.columns(4)
     g.metric(
@@ -58,9 +58,10 @@ for replica in view.status["replicas"]:
         f"it always ran at its knee (run: {extra['knee_run'] or 'none with a knee yet'}).",
     )
     h.metric(
-        "Utilization",
+        "Load vs knee",
         show(extra["utilization"], "%"),
-        help="Generated tokens/s served in the window ÷ the knee's output tokens/s.",
+        help="Generated tokens/s served in the window ÷ the knee's output tokens/s. Not GPU "
+        "busy (DCGM, the GPUs page).",
     )
     i.metric(
         "True ÷ nominal",
@@ -68,14 +69,15 @@ for replica in view.status["replicas"]:
         help="How much idle and light load multiply the price of a token.",
     )
     j.metric(
-        "Break-even utilization",
+        "Break-even load vs knee",
         show(extra["break_even_utilization"], "%"),
         help="Nominal cost ÷ the hosted API's price for the same mix of prompt and generated "
-        "tokens: below this utilization the API is cheaper (above 100 %: it always is).",
+        "tokens: below this load vs knee the API is cheaper (above 100 %: it always is).",
     )
 api = config.pricing.api_reference
 st.caption(
     f"Hosted-API reference ({api.name}): ${api.input_per_mtok}/1M input, "
-    f"${api.output_per_mtok}/1M output. Nominal cost, utilization and break-even use the knee "
-    "of the newest sweep of the replica (or of its model) on the Knee points page."
+    f"${api.output_per_mtok}/1M output. Nominal cost, load vs knee and break-even use the knee "
+    "of the newest sweep of the replica (or of its model) on the Knee points page. "
+    + GPU_BUSY_VS_LOAD
 )

@@ -1,16 +1,18 @@
-"""GPUs: DCGM utilization against graphics activity, DRAM activity, power, temperature, XID."""
+"""GPUs: GPU busy (DCGM GPU_UTIL) against graphics activity, DRAM activity, power, temperature,
+XID."""
 
 from __future__ import annotations
 
 import streamlit as st
 
 from app import data, filters
-from app.format import show
+from app.format import GPU_BUSY_VS_LOAD, show
 from app.plots import chart
 from dashboards.charts import lines
 
 view_filter = filters.current(data.replica_names())
 st.title("GPUs")
+st.caption(GPU_BUSY_VS_LOAD + " Load vs knee is on the Cost page.")
 view = data.view(view_filter.range_seconds, data.now())
 gpus = view.status["gpus"]
 if not gpus:
@@ -19,9 +21,10 @@ for gpu in gpus:
     st.subheader(f"{gpu['host']}/{gpu['index']} {gpu['model'] or ''} → {gpu['replica'] or '–'}")
     a, b, c, d, e = st.columns(5)
     a.metric(
-        "GPU_UTIL",
+        "GPU busy",
         show(gpu["utilization"], "%"),
-        help="Share of time a kernel ran: says busy, not how much work was done.",
+        help="DCGM_FI_DEV_GPU_UTIL: share of time a kernel ran. Says busy, not how much work "
+        "was done: not load vs knee.",
     )
     b.metric(
         "Graphics active",

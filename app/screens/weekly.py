@@ -5,6 +5,7 @@ from __future__ import annotations
 import streamlit as st
 
 from app import actions, data, filters
+from app.format import GPU_BUSY_VS_LOAD
 from app.plots import chart
 from kneepoint.auth import Refused
 from review.render import figures
@@ -24,7 +25,8 @@ for figure in figures(report):
     chart(figure)
 st.caption(
     "This week against the week before, computed as `kneepoint status` and every page compute "
-    "their numbers. `kneepoint report` writes the same report; `report.schedule` sends it."
+    "their numbers. `kneepoint report` writes the same report; `report.schedule` sends it. "
+    + GPU_BUSY_VS_LOAD
 )
 if st.button(
     "Send the review now",

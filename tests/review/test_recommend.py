@@ -129,9 +129,10 @@ def test_drop_the_drafter_only_when_it_slows_the_engine() -> None:
     assert r.drop_drafter("a", week(spec_verdict=None)) is None  # no drafter at all
 
 
-def test_fill_troughs_when_utilization_stays_low() -> None:
+def test_fill_troughs_when_load_vs_knee_stays_low() -> None:
     found = r.fill_troughs("a", week(utilization=0.07, idle_gpu_hours=40.0))
-    assert found is not None and "utilization 7% of the knee's throughput" in found.evidence
+    assert found is not None
+    assert "load vs knee 7% (generated tokens/s ÷ the knee's)" in found.evidence
     assert r.fill_troughs("a", week()) is None
     assert r.fill_troughs("a", week(utilization=None)) is None  # no knee: no evidence
 
