@@ -7,13 +7,20 @@ from __future__ import annotations
 import math
 import time
 from datetime import UTC, datetime
+from pathlib import Path
 
 import pandas as pd
 import pytest
+from streamlit.testing.v1 import AppTest
 
 import alerts.evaluate  # noqa: F401  the package: AppTest puts app/screens (with alerts.py) first
+from alerts.evaluate import evaluate_once
 from app import format as fmt
 from app import tables
+from app.registry import PAGES_DIR
+from kneepoint.config import load_config
+from kneepoint.store.db import open_store
+from tests.seed import seed
 
 EMPTIES = [None, float("nan"), pd.NaT, pd.NA, "", "  "]
 
@@ -181,3 +188,85 @@ def test_prepare_refuses_a_column_the_frame_does_not_have() -> None:
 def test_an_empty_frame_keeps_its_headers() -> None:
     shown, _ = tables.prepare(pd.DataFrame(), {"a": tables.text("A"), "t": tables.time("T")})
     assert list(shown.columns) == ["A", "T", "T (UTC)"] and shown.empty
+
+
+# --- The pages ------------------------------------------------------------------------------
+
+RAW = {"None", "nan", "NaN", "NaT", "<NA>", "True", "False", ""}
+
+
+@pytest.fixture
+def alerting(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
+    """The seeded store after two real evaluation rounds 20 minutes apart: alerts pending and
+    firing (a down replica, saturated KV), their history, scrape errors, a timeline."""
+    now = time.time()
+    config_path = seed(tmp_path, now)
+    config = load_config(config_path)
+    sessions = open_store(config.database)
+    for at in (now - 1200, now - 30):
+        with sessions.begin() as session:
+            evaluate_once(session, config, at)
+    monkeypatch.setenv("KNEEPOINT_CONFIG", str(config_path))
+    return config_path
+
+
+def readable(app: AppTest) -> list[pd.DataFrame]:
+    """Every dataframe on the page, checked as people read it: human headers, "–" for a
+    missing number or time (the placeholder), and no text cell None, NaN, NaT or blank."""
+    assert not app.exception, [e.value for e in app.exception]
+    shown = []
+    for element in app.dataframe:
+        assert element.proto.placeholder == "–"
+        table = element.value
+        for header in table.columns:
+            assert "_" not in header and header == header.strip(), header
+            assert header[0].isupper() or not header[0].isalpha(), header
+            column = table[header]
+            if pd.api.types.is_numeric_dtype(column) and not pd.api.types.is_bool_dtype(column):
+                continue  # a number: NaN shows the placeholder
+            if pd.api.types.is_datetime64_any_dtype(column):
+                continue  # a time: NaT shows the placeholder
+            for cell in column:
+                assert isinstance(cell, str) and cell.strip() not in RAW, (header, cell)
+        shown.append(table)
+    return shown
+
+
+def test_the_alerts_page_reads_as_people_read_it(alerting: Path) -> None:
+    app = AppTest.from_file(str(PAGES_DIR / "alerts.py"), default_timeout=120).run()
+    current, history, *_ = readable(app)
+    assert list(current.columns) == [
+        "State",
+        "Severity",
+        "Rule",
+        "Replica",
+        "Value",
+        "Threshold",
+        "Since",
+        "Since (UTC)",
+    ]
+    assert set(current["State"]) <= {"🔴 firing", "🟠 pending"} and len(current)
+    assert "🔴 firing" in set(current["State"])  # the down replica, for 20 minutes
+    # A share reads as a percentage against its threshold, with the rule's operator.
+    kv = current[current["Rule"] == "kv-cache-saturated"]
+    assert len(kv) and all(v.endswith("%") for v in kv["Value"])
+    assert set(kv["Threshold"]) == {"> 90.0%"}
+    assert not current["Since"].isna().any()
+    assert {"Time", "Rule", "Replica", "From", "To", "Value"} <= set(history.columns)
+    assert "–" in set(history["From"])  # a new alert came from no state: a dash, not None
+
+
+def test_the_collector_health_page_reads_as_people_read_it(alerting: Path) -> None:
+    app = AppTest.from_file(str(PAGES_DIR / "health.py"), default_timeout=120).run()
+    targets = next(t for t in readable(app) if "Target" in t and "State" in t)
+    assert "Failures in a row" in targets.columns and "failures in a row" not in targets.columns
+    down = targets[targets["Target"] == "replica-down"].iloc[0]
+    assert down["State"] == "🔴 down" and down["Failures in a row"] >= 1
+    assert "connection refused" in down["Last error"]
+    assert down["Engine"] == "–"  # never scraped: no engine, a dash
+
+
+@pytest.mark.parametrize("page", ["capacity.py", "timeline.py"])
+def test_more_pages_show_no_raw_cells(alerting: Path, page: str) -> None:
+    app = AppTest.from_file(str(PAGES_DIR / page), default_timeout=120).run()
+    assert readable(app), "the page shows at least one table"
