@@ -212,7 +212,7 @@ RUNBOOKS = {
         Runbook(
             "gpu-idle",
             "GPU activity below 30 % for 6 hours. A GPU costs the same busy or idle: below "
-            "~30 % a hosted API is usually cheaper per token (Cost page: utilization, "
+            "~30 % a hosted API is usually cheaper per token (Cost page: load vs knee, "
             "break-even).",
             (
                 Step(
@@ -306,7 +306,7 @@ RUNBOOKS = {
             (
                 Step(
                     "Idle GPUs",
-                    "Cost page: utilization below break-even",
+                    "Cost page: load vs knee below break-even",
                     "fewer replicas off-peak, or batch work in the troughs",
                 ),
                 Step(
