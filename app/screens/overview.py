@@ -20,7 +20,7 @@ from kneepoint.fleet_status import SEVERITY_COLOURS, AlertState, ReplicaState, S
 config, _ = data.store()
 view = filters.current(data.replica_names())
 TITLES = {spec.url_path: spec.title for spec in PAGES}
-SHOWN_REASONS = 6  # on the status line; the sections below list every one
+SHOWN_REASONS = 4  # on the status line, the worst first; the sections below list every one
 st.title("Overview")
 
 

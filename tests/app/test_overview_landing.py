@@ -137,9 +137,10 @@ def test_the_overview_opens_on_the_fleet_status_and_the_firing_alerts(troubled: 
     assert f"{pages} page alert{'s' if pages > 1 else ''} firing" in status, status
     assert f"{others} alert{'s' if others > 1 else ''} firing" in status, status
     assert "1 replica down" in status and "1 SLO budget exhausted" in status
-    reasons = lines[1]  # each a link to the view that explains it
-    assert "[replica-down down](./?page=overview&range=1h&replica=replica-down)" in reasons
+    reasons = lines[1]  # the worst first, each a link to the view that explains it
     assert "firing on fleet (page)](./?page=slos&range=1h&slo=fast-ttft)" in reasons
+    down = "[target-down firing on replica-down (page)](./?page=health&range=1h&replica="
+    assert down + "replica-down)" in reasons and reasons.endswith(" more below")
 
     # Every alert the CLI lists, firing and pending, on a line of its own, firing first,
     # severity badge, where, how long, and the link to the view that explains it.
