@@ -31,7 +31,6 @@ STYLE = """
   overflow-x: auto;
 }
 [data-testid="stDataFrame"], [data-testid="stPlotlyChart"] { max-width: 100%; }
-.kneepoint-footer { margin-top: 2rem; opacity: 0.75; }
 @media (max-width: 640px) {
   [data-testid="stMainBlockContainer"] { padding-left: 0.75rem; padding-right: 0.75rem; }
   [data-testid="stCaptionContainer"] {
