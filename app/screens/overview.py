@@ -10,7 +10,16 @@ from urllib.parse import urlencode
 import streamlit as st
 
 from app import data, filters
-from app.format import duration, engine_label, metric_unit, metric_value, show, utc, why
+from app.format import (
+    GPU_BUSY_VS_LOAD,
+    duration,
+    engine_label,
+    metric_unit,
+    metric_value,
+    show,
+    utc,
+    why,
+)
 from app.plots import chart
 from app.registry import PAGES
 from dashboards.overview import replica_lines
@@ -184,12 +193,7 @@ def tiles() -> None:
                 help="GPU busy (DCGM): the share of time the replica's GPUs ran a kernel, mean "
                 "over its GPUs; not load vs knee.",
             )
-    st.caption(
-        "GPU busy (DCGM) is the share of time a GPU runs any kernel; load vs knee (Cost, the "
-        "weekly review) is throughput against the knee. A decode step runs kernels however "
-        "small its batch, so a GPU can be 90 % busy at 5 % of its knee with its KV cache "
-        f"nearly empty. As of {report['generated_at']}."
-    )
+    st.caption(f"{GPU_BUSY_VS_LOAD} As of {report['generated_at']}.")
     if report.get("gone"):  # discovery no longer finds them (or taken out of targets:)
         st.caption(
             "Gone, their history kept: "
