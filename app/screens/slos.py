@@ -26,6 +26,8 @@ st.caption(
 )
 now = data.now()
 reports = data.slo_reports(now)
+asked = st.query_params.get("slo")  # an SLO's burn-rate alert links here with its SLO: first
+reports = sorted(reports, key=lambda r: r.slo.name != asked)
 if not reports:
     st.info("No SLO is configured (`slos:` in kneepoint.yaml).")
 for r in reports:

@@ -187,3 +187,29 @@ def test_every_link_on_it_opens_a_page_of_the_app(troubled: Path) -> None:
         assert query.get("page", [""])[0] in paths or "rule" in query, query
         if "rule" not in query:  # the runbook links keep their own form
             assert query["range"] == ["6h"]  # the page's time range travels with the link
+
+
+def test_an_slo_burn_link_opens_the_slos_page_on_its_slo(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from tests.seed import seed
+
+    config_file = seed(tmp_path, time.time())
+    config_file.write_text(
+        config_file.read_text()
+        + "slos:\n"
+        + "  - {name: first, metric: ttft, threshold: 0.25s, objective: 0.99}\n"
+        + "  - {name: second, metric: ttft, threshold: 0.5s, objective: 0.99}\n"
+    )
+    monkeypatch.setenv("KNEEPOINT_CONFIG", str(config_file))
+    rule = next(r for r in burn_rules(load_config(config_file).slos) if r.name.startswith("sec"))
+    page, slo = view_of(rule.metric)
+    assert (page, slo) == ("slos", "second")
+    slos = str(PAGES_DIR / "slos.py")
+    plain = AppTest.from_file(slos, default_timeout=60).run()
+    linked = AppTest.from_file(slos, default_timeout=60)
+    linked.query_params["slo"] = slo
+    linked.run()
+    assert not plain.exception and not linked.exception
+    assert plain.subheader[0].value.startswith("first: ")
+    assert linked.subheader[0].value.startswith("second: ")
