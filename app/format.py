@@ -140,23 +140,42 @@ def utc(ts: float | None) -> str:
     return datetime.fromtimestamp(float(ts), UTC).strftime("%Y-%m-%d %H:%M:%S UTC")
 
 
-# A coloured dot before a state or severity word (renders in a dataframe cell and on a phone).
-_BADGES = {
-    "🔴": "firing critical page down gone failed failing broken error refused dead stalled",
-    "🟠": "pending warning ticket stale retrying degraded burning",
-    "🟢": "resolved ok up live done sent delivered healthy success inactive",
-    "🔵": "info",
+# A state or severity as a badge: a dot before the word, coloured by app/tables (a text
+# colour, not an emoji: emoji fonts are missing on many Linux desktops and in headless
+# Chromium, where they show as empty boxes). The word alone still says it.
+DOT = "●"
+_TONES = {
+    "red": "firing critical page down gone failed failing broken error refused dead stalled",
+    "orange": "pending warning ticket stale retrying degraded burning",
+    "green": "resolved ok up live done sent delivered healthy success inactive",
+    "blue": "info",
 }
-_DOT = {word: dot for dot, words in _BADGES.items() for word in words.split()}
+_TONE = {word: tone for tone, words in _TONES.items() for word in words.split()}
+# Readable on the light and the dark theme alike.
+TONE_COLOURS = {
+    "red": "#e5484d",
+    "orange": "#e2760a",
+    "green": "#30a46c",
+    "blue": "#0b84e5",
+    "gray": "#8b8d98",
+}
+
+
+def tone(value: Any) -> str:
+    """A state's or severity's tone: red (firing, down, page), orange (pending, stale,
+    ticket), green (resolved, up, done), blue (info), gray (anything else or nothing)."""
+    if is_empty(value):
+        return "gray"
+    word = str(value).strip().lower().removeprefix(DOT).strip()
+    return _TONE.get(word, "gray")
 
 
 def badge(value: Any) -> str:
-    """A state or severity as a coloured badge: "🔴 firing", "🟠 pending", "🟢 resolved";
-    an unknown word gets a white dot, an empty one "–"."""
+    """A state or severity as a badge: "● firing" (coloured by its tone in a table), or "–"
+    when there is none."""
     if is_empty(value):
         return EMPTY
-    word = str(value)
-    return f"{_DOT.get(word.strip().lower(), '⚪')} {word}"
+    return f"{DOT} {value}"
 
 
 def metric_unit(metric: str) -> str:

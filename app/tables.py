@@ -1,6 +1,6 @@
 """Tables for people: st.dataframe with human column names, units, "–" for empty cells,
 relative times with the exact UTC time beside them, yes/no for booleans, coloured badges
-for states and severities, and numbers that are never cut.
+(● firing in red) for states and severities, and numbers that are never cut.
 
 A page names the columns it shows, in order, with what each is:
 
@@ -56,7 +56,8 @@ def text(label: str, help: str | None = None, **kw: Any) -> Column:
 
 
 def badge(label: str, help: str | None = None, **kw: Any) -> Column:
-    """A state or severity: 🔴 firing, 🟠 pending, 🟢 resolved (app/format.badge)."""
+    """A state or severity: ● firing in red, ● pending in orange, ● resolved in green
+    (app/format.badge and tone)."""
     return Column(label, "badge", help=help, **kw)
 
 
@@ -194,6 +195,19 @@ def _joined(*parts: str | None) -> str:
     return " ".join(p for p in parts if p)
 
 
+def _tone_css(cell: Any) -> str:
+    return "" if cell == fmt.EMPTY else f"color: {fmt.TONE_COLOURS[fmt.tone(cell)]}"
+
+
+def styled(shown: pd.DataFrame, columns: Mapping[str, Column]) -> pd.DataFrame | Any:
+    """`shown` with its badge columns coloured by their tone (a pandas Styler; the frame
+    itself where there is nothing to colour). column_config's formats still rule the rest."""
+    badges = [c.header for c in columns.values() if c.kind == "badge" and c.header in shown]
+    if not badges or shown.empty:
+        return shown
+    return shown.style.map(_tone_css, subset=badges)
+
+
 def people_table(
     frame: pd.DataFrame | Sequence[Mapping[str, Any]],
     columns: Mapping[str, Column],
@@ -204,7 +218,7 @@ def people_table(
     """Show `frame` for people (prepare): full width, no index, "–" for what is missing."""
     shown, config = prepare(frame, columns)
     st.dataframe(
-        shown,
+        styled(shown, columns),
         hide_index=True,
         width="stretch",
         height=height,

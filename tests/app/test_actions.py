@@ -404,7 +404,7 @@ def test_the_audit_page_shows_an_admin_every_entry(store: Any, auth: str) -> Non
     actor = "anonymous" if auth else "local user"
     assert list(shown["Who"]) == [actor]
     assert list(shown["Action"]) == ["silence.create"]
-    assert list(shown["Outcome"]) == ["🟢 done"]
+    assert list(shown["Outcome"]) == ["● done"]
     (silence,) = administering.silences()
     assert list(shown["Subject"]) == [f"silence {silence.id}"]
     assert "seen on the audit page" in shown["After"][0]

@@ -118,13 +118,38 @@ def test_alert_values_read_in_their_metric_s_unit() -> None:
 
 
 def test_badges_colour_states_and_severities() -> None:
-    assert fmt.badge("firing") == "🔴 firing"
-    assert fmt.badge("page") == "🔴 page"
-    assert fmt.badge("pending") == "🟠 pending"
-    assert fmt.badge("ticket") == "🟠 ticket"
-    assert fmt.badge("resolved") == "🟢 resolved"
-    assert fmt.badge("info") == "🔵 info"
-    assert fmt.badge("something new") == "⚪ something new"
+    assert fmt.badge("firing") == "● firing"
+    tones = {w: fmt.tone(w) for w in ("firing", "page", "down", "pending", "ticket", "stale")}
+    assert tones == {
+        "firing": "red",
+        "page": "red",
+        "down": "red",
+        "pending": "orange",
+        "ticket": "orange",
+        "stale": "orange",
+    }
+    assert [fmt.tone(w) for w in ("resolved", "up", "done", "info")] == [
+        "green",
+        "green",
+        "green",
+        "blue",
+    ]
+    assert fmt.tone("something new") == fmt.tone(None) == "gray"
+    assert fmt.tone(fmt.badge("Firing")) == "red"  # the badge's own text keeps its tone
+
+
+def test_badge_columns_are_coloured_by_tone() -> None:
+    shown, _ = tables.prepare(
+        pd.DataFrame({"s": ["firing", "resolved", None], "n": ["x", "y", "z"]}),
+        {"s": tables.badge("State"), "n": tables.text("Name")},
+    )
+    styler = tables.styled(shown, {"s": tables.badge("State"), "n": tables.text("Name")})
+    styles = styler._compute().ctx  # (row, column) -> [(property, value)]
+    assert styles[(0, 0)] == [("color", fmt.TONE_COLOURS["red"])]
+    assert styles[(1, 0)] == [("color", fmt.TONE_COLOURS["green"])]
+    assert (2, 0) not in styles and (0, 1) not in styles  # "–" and plain text: no colour
+    plain, _ = tables.prepare(pd.DataFrame({"n": ["x"]}), {"n": tables.text("Name")})
+    assert tables.styled(plain, {"n": tables.text("Name")}) is plain
 
 
 def test_booleans_are_words() -> None:
@@ -168,7 +193,7 @@ def test_prepare_names_orders_and_fills_the_columns() -> None:
         "Hit rate",
     ]
     assert set(config) == set(shown.columns)
-    assert list(shown["State"]) == ["🔴 firing", "–"]
+    assert list(shown["State"]) == ["● firing", "–"]
     assert list(shown["Stale"]) == ["yes", "–"]
     # Times and numbers keep their types (sortable); the placeholder shows their gaps.
     assert str(shown["Fired"].dtype).startswith("datetime64")
@@ -245,8 +270,8 @@ def test_the_alerts_page_reads_as_people_read_it(alerting: Path) -> None:
         "Since",
         "Since (UTC)",
     ]
-    assert set(current["State"]) <= {"🔴 firing", "🟠 pending"} and len(current)
-    assert "🔴 firing" in set(current["State"])  # the down replica, for 20 minutes
+    assert set(current["State"]) <= {"● firing", "● pending"} and len(current)
+    assert "● firing" in set(current["State"])  # the down replica, for 20 minutes
     # A share reads as a percentage against its threshold, with the rule's operator.
     kv = current[current["Rule"] == "kv-cache-saturated"]
     assert len(kv) and all(v.endswith("%") for v in kv["Value"])
@@ -261,7 +286,7 @@ def test_the_collector_health_page_reads_as_people_read_it(alerting: Path) -> No
     targets = next(t for t in readable(app) if "Target" in t and "State" in t)
     assert "Failures in a row" in targets.columns and "failures in a row" not in targets.columns
     down = targets[targets["Target"] == "replica-down"].iloc[0]
-    assert down["State"] == "🔴 down" and down["Failures in a row"] >= 1
+    assert down["State"] == "● down" and down["Failures in a row"] >= 1
     assert "connection refused" in down["Last error"]
     assert down["Engine"] == "–"  # never scraped: no engine, a dash
 
