@@ -63,6 +63,7 @@ class Bucket:
     waiting: float
     saturated_seconds: float
     itl_mean_seconds: float | None
+    e2e_mean_seconds: float | None = None
 
 
 @dataclass
@@ -212,6 +213,7 @@ def load_history(
         weight = seconds[mask]
         requests = d.request_prompt_tokens_count
         itl = edges.get(int(number), {}).get("itl")
+        e2e = edges.get(int(number), {}).get("e2e")
         buckets.append(
             Bucket(
                 start=float(ts[mask][0]),
@@ -235,6 +237,7 @@ def load_history(
                 waiting=float(np.average(gauges.requests_waiting[mask], weights=weight)),
                 saturated_seconds=float(weight[saturated[mask].to_numpy()].sum()),
                 itl_mean_seconds=itl.total / itl.count if itl is not None and itl.count else None,
+                e2e_mean_seconds=e2e.total / e2e.count if e2e is not None and e2e.count else None,
             )
         )
     if not buckets:
