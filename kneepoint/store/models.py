@@ -375,3 +375,21 @@ class AnnotationRow(Base):
     replica: Mapped[str | None] = mapped_column(String(200), nullable=True)
     text: Mapped[str] = mapped_column(Text)
     author: Mapped[str] = mapped_column(String(320))
+
+
+class CalibrationRow(Base):
+    """A replica's calibrated what-if profile (kneepoint/whatif/store.py): the engine shape,
+    the fitted step-cost coefficients and the fit's errors per point, as JSON."""
+
+    __tablename__ = "calibrations"
+    __table_args__ = (Index("ix_calibrations_replica", "replica", "fitted_at"),)
+
+    id: Mapped[int] = mapped_column(Integer, primary_key=True)
+    replica: Mapped[str] = mapped_column(String(200))
+    run_label: Mapped[str | None] = mapped_column(String(200), nullable=True)
+    fitted_at: Mapped[float] = mapped_column(Float)
+    shape: Mapped[str] = mapped_column(Text)
+    coefficients: Mapped[str] = mapped_column(Text)
+    errors: Mapped[str] = mapped_column(Text)
+    trusted: Mapped[bool] = mapped_column(Boolean)
+    notes: Mapped[str] = mapped_column(Text)

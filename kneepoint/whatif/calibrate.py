@@ -153,6 +153,7 @@ def calibrate_sweep(
         fitted_at=time.time() if now is None else now,
         input_tokens=input_tokens,
         output_tokens=output_tokens,
+        notes={"ladder": sorted({p.concurrency for p in usable})},
     )
 
 

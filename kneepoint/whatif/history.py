@@ -37,6 +37,7 @@ COUNTERS = (
     "request_prompt_tokens_count",
     "request_generation_tokens_sum",
     "request_generation_tokens_count",
+    "spec_decode_drafts",
     "spec_decode_draft_tokens",
     "spec_decode_accepted_tokens",
 )
@@ -76,6 +77,8 @@ class History:
     buckets: list[Bucket]
     histograms: dict[str, Histogram | None] = field(default_factory=dict)
     capacity_tokens: int | None = None
+    totals: dict[str, float] = field(default_factory=dict)  # counter increases
+    running_peak: float = 0.0  # the most requests running in one sample
 
     @property
     def seconds(self) -> float:
@@ -243,7 +246,17 @@ def load_history(
     if not buckets:
         raise WhatIfError(f"no history of {replica} between the window's start and end")
     histograms = {name: window_histogram(ordered[name]) for name in LATENCIES}
-    return History(replica, start, end, buckets, histograms, target.capacity_tokens)
+    totals = {name: float(increases[name].sum()) for name in COUNTERS}
+    return History(
+        replica,
+        start,
+        end,
+        buckets,
+        histograms,
+        target.capacity_tokens,
+        totals,
+        float(gauges.requests_running.max()),
+    )
 
 
 def _edges(

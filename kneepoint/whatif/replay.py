@@ -374,6 +374,7 @@ def replay(
     warmup: float = 30.0,
     seed: int = 0,
     requests: int = 400,
+    shared: float | None = None,
 ) -> Replay:
     """The window's load through the profile's twin after `change` (None: the baseline).
 
@@ -382,7 +383,7 @@ def replay(
     their prefixes; round-robin spreads each session's requests over all replicas: each
     replica carries 1/N of the load but sees every session's prefix, and a request finds
     its session's prefix there only 1/N of the time). Raises UntrustedProfile for an
-    untrusted fit."""
+    untrusted fit. `shared`: reuse_share's answer, when the caller has it already."""
     profile.require_trusted()
     change = change or Change()
     shape, cost = apply(profile, change)
@@ -391,7 +392,8 @@ def replay(
     peak = max((r for _, r in load.buckets), default=0.0)
     if peak <= 0:
         raise WhatIfError("the window has no arrivals to replay")
-    shared = reuse_share(profile, load, seconds, warmup, seed, requests)
+    if shared is None:
+        shared = reuse_share(profile, load, seconds, warmup, seed, requests)
     if not shape.enable_prefix_caching:
         shared = 0.0
     round_robin = change.routing == "round-robin" and replicas > 1
