@@ -39,6 +39,11 @@ def link(target: Mapping[str, str]) -> str:
     return f"./?{urlencode(query)}"
 
 
+def replica_link(name: str) -> dict[str, str]:
+    """This page on one replica: its tile and charts alone."""
+    return {"page": "overview", "replica": name}
+
+
 def page_link(target: Mapping[str, str]) -> str:
     return f"[{TITLES.get(target.get('page', ''), 'Open')} →]({link(target)})"
 
@@ -160,31 +165,37 @@ def tiles() -> None:
         with columns[index % len(columns)].container(border=True):
             state = {True: ":green[● up]", False: ":red[● down]", None: ":gray[● never scraped]"}
             stalled = " :red[● stalled]" if replica.get("stalled") else ""
-            st.markdown(f"**{replica['name']}** {state[replica['up']]}{stalled}")
+            name = f"[**{replica['name']}**]({link(replica_link(replica['name']))})"
+            st.markdown(f"{name} {state[replica['up']]}{stalled}")
             if replica.get("stale"):
                 st.caption(f"stale: not scraped since {replica['last_scrape_at']}")
             elif replica["up"] is False and replica["last_error"]:
                 st.caption(replica["last_error"])
-            left, right = st.columns(2)
-            left.metric(
+            # Side by side where they fit, wrapping (not one per line) on a phone.
+            row = st.container(horizontal=True, gap="medium")
+            row.metric(
                 "KV occupancy",
                 _fmt(replica["kv_cache_occupancy"], "{:.0%}"),
                 help=why(replica, "kv_cache_occupancy", "Latest KV-cache usage."),
+                width="content",
             )
-            right.metric(
+            row.metric(
                 "Running",
                 _fmt(replica["requests_running"], "{:.0f}"),
                 help=why(replica, "requests_running", "Requests in the running batch."),
+                width="content",
             )
-            left.metric(
+            row.metric(
                 "Waiting",
                 _fmt(replica["requests_waiting"], "{:.0f}"),
                 help=why(replica, "requests_waiting", "Requests waiting to be scheduled."),
+                width="content",
             )
-            right.metric(
+            row.metric(
                 "Gen tok/s",
                 _fmt(replica["generation_tokens_per_second"], "{:.0f}"),
                 help=why(replica, "generation_tokens_per_second", "Generated tokens per second."),
+                width="content",
             )
             st.caption(
                 f"GPU busy {_fmt(replica.get('gpu_utilization'), '{:.0%}')} · "
