@@ -3,9 +3,10 @@
 from __future__ import annotations
 
 import streamlit as st
+from streamlit.navigation.page import StreamlitPage
 
 from app import auth, changes, chrome, data, filters
-from app.registry import PAGES, PAGES_DIR
+from app.registry import PAGES, PAGES_DIR, SECTIONS, section
 from kneepoint.config import ConfigError
 
 st.set_page_config(page_title="kneepoint", page_icon=":material/monitoring:", layout="wide")
@@ -28,7 +29,12 @@ pages = {
     for index, spec in enumerate(PAGES)
     if who.can(spec.role)
 }
-page = st.navigation(list(pages.values()))
+menu: dict[str, list[StreamlitPage]] = {name: [] for name in SECTIONS}
+for spec in PAGES:
+    if spec.url_path in pages:
+        menu[section(spec)].append(pages[spec.url_path])
+# Every page listed (no "View more"), under its section's heading.
+page = st.navigation({name: listed for name, listed in menu.items() if listed}, expanded=True)
 current_path = next(path for path, candidate in pages.items() if candidate is page)
 chrome.tab_title(page.title, page.icon)
 

@@ -36,3 +36,19 @@ PAGES = (
     PageSpec("health.py", "Collector health", ":material/health_and_safety:", "health"),
     PageSpec("audit.py", "Audit", ":material/policy:", "audit", role="admin"),
 )
+
+# The menu's sections in order, and their pages by url_path; any other page is under
+# DEFAULT_SECTION. Within a section pages keep PAGES' order.
+SECTIONS: dict[str, tuple[str, ...]] = {
+    "On call": ("overview", "alerts", "timeline", "slos", "health"),
+    "Capacity": (),
+    "Review": ("weekly-review",),
+    "Admin": ("audit",),
+}
+DEFAULT_SECTION = "Capacity"
+
+
+def section(spec: PageSpec) -> str:
+    """The menu section `spec` is listed under."""
+    found = (name for name, paths in SECTIONS.items() if spec.url_path in paths)
+    return next(found, DEFAULT_SECTION)
