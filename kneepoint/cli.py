@@ -618,6 +618,156 @@ def simulate(
         running.stop()
 
 
+@app.command()
+def calibrate(
+    replica: Annotated[str, typer.Option(help="The replica to calibrate.")],
+    run: Annotated[
+        str | None,
+        typer.Option(help="The knee run's label (default: the replica's newest, or its model's)."),
+    ] = None,
+    since: Annotated[str, typer.Option(help="Production history to fit too: 1d, 7d, …")] = "7d",
+    max_num_seqs: Annotated[
+        int | None, typer.Option(help="The replica's --max-num-seqs (default: vLLM's 256).")
+    ] = None,
+    max_model_len: Annotated[int, typer.Option(help="The replica's --max-model-len.")] = 32768,
+    max_num_batched_tokens: Annotated[
+        int, typer.Option(help="The replica's --max-num-batched-tokens.")
+    ] = 2048,
+    config: ConfigOption = None,
+    as_json: Annotated[bool, typer.Option("--json", help="Print the profile as JSON.")] = False,
+    at: AtOption = None,
+) -> None:
+    """Fit the twin's step-time model to a replica from its knee run and its production
+    history, store it, and show it with its fit quality (docs/whatif.md)."""
+    seconds = positive_duration("--since", since)
+    settings = load_settings(config)
+    sessions = open_sessions(settings)
+    from collectors.discovery import current
+    from kneepoint.whatif import WhatIfError
+    from kneepoint.whatif.predict import calibrate_replica
+    from kneepoint.whatif.profile import cost_dict
+    from kneepoint.whatif.store import save_profile
+
+    now = moment(at, system_clock())
+    try:
+        with sessions.begin() as session:
+            profile = calibrate_replica(
+                session,
+                current(settings),
+                replica,
+                now,
+                run,
+                seconds,
+                max_num_seqs,
+                max_model_len,
+                max_num_batched_tokens,
+            )
+            stored = save_profile(session, profile)
+    except WhatIfError as error:
+        fail(str(error), 2)
+    if as_json:
+        typer.echo(json.dumps({"id": stored, **profile.as_dict()}, indent=2))
+        return
+    fit = profile.fit
+    verdict = "trusted" if fit.trusted else "NOT TRUSTED: it predicts nothing"
+    typer.echo(
+        f"{replica}: calibrated from {profile.run_label or 'history'} ({verdict}; {fit.reason})"
+    )
+    terms = Table("term", "seconds")
+    for name, value in cost_dict(profile.cost).items():
+        terms.add_row(name, f"{value:.3g}")
+    Console().print(terms)
+    points = Table("source", "load", "metric", "measured", "fitted", "error")
+    for point in fit.points:
+        points.add_row(
+            point.source,
+            f"{point.load:g}",
+            point.metric,
+            f"{point.measured:.4g}",
+            f"{point.fitted:.4g}",
+            f"{point.relative_error:+.1%}",
+        )
+    Console().print(points)
+
+
+@app.command()
+def whatif(
+    replica: Annotated[str, typer.Option(help="The replica whose week to replay.")],
+    changes: Annotated[
+        list[str] | None,
+        typer.Option(
+            "--set",
+            help="A change, KEY=VALUE: kv_cache_dtype, max_num_seqs, max_model_len, "
+            "gpu_memory_utilization, num_speculative_tokens, enable_prefix_caching, gpu, "
+            "replicas, routing, growth, … (docs/whatif.md). Repeatable.",
+        ),
+    ] = None,
+    since: Annotated[str, typer.Option(help="The window to replay: 1d, 7d, …")] = "7d",
+    levels: Annotated[
+        int, typer.Option(min=2, max=20, help="Load levels replayed (more: finer, slower).")
+    ] = 6,
+    config: ConfigOption = None,
+    as_json: Annotated[
+        bool, typer.Option("--json", help="Print the JSON contract (docs/whatif.md).")
+    ] = False,
+    at: AtOption = None,
+) -> None:
+    """Replay the replica's window through its calibrated twin, unchanged and with the
+    change: measured, baseline and predicted numbers with error bounds."""
+    seconds = positive_duration("--since", since)
+    if not changes:
+        fail("give at least one change: --set KEY=VALUE (docs/whatif.md)", 2)
+    from kneepoint.whatif import WhatIfError, parse_changes
+
+    try:
+        change = parse_changes(changes)
+    except WhatIfError as error:
+        fail(str(error), 2)
+    settings = load_settings(config)
+    sessions = open_sessions(settings)
+    from collectors.discovery import current
+    from kneepoint.whatif.predict import SHOWN, whatif_replica
+
+    try:
+        with sessions() as session:
+            result = whatif_replica(
+                session,
+                current(settings),
+                replica,
+                change,
+                moment(at, system_clock()),
+                seconds,
+                levels=levels,
+            )
+    except WhatIfError as error:
+        fail(str(error), 2)
+    report = result.as_dict()
+    if as_json:
+        typer.echo(json.dumps(report, indent=2))
+        return
+    shown = ", ".join(f"{k}={v}" for k, v in report["change"].items())
+    table = Table("", "measured", "baseline", "predicted", "predicted range", title=shown)
+    for key in SHOWN:
+        bounds = report["predicted"].get("bounds", {}).get(key)
+        table.add_row(
+            key,
+            *(
+                _whatif_number(report[side].get(key))
+                for side in ("measured", "baseline", "predicted")
+            ),
+            "–" if not bounds else f"{_whatif_number(bounds[0])} – {_whatif_number(bounds[1])}",
+        )
+    Console(width=140).print(table)
+
+
+def _whatif_number(value: object) -> str:
+    if value is None:
+        return "–"
+    if isinstance(value, float):
+        return f"{value:.3g}" if abs(value) < 1000 else f"{value:,.0f}"
+    return str(value)
+
+
 from alerts.cli import register as _register_alerts  # noqa: E402 (needs `app`)
 from kneepoint.knee.cli import register as _register_knee  # noqa: E402
 

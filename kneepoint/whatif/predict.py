@@ -237,6 +237,9 @@ def whatif_replica(
     """The replica's window of `since` seconds to `now`, measured, replayed as it is
     (baseline) and after `change` (predicted). WhatIfError: no calibration, an untrusted
     one, an unknown replica, no history, a change that cannot apply."""
+    target = queries.targets(session).get(replica)
+    if target is None or target.kind == "dcgm":
+        raise WhatIfError(f"unknown replica {replica!r}")
     profile = profile or latest_profile(session, replica)
     profile.require_trusted()
     history = load_history(session, replica, now - since, now)
