@@ -213,3 +213,26 @@ def test_an_slo_burn_link_opens_the_slos_page_on_its_slo(
     assert not plain.exception and not linked.exception
     assert plain.subheader[0].value.startswith("first: ")
     assert linked.subheader[0].value.startswith("second: ")
+
+
+def test_a_fleet_with_nothing_wrong_reads_ok(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from tests.seed import seed
+
+    config_file = seed(tmp_path, time.time())
+    kept = [line for line in config_file.read_text().splitlines() if "replica-down" not in line]
+    # The two replicas that serve, their last sample 15 s ago well within a minute's scrapes.
+    config_file.write_text("\n".join(kept).replace("scrape_interval: 5s", "scrape_interval: 60s"))
+    monkeypatch.setenv("KNEEPOINT_CONFIG", str(config_file))
+    assert listed(config_file) == []
+    app = AppTest.from_file(OVERVIEW, default_timeout=60).run()
+    assert not app.exception, [e.value for e in app.exception]
+    lines = [m.value for m in app.markdown]
+    assert lines[0] == "#### :green[:material/check_circle: OK]"
+    assert ":green[Nothing is firing or pending.]" in lines
+    assert ":green[Every scraped replica is up and serving.]" in lines
+    assert [h.value for h in app.subheader][:2] == [
+        "Alerts: 0 firing, 0 pending",
+        "Replicas: 0 of 2 down, stale or stalled",
+    ]
