@@ -119,8 +119,8 @@ def knee_chart(
     figure.update_layout(
         height=420,
         margin={"l": 10, "r": 10, "t": 40, "b": 10},
-        title="Throughput and latency against concurrency"
-        + (" (throughput: share of each run's peak)" if normalized else ""),
+        # Short enough for a phone's width (a Plotly title does not wrap).
+        title="Throughput (% of peak) & latency" if normalized else "Throughput & latency",
         hovermode="x unified",
         # a tick per doubling
         xaxis={"title": "concurrency (requests in flight)", "type": "log", "dtick": 0.30103},
