@@ -53,7 +53,7 @@ def headroom(forecast: Forecast) -> go.Figure:
         )
     figure.update_layout(
         **LAYOUT,
-        title=f"{forecast.replica}: daily peak concurrency against the knee",
+        title=f"{forecast.replica}: daily peak vs knee",
         xaxis_title="day (UTC)",
         yaxis_title="peak concurrency (requests running + waiting)",
         legend_title_text="",
