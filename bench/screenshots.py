@@ -4,13 +4,15 @@ traffic, the collectors and alert evaluation), so a reviewer can look at the app
 running it.
 
     .venv/bin/python bench/screenshots.py [--out DIR] [--pages overview,alerts] [--full]
+                                         [--url http://127.0.0.1:8501]
 
 Starts the demo on a free loopback port, waits for data from every replica and for its first
 firing alert, opens each page once per size, waits until the page has rendered (its script
 has run, every chart drawn, every table painted), and writes DIR/PAGE-desktop.png and
 DIR/PAGE-phone.png (DIR defaults to a new temporary folder); prints each path. --full takes
 the whole length of the page instead of the first screen. Images are written as 256-colour
-PNGs (small enough to commit); --raw keeps Chromium's full-colour ones.
+PNGs (small enough to commit); --raw keeps Chromium's full-colour ones. --url takes an app
+that is already running instead of starting the demo.
 
 tests/real/test_cockpit_browser.py starts the demo and waits for pages with the same helpers
 (running_demo, open_view).
@@ -289,6 +291,7 @@ def main() -> int:
     )
     parser.add_argument("--full", action="store_true", help="the whole page, not the first screen")
     parser.add_argument("--raw", action="store_true", help="keep full-colour PNGs")
+    parser.add_argument("--url", help="an app already running (the demo is not started)")
     args = parser.parse_args()
     if not Path(CHROMIUM).exists():
         parser.error(f"no Chromium at {CHROMIUM} (apt-get install chromium)")
@@ -300,6 +303,10 @@ def main() -> int:
             parser.error(f"--pages: no page {', '.join(sorted(unknown))}")
         specs = [s for s in PAGES if s.url_path in wanted]
     out = args.out or Path(tempfile.mkdtemp(prefix="kneepoint-screenshots-"))
+    if args.url:
+        screenshots(args.url.rstrip("/"), out, specs, args.full, args.raw)
+        print(f"screenshots in {out}")
+        return 0
     with tempfile.TemporaryDirectory(prefix="kneepoint-screenshots-demo-") as folder:
         began = time.monotonic()
         print("starting the demo (backfill, first scrapes, first alert evaluation)", flush=True)
