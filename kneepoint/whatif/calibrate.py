@@ -35,15 +35,21 @@ from kneepoint.whatif.profile import (
 )
 from kneepoint.whatif.sweep import TERMS, StepTerms, requests_for, simulate_step
 
-# The terms fitted by default. sequence_seconds is left out: a decode step's sequences are
-# its decode tokens, so the two cannot be told apart from sweeps (token_seconds absorbs it).
+# The terms fitted. sequence_seconds is left out: a decode step's sequences are its decode
+# tokens, so the two cannot be told apart from sweeps (token_seconds absorbs it).
 FITTED = (
     "overhead_seconds",
     "token_seconds",
-    "prefill_token_seconds",
     "context_token_seconds",
     "request_overhead_seconds",
 )
+# Fitted only when the data need it: the chunked-prefill term (an extra cost per prefill
+# token beyond a decode token's). With it, a decode token's cost and a context token's trade
+# against each other (a decode step's context is about its tokens × their length), so the
+# fit is no longer unique; it is kept only when it cuts the RMS relative error by a fifth
+# from above EXTRA_TERM_RMS.
+OPTIONAL = ("prefill_token_seconds",)
+EXTRA_TERM_RMS = 0.02
 
 
 @dataclass(frozen=True)
@@ -133,10 +139,13 @@ def calibrate_sweep(
         raise WhatIfError("no measured number to fit: every point lacks throughput and latency")
     matrix = np.vstack(rows)
     values, offsets = np.asarray(measured), np.asarray(fixed)
-    scale = np.where(values > 0, values, 1.0)
-    solution, _ = nnls(matrix[:, columns] / scale[:, None], (values - offsets) / scale)
-    theta = np.zeros(len(TERMS))
-    theta[columns] = solution
+    theta = _solve(matrix, values, offsets, columns)
+    rms = _rms(matrix, values, offsets, theta)
+    if rms > EXTRA_TERM_RMS:
+        extra_columns = [*columns, *(TERMS.index(name) for name in OPTIONAL)]
+        wider = _solve(matrix, values, offsets, extra_columns)
+        if _rms(matrix, values, offsets, wider) < 0.8 * rms:
+            theta = wider
     fits = matrix @ theta + offsets
     fit_points = []
     for (source, load, metric, tokens), value, fit in zip(labels, values, fits, strict=True):
@@ -177,6 +186,23 @@ def calibrate(
         levels=levels,
         now=now,
     )
+
+
+def _solve(
+    matrix: np.ndarray, values: np.ndarray, offsets: np.ndarray, columns: list[int]
+) -> np.ndarray:
+    """Non-negative least squares over `columns`, each row divided by its measured value
+    (residuals are relative errors)."""
+    scale = np.where(values > 0, values, 1.0)
+    solution, _ = nnls(matrix[:, columns] / scale[:, None], (values - offsets) / scale)
+    theta = np.zeros(len(TERMS))
+    theta[columns] = solution
+    return theta
+
+
+def _rms(matrix: np.ndarray, values: np.ndarray, offsets: np.ndarray, theta: np.ndarray) -> float:
+    scale = np.where(values > 0, values, 1.0)
+    return float(np.sqrt(np.mean(((matrix @ theta + offsets - values) / scale) ** 2)))
 
 
 def level_row(shape: EngineShape, level: Level) -> np.ndarray | None:
