@@ -9,6 +9,12 @@ from app import changes, data, filters
 from app import tables as t
 from kneepoint.timeline import KINDS
 
+
+def _words(kind: str) -> str:
+    """A kind as people say it: scrape_outage → "scrape outage", gpu_xid → "GPU XID"."""
+    return kind.replace("gpu_", "GPU ").replace("xid", "XID").replace("_", " ")
+
+
 chosen = filters.current(data.replica_names())
 st.title("Timeline")
 st.caption(
@@ -19,7 +25,9 @@ st.caption(
 )
 end = data.now()
 found = changes.events(end - chosen.range_seconds, end, chosen.replicas)
-kinds = st.multiselect("Kinds", [k for k in KINDS if any(e.kind == k for e in found)])
+kinds = st.multiselect(
+    "Kinds", [k for k in KINDS if any(e.kind == k for e in found)], format_func=_words
+)
 shown = [e for e in found if not kinds or e.kind in kinds]
 if not shown:
     st.info(f"No change in the last {chosen.range_label}.")
@@ -32,7 +40,7 @@ else:
         {
             "at": t.time("Time"),
             "replica": t.text("Replica"),
-            "kind": t.text("Kind"),
+            "kind": t.formatted("Kind", _words),
             "detail": t.text("Detail"),
         },
     )

@@ -296,3 +296,11 @@ def test_the_collector_health_page_reads_as_people_read_it(alerting: Path) -> No
 def test_more_pages_show_no_raw_cells(alerting: Path, page: str) -> None:
     app = AppTest.from_file(str(PAGES_DIR / page), default_timeout=120).run()
     assert readable(app), "the page shows at least one table"
+
+
+def test_the_timeline_names_kinds_in_words(alerting: Path) -> None:
+    app = AppTest.from_file(str(PAGES_DIR / "timeline.py"), default_timeout=120).run()
+    (table,) = readable(app)
+    kinds = set(table["Kind"])
+    assert "alert firing" in kinds  # the down replica's alert, not "alert_firing"
+    assert not any("_" in kind for kind in kinds)
