@@ -24,8 +24,8 @@ counted in `notes` so the status line can say "OK · 2 pending" without calling 
 
 Every reason carries the query string of the page that explains it (the app's
 ?page=…&range=…&replica=… scheme, app/main.py): an alert's is given by the caller (the same
-view its message links to, alerts/outbox.py `view_of`), a replica's is the Overview on that
-replica, an SLO's is the SLOs page on that SLO."""
+view its message links to, alerts/outbox.py `view_of`), a replica's is Collector health
+(down, stale) or the Overview (stalled) on that replica, an SLO's is the SLOs page on it."""
 
 from __future__ import annotations
 
@@ -220,11 +220,12 @@ def assess(
 
 
 def replica_view(replica: ReplicaState | None) -> dict[str, str]:
-    """A replica's trouble is explained by its tile and charts on the Overview (a stale one:
-    Collector health, where the collector's own state is)."""
+    """Where a replica's trouble is explained: a down or stale one on Collector health (its
+    scrape errors, failures in a row, the collector's jobs), a stalled one on the Overview on
+    that replica (its tile and its charts: work present, no tokens); the fleet: the Overview."""
     if replica is None:
         return {"page": "overview", "range": RANGE}
-    page = "health" if replica.stale else "overview"
+    page = "health" if replica.trouble in ("down", "stale") else "overview"
     return {"page": page, "range": RANGE, "replica": replica.name}
 
 

@@ -5,6 +5,7 @@ and the fleet's time series. Every line links to the view that explains it."""
 from __future__ import annotations
 
 from collections.abc import Mapping
+from datetime import datetime
 from urllib.parse import urlencode
 
 import streamlit as st
@@ -105,16 +106,30 @@ def slo_line(slo: SloState) -> None:
     )
 
 
-def replica_line(replica: ReplicaState) -> None:
+def _for(iso: str | None, now: float) -> tuple[str, str]:
+    """How long since an ISO time ("12 min"), and the time itself for the hover."""
+    if not iso:
+        return "–", "–"
+    at = datetime.fromisoformat(iso.replace("Z", "+00:00")).timestamp()
+    return duration(now - at), utc(at)
+
+
+def replica_line(replica: ReplicaState, now: float) -> None:
     trouble = replica.trouble
     target = fleet_status.replica_view(replica)
+    hover = None
     if trouble == "stale":
-        detail = f"not scraped since {replica.last_scrape_at or '–'}"
+        lasted, hover = _for(replica.last_scrape_at, now)
+        detail = f"not scraped for {lasted}"
     elif trouble == "down":
         detail = replica.last_error or "its last scrape failed"
     else:
-        detail = f"no token counted since {replica.stalled_since or '–'} while requests wait"
-    st.markdown(f":red-badge[{trouble}] **{replica.name}** · {detail} · {page_link(target)}")
+        lasted, hover = _for(replica.stalled_since, now)
+        detail = f"no token counted for {lasted} while requests wait"
+    help_ = None if hover is None else f"since {hover}"
+    st.markdown(
+        f":red-badge[{trouble}] **{replica.name}** · {detail} · {page_link(target)}", help=help_
+    )
 
 
 @st.fragment(run_every=max(5.0, config.scrape_interval))
@@ -142,7 +157,7 @@ def landing() -> None:
     never = [r.name for r in replicas if not r.known]
     st.subheader(f"Replicas: {len(troubled)} of {len(replicas)} down, stale or stalled")
     for replica in troubled:
-        replica_line(replica)
+        replica_line(replica, now)
     if not troubled and replicas:
         st.markdown(":green[Every scraped replica is up and serving.]")
     if never:

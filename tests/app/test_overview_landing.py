@@ -45,8 +45,9 @@ def troubled(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
 
 def troubled_store(folder: Path) -> Path:
     """Two replicas serving an hour of requests, a tenth of them slower than the SLO's
-    250 ms (budget spent: 10 % bad against 1 % allowed), one replica refusing its scrape;
-    alerts evaluated on it, and a ticket alert firing on replica-b. Returns the config."""
+    250 ms (budget spent: 10 % bad against 1 % allowed), one replica refusing its scrape, one
+    stalled for its last ten minutes; alerts evaluated on it (target-down and engine-stalled
+    pend, then fire), and a ticket alert firing on replica-b. Returns the config."""
     config_file = folder / "kneepoint.yaml"
     config_file.write_text(f"""
 database: sqlite:///{folder / "kneepoint.db"}
@@ -55,6 +56,7 @@ targets:
   - {{name: replica-a, kind: vllm, url: "http://127.0.0.1:9/a"}}
   - {{name: replica-b, kind: vllm, url: "http://127.0.0.1:9/b"}}
   - {{name: replica-down, kind: vllm, url: "http://127.0.0.1:9/down"}}
+  - {{name: replica-stuck, kind: vllm, url: "http://127.0.0.1:9/stuck"}}
 slos:
   - {{name: fast-ttft, metric: ttft, threshold: 0.25s, objective: 0.99}}
 """)
@@ -69,18 +71,20 @@ slos:
         ids = ensure_targets(session, [(t.name, t.kind, t.url) for t in config.targets])
         for step in range(61):  # every minute for an hour, the last a few seconds ago
             ts = now - 5 - (60 - step) * 60
-            for name in ("replica-a", "replica-b"):
+            for name in ("replica-a", "replica-b", "replica-stuck"):
+                # replica-stuck counts nothing for its last ten minutes, four requests running.
+                done = min(step, 50) if name == "replica-stuck" else step
                 sample = copy.deepcopy(base)
-                good, bad = 90.0 * step, 10.0 * step
+                good, bad = 90.0 * done, 10.0 * done
                 finite = tuple(good if i >= fast else 0.0 for i in range(len(bounds) - 1))
-                sample.histograms["ttft"] = Histogram(bounds, (*finite, good + bad), 0.1 * step)
-                sample.counters["generation_tokens"] = step * 900.0  # working, not stalled
-                sample.counters["prompt_tokens"] = step * 4000.0
+                sample.histograms["ttft"] = Histogram(bounds, (*finite, good + bad), 0.1 * done)
+                sample.counters["generation_tokens"] = done * 900.0
+                sample.counters["prompt_tokens"] = done * 4000.0
                 sample.gauges["requests_running"] = 4.0
                 sample.gauges["requests_waiting"] = 0.0
                 record_replica(session, ids[name], ts, sample)
         record_failure(session, ids["replica-down"], now - 5, "cannot connect: connection refused")
-    for at in (now - 90, now):  # target-down pends, then fires after its minute
+    for at in (now - 90, now):  # target-down and engine-stalled pend, then fire after a minute
         with sessions.begin() as session:
             evaluate_once(session, config, at)
     with sessions.begin() as session:
@@ -136,7 +140,8 @@ def test_the_overview_opens_on_the_fleet_status_and_the_firing_alerts(troubled: 
     assert status.startswith("#### :red[") and "Down: " in status
     assert f"{pages} page alert{'s' if pages > 1 else ''} firing" in status, status
     assert f"{others} alert{'s' if others > 1 else ''} firing" in status, status
-    assert "1 replica down" in status and "1 SLO budget exhausted" in status
+    assert "1 replica down" in status and "1 replica stalled" in status
+    assert "1 SLO budget exhausted" in status
     reasons = lines[1]  # the worst first, each a link to the view that explains it
     assert "firing on fleet (page)](./?page=slos&range=1h&slo=fast-ttft)" in reasons
     down = "[target-down firing on replica-down (page)](./?page=health&range=1h&replica="
@@ -165,7 +170,11 @@ def test_the_overview_opens_on_the_fleet_status_and_the_firing_alerts(troubled: 
     (slo_line,) = [x for x in lines if "**fast-ttft** · budget left" in x]
     assert ":red-badge[budget exhausted]" in slo_line and "page=slos" in slo_line
     (down,) = [x for x in lines if x.startswith(":red-badge[down] **replica-down**")]
-    assert "connection refused" in down
+    assert "connection refused" in down and "page=health&range=1h&replica=replica-down" in down
+    (stuck,) = [x for x in lines if x.startswith(":red-badge[stalled] **replica-stuck**")]
+    assert re.search(r"no token counted for \d+ min while requests wait", stuck), stuck
+    assert "page=overview&range=1h&replica=replica-stuck" in stuck
+    assert any(a["rule"] == "engine-stalled" and a["replica"] == "replica-stuck" for a in firing)
 
     # Then the tiles and the charts, GPU busy named apart from load vs knee.
     assert any("GPU busy (DCGM)" in c.value and "load vs knee" in c.value for c in app.caption)

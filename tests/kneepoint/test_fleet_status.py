@@ -75,7 +75,7 @@ def test_one_replica_serving_keeps_it_degraded() -> None:
     assert status.level == DEGRADED
     assert status.summary() == "Degraded: 2 replicas down"
     views = {r.subject: r.view for r in status.reasons}
-    assert views["a"] == {"page": "overview", "range": "1h", "replica": "a"}
+    assert views["a"] == {"page": "health", "range": "1h", "replica": "a"}
 
 
 def test_never_scraped_or_no_replicas_is_not_down() -> None:
@@ -86,7 +86,7 @@ def test_never_scraped_or_no_replicas_is_not_down() -> None:
 @pytest.mark.parametrize(
     ("replica", "trouble", "page"),
     [
-        (ReplicaState("x", up=False), "down", "overview"),
+        (ReplicaState("x", up=False), "down", "health"),
         (ReplicaState("x", up=False, stale=True), "stale", "health"),
         (ReplicaState("x", up=True, stalled=True), "stalled", "overview"),
     ],
