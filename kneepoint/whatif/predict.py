@@ -240,7 +240,7 @@ def whatif_replica(
     target = queries.targets(session).get(replica)
     if target is None or target.kind == "dcgm":
         raise WhatIfError(f"unknown replica {replica!r}")
-    profile = profile or latest_profile(session, replica)
+    profile = profile or latest_profile(session, replica, now)
     profile.require_trusted()
     history = load_history(session, replica, now - since, now)
     load = load_of(history)

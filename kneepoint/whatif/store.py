@@ -42,13 +42,14 @@ def save_profile(session: Session, profile: Profile) -> int:
     return row.id
 
 
-def latest_profile(session: Session, replica: str) -> Profile:
-    """The replica's newest calibration; WhatIfError when it has none."""
+def latest_profile(session: Session, replica: str, at: float | None = None) -> Profile:
+    """The replica's newest calibration (fitted at or before `at`, if given); WhatIfError
+    when it has none."""
+    query = select(CalibrationRow).where(CalibrationRow.replica == replica)
+    if at is not None:
+        query = query.where(CalibrationRow.fitted_at <= at)
     row = session.scalars(
-        select(CalibrationRow)
-        .where(CalibrationRow.replica == replica)
-        .order_by(CalibrationRow.fitted_at.desc(), CalibrationRow.id.desc())
-        .limit(1)
+        query.order_by(CalibrationRow.fitted_at.desc(), CalibrationRow.id.desc()).limit(1)
     ).first()
     if row is None:
         raise WhatIfError(

@@ -1,0 +1,49 @@
+"""A stored day of one twin replica (Qwen3-4B on an L4 at 60 % memory: near KV saturation
+at its peak), backfilled as `kneepoint demo` does, and a twin sweep of it."""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+from kneepoint.config import load_config
+from kneepoint.demo import write_config
+from kneepoint.store.db import connect_store
+from kneepoint.store.runs import save_run
+from kneepoint.twin.backfill import backfill_week
+from kneepoint.twin.fleet import Fleet, FleetSpec
+from kneepoint.twin.ladder import ladder_run
+from tests.conftest import migrated
+
+REPLICA = "qwen3-4b-l4"
+SPEC = {
+    "nodes": [{"name": "gpu-node-2", "gpus": ["l4"]}],
+    "replicas": [
+        {"name": REPLICA, "model": "qwen3-4b", "node": "gpu-node-2", "gpu_memory_utilization": 0.6}
+    ],
+}
+PEAK_SESSIONS = 19.0
+DAYS = 1.0
+
+
+@pytest.fixture(scope="session")
+def stored_day(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[Path, float]]:
+    folder = tmp_path_factory.mktemp("whatif")
+    fleet = Fleet(FleetSpec.model_validate(SPEC)).start()
+    try:
+        config_file = migrated(write_config(folder, fleet))
+        sessions = connect_store(load_config(config_file).database)
+        now = float(int(time.time()) - 60)
+        backfill_week(sessions, fleet, {REPLICA: PEAK_SESSIONS}, now, days=DAYS)
+        replica = fleet.replicas[REPLICA]
+        sweep = ladder_run(
+            replica.engine.config, f"{REPLICA}-sweep", replica.served_name, (1, 2, 4, 8, 16, 32)
+        )
+        with sessions.begin() as session:
+            save_run(session, sweep, now)
+    finally:
+        fleet.stop()
+    yield config_file, now
