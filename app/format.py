@@ -180,7 +180,7 @@ def badge(value: Any) -> str:
 
 def metric_unit(metric: str) -> str:
     """The unit an alert rule's metric reads in (alerts/rules.METRICS): "%" for shares,
-    "× budget" for SLO burn rates, "×", "s", "$", or "" for counts."""
+    "× budget" for SLO burn rates, "×", "s", "$", "/s" for rates, or "" for counts."""
     if metric.startswith("slo_burn:"):
         return "× budget"
     from alerts.rules import METRICS
@@ -191,6 +191,8 @@ def metric_unit(metric: str) -> str:
             return unit
     if "points, 0..1" in described:
         return "points"
+    if "per second" in described:
+        return "/s"
     return ""
 
 
@@ -208,6 +210,8 @@ def metric_value(value: float | None, unit: str) -> str:
         return show(float(value), "s", 3)
     if unit in ("%", "$"):
         return show(float(value), unit)
+    if unit == "/s":
+        return f"{compact(value)}/s"
     return compact(value)
 
 

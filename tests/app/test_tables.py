@@ -113,6 +113,8 @@ def test_alert_values_read_in_their_metric_s_unit() -> None:
     assert fmt.metric_unit("cost_per_million_tokens") == "$"
     assert fmt.metric_unit("prefix_cache_hit_rate_drop") == "points"
     assert fmt.metric_value(0.3, "points") == "30 points"
+    assert fmt.metric_unit("preemptions_per_second") == "/s"
+    assert fmt.metric_value(0.05, "/s") == "0.05/s"
     assert fmt.metric_unit("requests_waiting") == ""
     assert fmt.metric_value(3.0, "") == "3"
 
@@ -304,3 +306,31 @@ def test_the_timeline_names_kinds_in_words(alerting: Path) -> None:
     kinds = set(table["Kind"])
     assert "alert firing" in kinds  # the down replica's alert, not "alert_firing"
     assert not any("_" in kind for kind in kinds)
+
+
+def test_an_slo_burn_reads_in_multiples_of_the_budget(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Issue 17's example: a burn rate of 2.1636 against a threshold of 1 had no unit."""
+    from tests.app.test_overview_landing import troubled_store  # a spent SLO budget
+
+    monkeypatch.setenv("KNEEPOINT_CONFIG", str(troubled_store(tmp_path)))
+    app = AppTest.from_file(str(PAGES_DIR / "alerts.py"), default_timeout=120).run()
+    current = readable(app)[0]
+    burns = current[current["Rule"].str.startswith("fast-ttft-burn-")]
+    assert len(burns)
+    for value, threshold in zip(burns["Value"], burns["Threshold"], strict=True):
+        assert value.endswith("× budget") and threshold.startswith("> "), (value, threshold)
+        assert threshold.endswith("× budget")
+        assert len(value.split("×")[0].split(".")[-1]) <= 2  # rounded, not 2.1636
+    slos = AppTest.from_file(str(PAGES_DIR / "slos.py"), default_timeout=120).run()
+    (burn,) = readable(slos)
+    assert list(burn.columns) == [
+        "Alert window",
+        "Severity",
+        "Fires above (× budget)",
+        "Long-window burn (× budget)",
+        "Short-window burn (× budget)",
+        "Firing",
+    ]
+    assert set(burn["Firing"]) <= {"yes", "no"} and "yes" in set(burn["Firing"])
