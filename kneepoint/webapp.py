@@ -51,13 +51,14 @@ THEME: dict[str, dict[str, str | int | bool]] = {
         "borderColor": "#24324a",
     },
 }
-# The product's chrome: the toolbar of a viewer (no "Deploy", a short app menu).
-CLIENT = {"toolbarMode": "viewer"}
+# The product's chrome: the toolbar of a viewer (no "Deploy", a short app menu), and no
+# "File change: Rerun" prompt when the app's files change under a running server.
+CHROME = {"client.toolbarMode": "viewer", "server.fileWatcherType": "none"}
 
 
 def look_flags() -> list[str]:
     """The Streamlit flags of kneepoint's look: toolbar and theme."""
-    flags = [f"--client.{name}={value}" for name, value in CLIENT.items()]
+    flags = [f"--{name}={value}" for name, value in CHROME.items()]
     for section, options in THEME.items():
         for name, value in options.items():
             text = str(value).lower() if isinstance(value, bool) else str(value)

@@ -26,7 +26,6 @@ from tests.seed import seed
 
 ROOT = Path(__file__).resolve().parents[2]
 MAIN = str(ROOT / "app" / "main.py")
-LOOK = ("client.", "theme.")
 
 
 def launch_command(config_file: Path, monkeypatch: pytest.MonkeyPatch) -> list[str]:
@@ -62,7 +61,7 @@ def test_the_app_starts_with_the_viewer_toolbar_and_a_light_and_a_dark_theme(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     command = launch_command(seed(tmp_path, time.time(), minutes=1), monkeypatch)
-    flags = [f"--{name}={value}" for name, value in options(command) if name.startswith(LOOK)]
+    flags = [f"--{name}={value}" for name, value in options(command)]
     # What Streamlit makes of those flags, from a folder without a .streamlit/config.toml.
     shown = subprocess.run(
         [sys.executable, "-m", "streamlit", "config", "show", *flags],
@@ -74,6 +73,7 @@ def test_the_app_starts_with_the_viewer_toolbar_and_a_light_and_a_dark_theme(
     )
     settings = tomllib.loads(shown.stdout[shown.stdout.index("\n[") :])  # after its preface
     assert settings["client"]["toolbarMode"] == "viewer"  # no "Deploy", a short menu
+    assert settings["server"]["fileWatcherType"] == "none"  # no "File change: Rerun" prompt
     theme = settings["theme"]
     assert "base" not in theme  # a base would make Streamlit ignore the light and dark tables
     light, dark = theme["light"], theme["dark"]
