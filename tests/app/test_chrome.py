@@ -17,6 +17,7 @@ from streamlit.testing.v1 import AppTest
 import alerts.evaluate  # noqa: F401  the package: AppTest puts app/screens (with alerts.py) first
 import kneepoint
 from app import chrome
+from app.registry import DEFAULT_SECTION, PAGES, SECTIONS, section
 from kneepoint import webapp
 from kneepoint.config import load_config
 from kneepoint.store.db import open_store
@@ -160,3 +161,13 @@ def test_ages_read_in_the_largest_whole_unit() -> None:
     assert chrome.age(-3) == "0 s"  # a clock a little ahead of the collector's
     for seconds, unit in ((59, "s"), (60, "min"), (3599, "min"), (7200, "h"), (86400 * 3, "d")):
         assert chrome.age(seconds).endswith(f" {unit}"), seconds
+
+
+def test_the_menu_s_sections_name_real_pages_once() -> None:
+    paths = [spec.url_path for spec in PAGES]
+    named = [path for listed in SECTIONS.values() for path in listed]
+    assert sorted(set(named)) == sorted(named), "a page in two sections"
+    assert set(named) <= set(paths), set(named) - set(paths)
+    assert DEFAULT_SECTION in SECTIONS
+    # The default page (the first) heads the menu's first section.
+    assert section(PAGES[0]) == next(iter(SECTIONS))

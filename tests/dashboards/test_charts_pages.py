@@ -3,12 +3,14 @@ with their unit, the PNG named after it, and a CSV button beside it."""
 
 from __future__ import annotations
 
+import base64
 import copy
 import json
 import re
 import time
 from pathlib import Path
 
+import numpy as np
 import pytest
 from streamlit.testing.v1 import AppTest
 
@@ -57,6 +59,13 @@ def seeded(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
     return config
 
 
+def values(encoded: list[float] | dict[str, str]) -> list[float]:
+    """A trace's values as the page sent them (Plotly writes arrays as base64 and a dtype)."""
+    if isinstance(encoded, dict):
+        return np.frombuffer(base64.b64decode(encoded["bdata"]), dtype=encoded["dtype"]).tolist()
+    return list(encoded)
+
+
 def test_pages_show_charts_only_through_the_helper() -> None:
     """st.plotly_chart directly would lose the PNG name and the CSV button."""
     direct = [path.name for path, text in SOURCES.items() if "plotly_chart(" in text]
@@ -81,3 +90,29 @@ def test_every_chart_reads_and_downloads(seeded: Path, page: Path) -> None:
         assert options.get("format") == "png" and options.get("filename"), title
     csv = [b for b in app.get("download_button") if b.proto.label == "CSV"]
     assert len(csv) == len(shown), f"{page.stem}: a CSV button per chart"
+
+
+def test_the_knee_page_shows_each_run_against_its_own_peak_or_all_in_tok_s(seeded: Path) -> None:
+    page = str(PAGES_DIR / "knee.py")
+    app = AppTest.from_file(page, default_timeout=90).run()
+    app.multiselect[0].set_value(["big", "small"]).run()
+
+    def chart() -> tuple[str, dict[str, float]]:
+        (shown,) = app.get("plotly_chart")
+        spec = json.loads(shown.proto.spec)
+        tops = {
+            t["name"]: max(values(t["y"]))
+            for t in spec["data"]
+            if t["name"].startswith(("big:", "small:")) and t.get("yaxis") != "y2"
+        }
+        return spec["layout"]["yaxis"]["title"]["text"], tops
+
+    axis, tops = chart()
+    assert "% of the run's peak" in axis
+    assert tops == {"big: % of peak": pytest.approx(1.0), "small: % of peak": pytest.approx(1.0)}
+    (scale,) = [r for r in app.radio if r.label == "Throughput axis"]
+    scale.set_value("shared").run()
+    assert not app.exception, [e.value for e in app.exception]
+    axis, tops = chart()
+    assert axis == "throughput (output tok/s)"
+    assert tops["small: tok/s"] < tops["big: tok/s"] / 5
