@@ -655,9 +655,10 @@ def calibrate(
                 session,
                 current(settings),
                 replica,
-                now,
                 run,
-                seconds,
+                now - seconds,
+                now,
+                now,
                 max_num_seqs,
                 max_model_len,
                 max_num_batched_tokens,
@@ -730,14 +731,9 @@ def whatif(
 
     try:
         with sessions() as session:
+            end = moment(at, system_clock())
             result = whatif_replica(
-                session,
-                current(settings),
-                replica,
-                change,
-                moment(at, system_clock()),
-                seconds,
-                levels=levels,
+                session, current(settings), replica, change, end - seconds, end, levels=levels
             )
     except WhatIfError as error:
         fail(str(error), 2)

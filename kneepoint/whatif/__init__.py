@@ -10,13 +10,18 @@ The API other code builds on (docs/whatif.md, "API for other helpers"):
 - `predict_sweep(profile, change, ladder, ...) -> list[SweepPrediction]`: a closed-loop
   sweep predicted at a changed configuration.
 - `Change`, `parse_changes`: the changes (kv_cache_dtype, max_num_seqs, …).
-- `load_history`, `replay`, `whatif`: a stored window replayed, baseline and changed.
+- `load_history`, `load_of`, `replay`: a stored window as load, replayed.
+- `calibrate_replica(session, config, replica, run_label, start, end, now=None) -> Profile`
+  and `whatif_replica(session, config, replica, change, start, end) -> WhatIf`
+  (`.as_dict()`: the `whatif --json` contract): what the CLI commands do.
 - `save_profile`, `latest_profile`: calibrations in the store.
 """
 
 from kneepoint.twin.engine import StepCost
 from kneepoint.whatif.calibrate import Level, calibrate, calibrate_sweep
 from kneepoint.whatif.changes import KEYS, Change, parse_changes
+from kneepoint.whatif.history import History, load_history
+from kneepoint.whatif.predict import CONTRACT, WhatIf, calibrate_replica, whatif_replica
 from kneepoint.whatif.predict_sweep import predict_sweep
 from kneepoint.whatif.profile import (
     TRUST_RMS,
@@ -27,23 +32,37 @@ from kneepoint.whatif.profile import (
     UntrustedProfile,
     WhatIfError,
 )
+from kneepoint.whatif.replay import Load, Replay, load_of, replay
+from kneepoint.whatif.store import latest_profile, save_profile
 from kneepoint.whatif.sweep import SweepPrediction
 
 __all__ = [
+    "CONTRACT",
     "KEYS",
     "TRUST_RMS",
     "Change",
     "EngineShape",
     "FitPoint",
     "FitQuality",
+    "History",
     "Level",
+    "Load",
     "Profile",
+    "Replay",
     "StepCost",
     "SweepPrediction",
     "UntrustedProfile",
+    "WhatIf",
     "WhatIfError",
     "calibrate",
+    "calibrate_replica",
     "calibrate_sweep",
+    "latest_profile",
+    "load_history",
+    "load_of",
     "parse_changes",
     "predict_sweep",
+    "replay",
+    "save_profile",
+    "whatif_replica",
 ]

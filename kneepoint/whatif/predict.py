@@ -156,17 +156,20 @@ def calibrate_replica(
     session: Session,
     config: Config,
     replica: str,
-    now: float,
-    run_label: str | None = None,
-    since: float = WEEK,
+    run_label: str | None,
+    start: float,
+    end: float,
+    now: float | None = None,
     max_num_seqs: int | None = None,
     max_model_len: int = 32768,
     max_num_batched_tokens: int = 2048,
 ) -> Profile:
-    """Fit the replica's profile from its knee run and its production history of the last
-    `since` seconds (either may be missing, not both)."""
+    """Fit the replica's profile from its knee run (`run_label`, else its newest or its
+    model's) and its production history over [start, end] (either may be missing, not
+    both); fitted at `now` (default `end`). The caller stores it (store.save_profile)."""
+    now = end if now is None else now
     try:
-        history: History | None = load_history(session, replica, now - since, now)
+        history: History | None = load_history(session, replica, start, end)
     except WhatIfError:
         if replica not in queries.targets(session):
             raise
@@ -227,22 +230,23 @@ def whatif_replica(
     config: Config,
     replica: str,
     change: Change,
-    now: float,
-    since: float = WEEK,
+    start: float,
+    end: float,
     profile: Profile | None = None,
     levels: int = 6,
     seconds: float = 120.0,
     requests: int = 400,
 ) -> WhatIf:
-    """The replica's window of `since` seconds to `now`, measured, replayed as it is
-    (baseline) and after `change` (predicted). WhatIfError: no calibration, an untrusted
-    one, an unknown replica, no history, a change that cannot apply."""
+    """The replica's window [start, end], measured, replayed as it is (baseline) and after
+    `change` (predicted), with the newest calibration fitted by `end` unless `profile` is
+    given. WhatIfError: no calibration, an untrusted one, an unknown replica, no history, a
+    change that cannot apply."""
     target = queries.targets(session).get(replica)
     if target is None or target.kind == "dcgm":
         raise WhatIfError(f"unknown replica {replica!r}")
-    profile = profile or latest_profile(session, replica, now)
+    profile = profile or latest_profile(session, replica, end)
     profile.require_trusted()
-    history = load_history(session, replica, now - since, now)
+    history = load_history(session, replica, start, end)
     load = load_of(history)
     run = _run_of(session, profile)
     shared = reuse_share(profile, load, seconds, requests=requests)
@@ -275,9 +279,7 @@ def whatif_replica(
             for key in SHOWN
             if not key.startswith("knee_")
         }
-    return WhatIf(
-        replica, change, now - since, now, profile, load, measured, baseline, predicted, errors
-    )
+    return WhatIf(replica, change, start, end, profile, load, measured, baseline, predicted, errors)
 
 
 def _run_of(session: Session, profile: Profile) -> Run | None:

@@ -47,7 +47,7 @@ def setup(stored_day: tuple[Path, float]) -> Setup:
     config = load_config(config_file)
     sessions = connect_store(config.database)
     with sessions() as session:
-        profile = calibrate_replica(session, config, REPLICA, now, since=86400.0)
+        profile = calibrate_replica(session, config, REPLICA, None, now - 86400.0, now)
         history = load_history(session, REPLICA, now - 86400.0, now)
     load = load_of(history)
     shared = reuse_share(profile, load, requests=REQUESTS)
