@@ -664,7 +664,7 @@ def calibrate(
                 max_num_batched_tokens,
             )
             stored = save_profile(session, profile)
-    except WhatIfError as error:
+    except (WhatIfError, ValueError) as error:  # ValueError: the twin refuses the shape
         fail(str(error), 2)
     if as_json:
         typer.echo(json.dumps({"id": stored, **profile.as_dict()}, indent=2))
@@ -735,7 +735,7 @@ def whatif(
             result = whatif_replica(
                 session, current(settings), replica, change, end - seconds, end, levels=levels
             )
-    except WhatIfError as error:
+    except (WhatIfError, ValueError) as error:  # ValueError: the twin refuses the change
         fail(str(error), 2)
     report = result.as_dict()
     if as_json:

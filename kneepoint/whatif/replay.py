@@ -246,7 +246,8 @@ def simulate_level(
     engine = Engine(config, seed=seed)
     rng = random.Random(seed * 104729 + sessions)
     tokens_rng = np.random.default_rng(seed)
-    limit = config.max_model_len
+    # The longest sequence the engine takes (max_model_len, or a cache smaller than that).
+    limit = max(2, min(config.max_model_len, engine.capacity_tokens - config.block_size))
     pool: list[list[int]] = [[] for _ in range(max(1, prefixes or sessions))]
     common: list[int] = []
     # The common prefix has one length (its blocks are the same for every request).
