@@ -11,6 +11,9 @@ from dataclasses import replace
 from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
+    from sqlalchemy.orm import Session
+
+    from kneepoint.config import Config
     from review.recommend import Recommendation
 
 # The numbers a prediction is read by: key of `whatif --json`'s measured / baseline /
@@ -55,23 +58,19 @@ def flags(change: Mapping[str, Any]) -> str:
     return ", ".join(parts)
 
 
-def bound(result: Mapping[str, Any], key: str) -> float | None:
-    """The prediction's relative error bound for `key` (0.3 for ±30 %), from the error
-    bounds beside the predicted numbers: `bounds`/`errors` as {key: relative} or
-    {key: [low, high]}; None where the result gives none."""
-    predicted = number((result.get("predicted") or {}).get(key))
-    for name in ("bounds", "errors", "error_bounds", "relative_errors"):
-        table = result.get(name)
-        if not isinstance(table, Mapping) or key not in table:
-            continue
-        entry = table[key]
-        if number(entry) is not None:
-            return abs(float(entry))
-        if isinstance(entry, list | tuple) and len(entry) == 2 and predicted:
-            low, high = number(entry[0]), number(entry[1])
-            if low is not None and high is not None:
-                return max(abs(high - predicted), abs(predicted - low)) / abs(predicted)
-    return None
+def bound(result: Mapping[str, Any], key: str, side: str = "predicted") -> float | None:
+    """The relative error bound of `side`'s number for `key` (0.3 for ±30 %): the wider side
+    of its `bounds` [low, high] (the calibration's error and the baseline's, in quadrature;
+    kneepoint/whatif/predict.py); None where it gives none."""
+    numbers = result.get(side) or {}
+    middle = number(numbers.get(key))
+    entry = (numbers.get("bounds") or {}).get(key)
+    if not middle or not isinstance(entry, list | tuple) or len(entry) != 2:
+        return None
+    low, high = number(entry[0]), number(entry[1])
+    if low is None or high is None:
+        return None
+    return max(high - middle, middle - low) / abs(middle)
 
 
 def describe(result: Mapping[str, Any]) -> str:
@@ -111,3 +110,17 @@ def effect(rec: Recommendation, predictor: Predictor) -> str:
 def with_effects(recs: list[Recommendation], predictor: Predictor) -> list[Recommendation]:
     """Each recommendation with its predicted effect (or why there is none)."""
     return [replace(rec, effect=effect(rec, predictor)) for rec in recs]
+
+
+def store_predictor(session: Session, config: Config, now: float, since: float) -> Predictor:
+    """Predictions from the store: the replica's newest calibration fitted by `now` replays
+    the window of `since` seconds to `now` (kneepoint.whatif.whatif_replica), which raises
+    WhatIfError (a ValueError) saying why when there is no calibration, an untrusted one, no
+    history or a change that cannot apply."""
+    from kneepoint.whatif import parse_changes, whatif_replica
+
+    def predict(replica: str, change: Mapping[str, Any]) -> dict[str, Any]:
+        result = whatif_replica(session, config, replica, parse_changes(change), now - since, now)
+        return result.as_dict()
+
+    return predict

@@ -87,12 +87,16 @@ class WeeklyReport:
 
 
 def build_report(session: Session, config: Config, now: float, since: float) -> WeeklyReport:
+    from review.effects import store_predictor, with_effects
     from review.recommend import recommend
 
     this = period(session, config, now, since)
     last = period(session, config, now - since, since)
     report = WeeklyReport(now, since, this, last)
-    report.recommendations = recommend(report)
+    # Each with its predicted effect: the replica's calibrated twin replays this week.
+    report.recommendations = with_effects(
+        recommend(report), store_predictor(session, config, now, since)
+    )
     report.forecasts = forecasts(session, config, now)
     return report
 
