@@ -31,6 +31,7 @@ PAGES = (
     PageSpec("spec_decode.py", "Speculative decoding", ":material/fast_forward:", "spec-decode"),
     PageSpec("knee.py", "Knee points", ":material/show_chart:", "knee"),
     PageSpec("cost.py", "Cost", ":material/payments:", "cost"),
+    PageSpec("whatif.py", "What-if", ":material/science:", "what-if"),
     PageSpec("weekly.py", "Weekly review", ":material/summarize:", "weekly-review"),
     PageSpec("gpus.py", "GPUs", ":material/developer_board:", "gpus"),
     PageSpec("health.py", "Collector health", ":material/health_and_safety:", "health"),
