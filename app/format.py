@@ -96,6 +96,22 @@ def compact(value: float | None, unit: str = "", digits: int = 3) -> str:
     return f"{shown}{suffix} {unit}".strip()
 
 
+_SI = ((1e12, "T"), (1e9, "G"), (1e6, "M"), (1e3, "k"))
+
+
+def si(value: float | None, unit: str, digits: int = 3) -> str:
+    """A physical quantity with an SI prefix, never cut: 3_400_000 J → "3.4 MJ",
+    459_088 W → "459 kW", 12.5 J → "12.5 J"."""
+    if is_empty(value):
+        return EMPTY
+    assert value is not None
+    number = float(value)
+    for scale, prefix in _SI:
+        if abs(number) >= scale:
+            return f"{float(f'{number / scale:.{digits}g}'):g} {prefix}{unit}"
+    return f"{compact(number)} {unit}"
+
+
 def times(value: float | None, what: str = "", digits: int = 2) -> str:
     """A ratio with its unit: 2.1636 → "2.16×", with what it is a multiple of
     ("2.16× budget"); 1.0 → "1×"."""

@@ -5,7 +5,7 @@ from __future__ import annotations
 import streamlit as st
 
 from app import data, filters
-from app.format import GPU_BUSY_VS_LOAD, show
+from app.format import GPU_BUSY_VS_LOAD, show, si
 
 view_filter = filters.current(data.replica_names())
 st.title("Cost")
@@ -42,7 +42,7 @@ for replica in view.status["replicas"]:
     )
     e.metric(
         "Energy / 1M tokens",
-        show(extra["joules_per_million_tokens"], "J", 0),
+        si(extra["joules_per_million_tokens"], "J"),
         help="Joules of its GPUs ÷ tokens served, per million.",
     )
     f.metric(

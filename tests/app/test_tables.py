@@ -94,6 +94,13 @@ def test_compact_numbers_are_short_and_close(value: float) -> None:
     assert math.isclose(number * scale, value, rel_tol=0.005)
 
 
+def test_physical_quantities_take_an_si_prefix() -> None:
+    assert fmt.si(3_400_000, "J") == "3.4 MJ"
+    assert fmt.si(459_088, "W") == "459 kW"
+    assert fmt.si(12.5, "J") == "12.5 J"
+    assert fmt.si(None, "J") == "–"
+
+
 def test_ratios_have_a_unit_and_are_rounded() -> None:
     assert fmt.times(2.1636, "budget") == "2.16× budget"
     assert fmt.times(1.0) == "1×"
