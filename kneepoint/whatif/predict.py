@@ -133,12 +133,17 @@ def _drafter(history: History) -> tuple[int, float]:
     return gamma, float(alpha)
 
 
-def choose_run(session: Session, replica: str, model_names: list[str], label: str | None) -> Run:
-    """The knee run to calibrate from: `label`, else the newest whose label starts with the
-    replica's name, else the newest of the model it serves."""
+CANDIDATE_RUNS = 5  # the newest runs tried when no run is named
+
+
+def candidate_runs(
+    session: Session, replica: str, model_names: list[str], label: str | None
+) -> list[Run]:
+    """The knee runs to calibrate from: `label`, else the newest few whose label starts with
+    the replica's name, else the newest few of the model it serves (newest first)."""
     if label is not None:
         try:
-            return load_run(session, label)
+            return [load_run(session, label)]
         except RunNotFound as error:
             raise WhatIfError(str(error)) from None
     runs = load_runs(session)
@@ -149,7 +154,7 @@ def choose_run(session: Session, replica: str, model_names: list[str], label: st
         raise WhatIfError(
             f"no knee run of {replica} or its model: run `kneepoint sweep` or give --run"
         )
-    return chosen[-1]
+    return chosen[::-1][:CANDIDATE_RUNS]
 
 
 def calibrate_replica(
@@ -164,9 +169,12 @@ def calibrate_replica(
     max_model_len: int = 32768,
     max_num_batched_tokens: int = 2048,
 ) -> Profile:
-    """Fit the replica's profile from its knee run (`run_label`, else its newest or its
-    model's) and its production history over [start, end] (either may be missing, not
-    both); fitted at `now` (default `end`). The caller stores it (store.save_profile)."""
+    """Fit the replica's profile from its knee run and its production history over
+    [start, end] (either may be missing, not both); fitted at `now` (default `end`). The
+    run is `run_label`, else of the replica's newest runs (or its model's) the one the fit
+    reproduces best: a what-if sweep at another configuration (fp8 KV, half the context)
+    is not the replica's, and its numbers do not fit the replica's shape. The caller stores
+    the profile (store.save_profile)."""
     now = end if now is None else now
     try:
         history: History | None = load_history(session, replica, start, end)
@@ -180,12 +188,13 @@ def calibrate_replica(
     target = queries.targets(session)[replica]
     levels = history.levels() if history is not None else []
     try:
-        run = choose_run(session, replica, _json_list(target.model_names), run_label)
+        runs = candidate_runs(session, replica, _json_list(target.model_names), run_label)
     except WhatIfError:
         if run_label is not None or not levels:
             raise
         return calibrate_sweep([], shape, replica=replica, levels=levels, now=now)
-    return calibrate(run, shape, replica, levels, now=now)
+    fits = [calibrate(run, shape, replica, levels, now=now) for run in runs]
+    return min(fits, key=lambda fit: (not fit.fit.trusted, fit.fit.rms))
 
 
 @dataclass
