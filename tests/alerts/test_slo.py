@@ -150,4 +150,5 @@ def test_the_slos_page_shows_budget_and_burn(
     ]
     assert "not a bucket bound" in page.error[0].value
     (table,) = [d.value for d in page.dataframe]
-    assert list(table["factor"].round(6)) == [14.4, 6.0, 3.0, 1.0]
+    # The factor column under its human header (app/tables.py): the multiple of the budget.
+    assert list(table["Fires above (× budget)"].round(6)) == [14.4, 6.0, 3.0, 1.0]
