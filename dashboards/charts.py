@@ -183,7 +183,7 @@ def data_frame(figure: go.Figure) -> pd.DataFrame:
 
 def data_csv(figure: go.Figure) -> str:
     out = io.StringIO()
-    data_frame(figure).to_csv(out, index=False)
+    data_frame(figure).to_csv(out, index=False, date_format="%Y-%m-%dT%H:%M:%SZ")  # times: UTC
     return out.getvalue()
 
 
