@@ -60,6 +60,26 @@ def test_calibration_recovers_the_profile_parameters_from_its_own_sweep() -> Non
     assert fitted.request_overhead_seconds < TOLERANCE * per_step
 
 
+def test_calibration_recovers_a_drafters_cost() -> None:
+    """A replica with a speculative drafter: the draft term is fitted too (the verifier's
+    acceptances come from the engine's seeded generator, the same in the fit's schedule)."""
+    config = EngineConfig(
+        gpu("h100-80gb"),
+        model("llama-3.1-8b"),
+        num_speculative_tokens=3,
+        spec_acceptance_rate=0.7,
+        spec_draft_cost=0.08,
+    )
+    truth = StepCost.of(config)
+    run = ladder_run(config, "spec", "llama", LADDER)
+    profile = calibrate_sweep(run.points, EngineShape.of(config), 256, 128)
+    assert profile.fit.trusted, profile.fit.reason
+    assert profile.cost.draft_token_seconds == pytest.approx(
+        truth.draft_token_seconds, rel=TOLERANCE
+    )
+    assert profile.cost.token_seconds == pytest.approx(truth.token_seconds, rel=TOLERANCE)
+
+
 def cpu_like() -> tuple[EngineConfig, EngineShape, StepCost]:
     """An engine with no GPU or model profile: blocks and step cost given outright."""
     cost = StepCost(
