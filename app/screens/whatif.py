@@ -240,6 +240,22 @@ def before_after(result: dict[str, Any]) -> None:
         chart(figure(result, key, label, unit), left if index % 2 == 0 else right)
 
 
+# The other numbers of the result: label, unit, scale (kneepoint.whatif.predict.SHOWN).
+EXTRA: dict[str, tuple[str, str, float]] = {
+    "prompt_tokens_per_second": ("prompt throughput", "tok/s", 1.0),
+    "recomputed_prefill_tokens": ("recomputed prefill", "tokens", 1.0),
+    "prefix_cache_hit_rate": ("prefix hit rate", "%", 1.0),
+    "saturated_seconds": ("time saturated", "h", 1 / 3600),
+    "waiting_mean": ("waiting (mean)", "seqs", 1.0),
+    "ttft_p50_seconds": ("TTFT p50", "s", 1.0),
+    "itl_p50_seconds": ("ITL p50", "s", 1.0),
+    "itl_p99_seconds": ("ITL p99", "s", 1.0),
+    "e2e_p99_seconds": ("end-to-end p99", "s", 1.0),
+    "knee_concurrency": ("knee (concurrency)", "", 1.0),
+    "knee_output_tokens_per_second": ("throughput at the knee", "tok/s", 1.0),
+}
+
+
 def unit_of(key: str) -> str:
     if key in ("kv_cache_occupancy_p95", "prefix_cache_hit_rate"):
         return "%"
@@ -256,23 +272,32 @@ def table(result: dict[str, Any]) -> pd.DataFrame:
     """Every number of the result: measured, baseline, predicted with its range, and how
     closely the baseline reproduced what was measured."""
     sides = {side: result.get(side) or {} for side in ("measured", "baseline", "predicted")}
-    labels = {key: label for key, label, _ in METRICS}
-    keys = [key for key, _, _ in METRICS] + [k for k in SHOWN if k not in labels]
+    shown = {key: (label, unit, 1.0) for key, label, unit in METRICS}
+    shown |= {
+        key: EXTRA.get(key, (key.replace("_", " "), unit_of(key), 1.0))
+        for key in SHOWN
+        if key not in shown
+    }
     rows = []
-    for key in keys:
-        unit = unit_of(key)
+    for key, (label, unit, scale) in shown.items():
+
+        def at(side: str, key: str = key, scale: float = scale) -> float | None:
+            found = number(sides[side].get(key))
+            return None if found is None else found * scale
+
         low, high = ((sides["predicted"].get("bounds") or {}).get(key) or [None, None])[:2]
+        low, high = number(low), number(high)
         error = number((result.get("baseline_error") or {}).get(key))
         rows.append(
             {
-                "": labels.get(key, key.replace("_", " ")),
-                "measured": value(number(sides["measured"].get(key)), unit),
-                "baseline (twin, unchanged)": value(number(sides["baseline"].get(key)), unit),
+                "": label,
+                "measured": value(at("measured"), unit),
+                "baseline (twin, unchanged)": value(at("baseline"), unit),
                 "baseline vs measured": "–" if error is None else f"{error:+.0%}",
-                "predicted (twin, changed)": value(number(sides["predicted"].get(key)), unit),
+                "predicted (twin, changed)": value(at("predicted"), unit),
                 "predicted range": "–"
-                if number(low) is None or number(high) is None
-                else f"{value(number(low), unit)} – {value(number(high), unit)}",
+                if low is None or high is None
+                else f"{value(low * scale, unit)} – {value(high * scale, unit)}",
             }
         )
     for name in (sides["measured"].get("slo_compliance") or {}) | (
@@ -314,11 +339,10 @@ def figure(result: dict[str, Any], key: str, label: str, unit: str) -> go.Figure
     )
     chart_figure = go.Figure(bars)
     chart_figure.update_layout(
-        **{**LAYOUT, "hovermode": "closest"},
+        **{**LAYOUT, "hovermode": "closest", "height": 300},
         title=f"{label[0].upper()}{label[1:]}: before and after",
         yaxis_title=axis_title(label, unit),
         showlegend=False,
-        height=300,
     )
     return chart_figure
 
@@ -402,4 +426,6 @@ except WhatIfError as error:
     st.stop()
 
 st.subheader(f"Before and after: {flags(change)}")
+window = result.get("window") or {}
+st.caption(f"Replayed {window.get('start')} → {window.get('end')} (UTC).")
 before_after(result)
