@@ -5,12 +5,14 @@ The API other code builds on (docs/whatif.md, "API for other helpers"):
 - `EngineShape`, `StepCost`: a replica's engine configuration (model-agnostic) and the
   twin's step-time model.
 - `calibrate_sweep(points, shape, input_tokens, output_tokens, ...) -> Profile`: fit the
-  step cost to measured sweep points; `calibrate(run, shape, replica, levels)` from a
-  stored knee run and production load levels.
+  step cost to measured sweep points (kneepoint.whatif.calibrate.calibrate(run, shape,
+  replica, levels) from a stored knee run and production load levels).
 - `predict_sweep(profile, change, ladder, ...) -> list[SweepPrediction]`: a closed-loop
   sweep predicted at a changed configuration.
 - `Change`, `parse_changes`: the changes (kv_cache_dtype, max_num_seqs, …).
-- `load_history`, `load_of`, `replay`: a stored window as load, replayed.
+- `load_history`, `load_of`: a stored window as load; kneepoint.whatif.replay.replay
+  replays it (the submodules `calibrate` and `replay` keep their names: the functions of
+  the same names are not re-exported here).
 - `calibrate_replica(session, config, replica, run_label, start, end, now=None) -> Profile`
   and `whatif_replica(session, config, replica, change, start, end) -> WhatIf`
   (`.as_dict()`: the `whatif --json` contract): what the CLI commands do.
@@ -18,7 +20,7 @@ The API other code builds on (docs/whatif.md, "API for other helpers"):
 """
 
 from kneepoint.twin.engine import StepCost
-from kneepoint.whatif.calibrate import Level, calibrate, calibrate_sweep
+from kneepoint.whatif.calibrate import Level, calibrate_sweep
 from kneepoint.whatif.changes import KEYS, Change, parse_changes
 from kneepoint.whatif.history import History, load_history
 from kneepoint.whatif.predict import CONTRACT, WhatIf, calibrate_replica, whatif_replica
@@ -32,7 +34,7 @@ from kneepoint.whatif.profile import (
     UntrustedProfile,
     WhatIfError,
 )
-from kneepoint.whatif.replay import Load, Replay, load_of, replay
+from kneepoint.whatif.replay import Load, Replay, load_of
 from kneepoint.whatif.store import latest_profile, save_profile
 from kneepoint.whatif.sweep import SweepPrediction
 
@@ -54,7 +56,6 @@ __all__ = [
     "UntrustedProfile",
     "WhatIf",
     "WhatIfError",
-    "calibrate",
     "calibrate_replica",
     "calibrate_sweep",
     "latest_profile",
@@ -62,7 +63,6 @@ __all__ = [
     "load_of",
     "parse_changes",
     "predict_sweep",
-    "replay",
     "save_profile",
     "whatif_replica",
 ]
