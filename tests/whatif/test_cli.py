@@ -7,9 +7,14 @@ import json
 from pathlib import Path
 
 import pytest
+from sqlalchemy.orm import Session, sessionmaker
 from typer.testing import CliRunner
 
 from kneepoint.cli import app
+from kneepoint.config import load_config
+from kneepoint.knee.runs import Point, Run
+from kneepoint.store.db import connect_store
+from kneepoint.store.runs import load_runs, save_run
 from tests.whatif.conftest import REPLICA
 
 pytestmark = pytest.mark.timeout(900)
@@ -127,3 +132,68 @@ def test_no_calibration_and_no_history_are_clear_errors(stored_day: tuple[Path, 
     )
     assert code == 2
     assert "no history" in out
+
+
+def test_an_untrusted_calibration_is_stored_shown_and_predicts_nothing(
+    stored_day: tuple[Path, float],
+) -> None:
+    config_file, now = stored_day
+    config = load_config(config_file)
+    sessions = connect_store(config.database)
+    good = next(r for r in ladder_runs(sessions) if r.label == f"{REPLICA}-sweep")
+    # Throughput that falls as concurrency rises while latency stays put: no step cost
+    # gives that.
+    bad = Run(
+        "scrambled",
+        good.model,
+        "sweep",
+        tuple(
+            Point.from_dict({**p.as_dict(), "output_tokens_per_second": 500.0 / p.concurrency})
+            for p in good.points
+        ),
+        notes=good.notes,
+    )
+    with sessions.begin() as session:
+        save_run(session, bad, now)
+    # Four days before the stored day: no history then, the run alone.
+    at = str(now - 4 * DAY)
+    code, out = invoke(
+        config_file,
+        "calibrate",
+        "--replica",
+        REPLICA,
+        "--run",
+        "scrambled",
+        "--at",
+        at,
+        "--since",
+        "1d",
+        "--json",
+    )
+    assert code == 0, out
+    profile = json.loads(out)
+    assert profile["fit"]["trusted"] is False
+    assert "above 20%" in profile["fit"]["reason"]
+    code, out = invoke(
+        config_file,
+        "calibrate",
+        "--replica",
+        REPLICA,
+        "--run",
+        "scrambled",
+        "--at",
+        at,
+        "--since",
+        "1d",
+    )
+    assert "NOT TRUSTED" in out
+    code, out = invoke(
+        config_file, "whatif", "--replica", REPLICA, "--set", "replicas=2", "--at", at
+    )
+    assert code == 2
+    assert "is not trusted" in out and "predicts nothing" in out
+
+
+def ladder_runs(sessions: sessionmaker[Session]) -> list[Run]:
+    with sessions() as session:
+        return load_runs(session)
