@@ -172,6 +172,8 @@ def _latency_curve(history: History, groups: int = 8) -> tuple[tuple[float, floa
         for b in history.buckets
         if b.e2e_mean_seconds is not None and b.requests_per_second > 0
     )
+    if not known:  # no e2e histogram (the engine does not expose it): sessions think only
+        return ()
     points = []
     for group in np.array_split(np.asarray(known, dtype=float), min(groups, len(known))):
         if len(group) and group[:, 2].sum() > 0:
