@@ -46,10 +46,9 @@ VIEWER = "auth: {mode: none, anonymous_role: viewer}"
 DAY = 86400.0
 
 
-@pytest.fixture(scope="module")
-def stored_day(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Path]:
-    """A day of the replica's traffic and a sweep of its engine, not yet calibrated."""
-    folder = tmp_path_factory.mktemp("whatif-page")
+def store_day(folder: Path) -> Path:
+    """A day of the replica's traffic and a sweep of its engine under `folder`, not yet
+    calibrated (tests/real/test_whatif_browser.py serves it too); the config file."""
     fleet = Fleet(FleetSpec.model_validate(SPEC)).start()
     try:
         config_file = migrated(write_config(folder, fleet))
@@ -63,7 +62,12 @@ def stored_day(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Path]:
             save_run(session, sweep, time.time())
     finally:
         fleet.stop()
-    yield config_file
+    return config_file
+
+
+@pytest.fixture(scope="module")
+def stored_day(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    return store_day(tmp_path_factory.mktemp("whatif-page"))
 
 
 @pytest.fixture
