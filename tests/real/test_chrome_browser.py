@@ -87,6 +87,7 @@ def test_at_phone_width_captions_are_cut_and_nothing_scrolls_sideways(
     path: str,
 ) -> None:  # type: ignore[no-untyped-def]
     page = opened(browser, f"{app_url}/{path}", viewport=PHONE)
+    page.locator('[data-testid="stCaptionContainer"]').first.wait_for(timeout=30_000)
     width, viewport = page.evaluate("[document.documentElement.scrollWidth, window.innerWidth]")
     assert width <= viewport
     clamps = page.evaluate(
@@ -94,4 +95,22 @@ def test_at_phone_width_captions_are_cut_and_nothing_scrolls_sideways(
         ".map(e => getComputedStyle(e).webkitLineClamp)"
     )
     assert clamps and set(clamps) == {"2"}
+    page.context.close()
+
+
+@pytest.mark.real
+@pytest.mark.parametrize("path", ["capacity", "cost"])
+def test_no_number_tile_cuts_its_value_or_label(browser, app_url: str, path: str) -> None:  # type: ignore[no-untyped-def]  # noqa: F811
+    """Five tiles a row in a narrow window: without the app's styles Streamlit cuts "2.1M
+    tokens" to "2.1M t…"; with them a tile wraps."""
+    page = opened(browser, f"{app_url}/{path}", viewport={"width": 800, "height": 900})
+    tiles = page.locator('[data-testid="stMetricValue"]')
+    tiles.nth(3).wait_for(timeout=30_000)  # the page may run twice on opening (its query string)
+    cut = page.evaluate(
+        "Array.from(document.querySelectorAll("
+        "'[data-testid=stMetricValue], [data-testid=stMetricValue] *, "
+        "[data-testid=stMetricLabel], [data-testid=stMetricLabel] *'))"
+        ".filter(e => e.scrollWidth > e.clientWidth + 1).map(e => e.textContent)"
+    )
+    assert cut == []
     page.context.close()
