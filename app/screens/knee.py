@@ -7,6 +7,7 @@ import pandas as pd
 import streamlit as st
 
 from app import actions, auth, data, filters
+from app.format import EMPTY
 from app.plots import chart
 from dashboards.knee import knee_chart
 from kneepoint.auth import Refused
@@ -74,6 +75,7 @@ else:
             tables.summary(shown, curve),
             hide_index=True,
             width="stretch",
+            placeholder=EMPTY,  # not "None" where a run has no production peak
             column_config={
                 "knee": st.column_config.NumberColumn(help="Where the curve bends (Kneedle)."),
                 "recommended": st.column_config.NumberColumn(
@@ -109,6 +111,7 @@ else:
             pd.DataFrame([s.as_dict() for s in result.steps]),
             hide_index=True,
             width="stretch",
+            placeholder=EMPTY,
             column_config={
                 "ratio": st.column_config.NumberColumn(format="%.2f×"),
                 "ttft_change": st.column_config.NumberColumn(format="percent"),
