@@ -197,6 +197,17 @@ def calibration(profile: dict[str, Any]) -> None:
         if profile.get("run_label")
         else None,
     )
+    shape = profile.get("shape") or {}
+    st.caption(
+        f"Engine as calibrated: {shape.get('num_gpu_blocks')} KV blocks of "
+        f"{shape.get('block_size')} tokens, KV dtype {shape.get('kv_cache_dtype')}, "
+        f"--max-num-seqs {shape.get('max_num_seqs')}, --max-model-len "
+        f"{shape.get('max_model_len')}, prefix caching "
+        f"{'on' if shape.get('enable_prefix_caching') else 'off'}"
+        + (f", GPU {GPUS[shape['gpu']].name}" if shape.get("gpu") in GPUS else "")
+        + (f", model {shape['model']}" if shape.get("model") else "")
+        + "."
+    )
     if not trusted:
         st.warning(
             f"This calibration is not trusted ({fit.get('reason') or 'too poor a fit'}): "
@@ -371,6 +382,8 @@ end -= end % 300  # one cached replay per five minutes, not per second
 start = end - parse_duration(window_label)
 
 st.subheader("Calibration")
+if "whatif_calibrated" in st.session_state:
+    st.success(st.session_state.pop("whatif_calibrated"))
 profile = profile_of(replica)
 if profile is None:
     st.info(
@@ -390,14 +403,19 @@ if auth.current().can("operator"):
                 "the latest that fits this replica" if label is None else label
             ),
         )
-        if st.form_submit_button("Calibrate", help="Fits the twin and stores it. Needs operator."):
+        if st.form_submit_button(
+            "Calibrate",
+            help="Fits the twin to the knee run and the window's history, and stores it. "
+            "Needs operator.",
+        ):
             try:
                 with st.spinner("Fitting the twin…"):
                     profile = calibrate(replica, run, start, end)
-                st.success(
-                    "Calibrated." if profile["fit"]["trusted"] else "Calibrated, not trusted."
+                st.session_state["whatif_calibrated"] = (
+                    f"Calibrated {replica} from {profile.get('run_label') or 'its history'}"
+                    + ("." if profile["fit"]["trusted"] else ", not trusted.")
                 )
-                st.rerun()
+                st.rerun()  # the calibration above shows the new fit
             except Refused as refused:
                 st.error(str(refused))
             except WhatIfError as error:

@@ -133,6 +133,7 @@ def test_an_operator_calibrates_and_replays_the_day(store: Callable[[str], Path]
     app = opened()
     button(app, "Calibrate").click().run()
     assert not app.exception and not app.error, [e.value for e in app.error]
+    assert [m.value for m in app.success] == [f"Calibrated {REPLICA} from {REPLICA}-sweep."]
     fit = {m.label: m.value for m in app.metric}
     assert fit["Fit"] == "trusted"
     sessions = connect_store(load_config(config_file).database)
