@@ -93,7 +93,8 @@ def test_every_chart_reads_and_downloads(seeded: Path, page: Path) -> None:
         xs = [x for t in spec["data"] if isinstance(t.get("x"), list) for x in t["x"]]
         categories = bool(xs) and all(isinstance(x, str) for x in xs)
         if categories:  # times come as ISO strings too
-            categories = bool(pd.to_datetime(pd.Series(xs), errors="coerce", utc=True).isna().any())
+            times = pd.to_datetime(pd.Series(xs), errors="coerce", utc=True, format="ISO8601")
+            categories = bool(times.isna().any())
         for axis in ("yaxis",) if categories else ("xaxis", "yaxis"):
             text = ((layout.get(axis) or {}).get("title") or {}).get("text") or ""
             assert UNIT.match(text), f"{page.stem} / {title}: {axis} {text!r} has no (unit)"
