@@ -352,7 +352,7 @@ def figure(result: dict[str, Any], key: str, label: str, unit: str) -> go.Figure
     chart_figure.update_layout(
         **{**LAYOUT, "hovermode": "closest", "height": 300},
         title=f"{label[0].upper()}{label[1:]}: before and after",
-        yaxis_title=axis_title(label, unit),
+        yaxis_title=axis_title(label, unit or "count"),
         showlegend=False,
     )
     return chart_figure

@@ -6,6 +6,7 @@ a viewer is not offered the calibration."""
 
 from __future__ import annotations
 
+import json
 import re
 import shutil
 import time
@@ -185,7 +186,13 @@ def test_an_operator_calibrates_and_replays_the_day(store: Callable[[str], Path]
     assert share(occupancy["predicted (twin, changed)"]) < share(
         occupancy["baseline (twin, unchanged)"]
     )
-    assert len(app.get("plotly_chart")) == 5
+    charts = app.get("plotly_chart")
+    assert len(charts) == 5
+    for element in charts:  # titled, the unit on the value axis (dashboards/charts.py)
+        layout = json.loads(element.proto.spec)["layout"]
+        assert layout["title"]["text"].endswith(": before and after")
+        assert re.search(r"\S \(.+\)$", layout["yaxis"]["title"]["text"]), layout["yaxis"]
+    assert len([b for b in app.get("download_button") if b.proto.label == "CSV"]) == 5
     no_missing_markers(shown(app))
 
 
