@@ -5,6 +5,7 @@ not model). The What-if page formats its numbers with the same functions."""
 
 from __future__ import annotations
 
+import logging
 import math
 from collections.abc import Callable, Mapping
 from dataclasses import replace
@@ -15,6 +16,8 @@ if TYPE_CHECKING:
 
     from kneepoint.config import Config
     from review.recommend import Recommendation
+
+log = logging.getLogger(__name__)
 
 # The numbers a prediction is read by: key of `whatif --json`'s measured / baseline /
 # predicted objects, label, unit (as review.render.value takes it).
@@ -102,8 +105,11 @@ def effect(rec: Recommendation, predictor: Predictor) -> str:
         return "no prediction: the what-if replays one replica's traffic, not the fleet's"
     try:
         result = predictor(rec.replica, rec.change)
-    except ValueError as error:
+    except ValueError as error:  # WhatIfError: no calibration, untrusted, no history, …
         return f"no prediction for {flags(rec.change)}: {error}"
+    except Exception as error:  # a fault in the replay: the review still goes out, saying so
+        log.exception("what-if for %s %s failed", rec.replica, rec.change)
+        return f"no prediction for {flags(rec.change)}: the replay failed ({type(error).__name__})"
     return f"{describe(result)} (with {flags(rec.change)})"
 
 

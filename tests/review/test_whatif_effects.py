@@ -119,3 +119,19 @@ def test_an_untrusted_calibration_predicts_nothing(week: Week) -> None:
     fp8 = fp8_of(report_of(week))
     assert fp8.effect.startswith("no prediction for --kv-cache-dtype fp8: ")
     assert "not trusted" in fp8.effect and "predicts nothing" in fp8.effect
+
+
+def test_a_fault_in_the_replay_leaves_the_review_standing(caplog: pytest.LogCaptureFixture) -> None:
+    """Only the prediction is lost, said so on the recommendation and logged with its cause."""
+    from review.effects import effect
+    from review.recommend import kv_bound
+
+    rec = kv_bound("a", {"time_saturated": 0.2, "preemptions": 10.0})
+    assert rec is not None and rec.change == FP8
+
+    def broken(replica: str, change: object) -> dict[str, object]:
+        raise ZeroDivisionError("float division by zero")
+
+    text = effect(rec, broken)
+    assert text == "no prediction for --kv-cache-dtype fp8: the replay failed (ZeroDivisionError)"
+    assert "what-if for a" in caplog.text and "float division by zero" in caplog.text
