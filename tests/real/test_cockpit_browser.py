@@ -37,7 +37,7 @@ from bench.screenshots import (
 )
 from tests.real.test_browser import ERROR_BOXES, browser  # noqa: F401 (a fixture)
 
-pytestmark = [pytest.mark.real, pytest.mark.timeout(900)]
+pytestmark = [pytest.mark.real, pytest.mark.timeout(1200)]  # hang guards: the demo may take 600 s
 
 EMPTY_WORDS = re.compile(r"\b(None|NaN|nan)\b")
 # An axis title's unit: in brackets, a rate, a sign, or a unit or counted thing named.
