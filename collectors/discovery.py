@@ -70,7 +70,7 @@ def targets_from(
 ) -> list[Target]:
     """The kneepoint targets of the active targets the rule selects, first of a name wins;
     one whose name cannot be made (a label missing, a character a name cannot hold) is
-    left out, with a warning."""
+    left out, with a warning. In name order: Prometheus lists its targets in no stable order."""
     found: dict[str, Target] = {}
     for active in active_targets:
         if not selected(rule, active):
@@ -98,7 +98,7 @@ def targets_from(
             pod=labels.get("pod"),
             namespace=labels.get("namespace"),
         )
-    return list(found.values())
+    return sorted(found.values(), key=lambda target: target.name)
 
 
 def discovered_targets(config: Config, active_targets: list[dict[str, Any]]) -> list[Target]:

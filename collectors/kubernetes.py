@@ -335,7 +335,7 @@ def container_port(pod: dict[str, Any], port: int | str) -> int | None:
 
 def targets_from(rule: KubernetesRule, kind: str, pods: list[dict[str, Any]]) -> list[Target]:
     """The targets of the running pods with an IP, first of a name wins; a pod whose name or
-    port cannot be made is left out, with a warning."""
+    port cannot be made is left out, with a warning. In name order, whatever the API's order."""
     from collectors.discovery import MissingLabel, render, usable_name
 
     found: dict[str, Target] = {}
@@ -369,7 +369,7 @@ def targets_from(rule: KubernetesRule, kind: str, pods: list[dict[str, Any]]) ->
             pod=labels.get("pod"),
             namespace=labels.get("namespace"),
         )
-    return list(found.values())
+    return sorted(found.values(), key=lambda target: target.name)
 
 
 def discover(config: KubernetesDiscovery) -> list[Target]:

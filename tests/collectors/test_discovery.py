@@ -100,12 +100,13 @@ FOUND = [
 
 def test_active_targets_become_replicas_and_gpu_nodes_named_by_their_labels() -> None:
     targets = discovered_targets(config(DISCOVERY), FOUND)
+    # Replicas, then GPU nodes, each in name order (not the order Prometheus lists them).
     assert [(t.name, t.kind, t.instance) for t in targets] == [
-        ("inference.qwen-0", "vllm", "10.0.0.1:8000"),
         ("inference.llama-0", "vllm", "10.0.0.2:8000"),
+        ("inference.qwen-0", "vllm", "10.0.0.1:8000"),
         ("dcgm-10.0.0.1:9400", "dcgm", "10.0.0.1:9400"),
     ]
-    qwen = targets[0]
+    qwen = targets[1]
     assert (qwen.pod, qwen.namespace) == ("qwen-0", "inference")
     assert qwen.url.reveal() == "http://10.0.0.1:8000/metrics"
     # Labels Prometheus discovered but did not keep serve the template too (`__` meta not).
@@ -176,7 +177,7 @@ def test_targets_found_before_are_kept_while_prometheus_cannot_be_read() -> None
         server.shutdown()
         server.server_close()
     kept = current(discovery, 0.0).targets
-    assert [t.name for t in kept] == ["inference.qwen-0", "inference.llama-0"]
+    assert [t.name for t in kept] == ["inference.llama-0", "inference.qwen-0"]
 
 
 def test_both_sources_merge_explicit_first_then_prometheus_then_kubernetes() -> None:
