@@ -7,8 +7,10 @@ import pandas as pd
 import streamlit as st
 
 from app import actions, auth, data, filters
+from app import tables as t
 from app.format import EMPTY
 from app.plots import chart
+from app.tables import people_table
 from dashboards.knee import knee_chart
 from kneepoint.auth import Refused
 from kneepoint.knee import tables
@@ -107,15 +109,16 @@ else:
             help="better / worse / same, from the steps' verdicts "
             "(5 % throughput, 10 % latency tolerance).",
         )
-        st.dataframe(
+        people_table(
             pd.DataFrame([s.as_dict() for s in result.steps]),
-            hide_index=True,
-            width="stretch",
-            placeholder=EMPTY,
-            column_config={
-                "ratio": st.column_config.NumberColumn(format="%.2f×"),
-                "ttft_change": st.column_config.NumberColumn(format="percent"),
-                "itl_change": st.column_config.NumberColumn(format="percent"),
+            {
+                "concurrency": t.number("Concurrency", "requests", digits=0),
+                "baseline_output_tokens_per_second": t.number("Baseline", "tok/s", digits=0),
+                "candidate_output_tokens_per_second": t.number("Candidate", "tok/s", digits=0),
+                "ratio": t.ratio("Throughput", "baseline"),
+                "ttft_change": t.percent("TTFT change", help="p99 (mean where no p99)."),
+                "itl_change": t.percent("ITL change", help="p99 (mean where no p99)."),
+                "verdict": t.text("Verdict"),
             },
         )
 

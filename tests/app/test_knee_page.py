@@ -52,6 +52,20 @@ def test_runs_knees_and_the_production_headroom(seeded: Path) -> None:
     assert list(summary["production peak"]) == [31, 31]
     assert list(summary["headroom to knee"]) == [1, 1]
     assert app.metric[0].value == "better"  # compare: fp8 (last) against bf16 (first)
+    compared = app.dataframe[1].value  # a Styler (app/tables.py): its frame has the headers
+    frame = getattr(compared, "data", compared)
+    assert list(frame.columns) == [
+        "Concurrency (requests)",
+        "Baseline (tok/s)",
+        "Candidate (tok/s)",
+        "Throughput (× baseline)",
+        "TTFT change",
+        "ITL change",
+        "Verdict",
+    ]
+    assert list(frame["Throughput (× baseline)"]) == pytest.approx(
+        [53.4 / 37.5, 1014 / 714, 1140 / 800]
+    )
 
 
 def test_deleting_a_run(seeded: Path) -> None:
