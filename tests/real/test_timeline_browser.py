@@ -106,7 +106,8 @@ def test_every_chart_marks_each_change_once_and_shows_it_on_hover(
         chart = page.locator(".js-plotly-plot").first
         point = chart.locator(".overplot .xy2 .scatterlayer path.point").nth(index)
         point.hover(force=True)
-        hover = chart.locator(".hoverlayer .hovertext")
+        # One label per trace, or (x-unified hover, the charts' default) one box for all.
+        hover = chart.locator(".hoverlayer .hovertext, .hoverlayer .legend")
         hover.first.wait_for(timeout=10_000)
         shown = hover.first.text_content() or ""
         assert "upgrade on r1" in shown and "v1-0.10" in shown, shown
