@@ -336,10 +336,10 @@ def test_the_alerts_page_shows_channel_health_and_the_delivery_log(
     assert not page.exception, [e.value for e in page.exception]
     health = {m.label: m.value for m in page.metric}
     assert health["oncall"] == "ok" and health["old-room"] == "broken"
-    log = page.dataframe[-1].value
-    assert sorted(zip(log.channel, log.state, strict=True)) == [
-        ("old-room", "failed"),
-        ("oncall", "sent"),
+    log = page.dataframe[-1].value  # headers for people, states as badges (app/tables.py)
+    assert sorted(zip(log["Channel"], log["State"], strict=True)) == [
+        ("old-room", "● failed"),
+        ("oncall", "● sent"),
     ]
     text = json.loads(next(r for r in receiver.received if r.path == "/oncall").body)["text"]
     assert "target-down on replica-down" in text and "page=health" in text

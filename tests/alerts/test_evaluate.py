@@ -122,13 +122,15 @@ def test_the_alerts_page_shows_what_fires_and_what_changed(seeded: Path) -> None
     page = AppTest.from_file(str(PAGES_DIR / "alerts.py"), default_timeout=60).run()
     assert not page.exception, [e.value for e in page.exception]
     counts = {m.label: m.value for m in page.metric}
+    # Headers for people, states as badges (app/tables.py).
     current = page.dataframe[0].value
-    firing = current[current.state == "firing"]
+    firing = current[current["State"] == "● firing"]
     assert int(counts["Firing"]) == len(firing) >= 1
-    assert ("target-down", "replica-down") in set(zip(firing.rule, firing.replica, strict=True))
+    pairs = set(zip(firing["Rule"], firing["Replica"], strict=True))
+    assert ("target-down", "replica-down") in pairs
     history = page.dataframe[1].value
-    down = history[history.rule == "target-down"]
-    assert list(down.after) == ["firing", "pending"]  # newest first
+    down = history[history["Rule"] == "target-down"]
+    assert list(down["To"]) == ["● firing", "● pending"]  # newest first
 
 
 def test_silences_are_created_and_expired_on_the_alerts_page(seeded: Path) -> None:

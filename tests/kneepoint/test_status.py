@@ -180,9 +180,12 @@ def test_status_json_says_stale_and_down_and_the_pages_show_it_down(
     overview = AppTest.from_file(str(PAGES_DIR / "overview.py"), default_timeout=60).run()
     assert not overview.exception, [e.value for e in overview.exception]
     tiles = [m.value for m in overview.markdown]
-    assert "**replica-a** :red[● down]" in tiles
+    # The tile's name links to the Overview on that replica.
+    assert any(
+        tile.startswith("[**replica-a**](") and tile.endswith(") :red[● down]") for tile in tiles
+    ), tiles
     assert any(c.value.startswith("stale: not scraped since") for c in overview.caption)
     health = AppTest.from_file(str(PAGES_DIR / "health.py"), default_timeout=60).run()
     assert not health.exception, [e.value for e in health.exception]
-    targets = health.dataframe[0].value.set_index("target")
-    assert bool(targets.loc["replica-a", "stale"]) and not bool(targets.loc["replica-a", "up"])
+    targets = health.dataframe[0].value.set_index("Target")  # headers for people
+    assert targets.loc["replica-a", "State"] == "● stale"  # stale: counted as down
