@@ -375,10 +375,11 @@ def test_a_follower_skips_leader_jobs_without_a_trace_in_job_health(
         root = Path(__file__).resolve().parents[2]
         page = AppTest.from_file(str(root / "app/screens/health.py"), default_timeout=60).run()
         assert not page.exception, [e.value for e in page.exception]
-        table = next(f.value for f in page.dataframe if "leader" in f.value.columns)
-        assert dict(zip(table["id"], table["leader"], strict=True)) == {
-            first.id: True,
-            second.id: False,
+        # The Collectors table for people (app/tables.py): "Collector", "Leader" in yes/no.
+        table = next(f.value for f in page.dataframe if "Leader" in f.value.columns)
+        assert dict(zip(table["Collector"], table["Leader"], strict=True)) == {
+            first.id: "yes",
+            second.id: "no",
         }
         assert any(first.id in caption.value for caption in page.caption)
         first.leave()
