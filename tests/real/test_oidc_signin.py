@@ -252,17 +252,22 @@ def test_roles_from_the_providers_groups_decide_on_the_server(chromium, signin_a
     admin.goto(f"{app.url}/audit")
     expect(admin.locator("h1").first).to_have_text("Audit", timeout=WAIT)
     rows = audit_rows(admin)
-    done = [r for r in rows if r["action"] == "silence.create" and r["outcome"] == "done"]
-    assert [(r["actor"], r["via"], r["subject"]) for r in done] == [
+    # The table is for people (app/tables.py): human headers, the outcome a badge, "● done".
+    done = [r for r in rows if r["Action"] == "silence.create" and r["Outcome"] == "● done"]
+    assert [(r["Who"], r["Via"], r["Subject"]) for r in done] == [
         ("operator@example.com", "oidc", f"silence {number}")
     ], rows
-    assert comment in done[0]["after"] and "kv-cache-saturated" in done[0]["after"]
-    refused = [r for r in rows if r["action"] == "silence.create" and r["outcome"] == "refused"]
-    assert [(r["actor"], r["role"]) for r in refused] == [("viewer@example.com", "viewer")], rows
-    assert refusal in refused[0]["detail"]
-    signed = {r["actor"] for r in rows if r["action"] == "sign-in" and r["outcome"] == "done"}
+    assert comment in done[0]["After"] and "kv-cache-saturated" in done[0]["After"]
+    refused = [
+        r for r in rows if r["Action"] == "silence.create" and r["Outcome"] == "● refused"
+    ]
+    assert [(r["Who"], r["Role"]) for r in refused] == [("viewer@example.com", "viewer")], rows
+    assert refusal in refused[0]["Detail"]
+    signed = {r["Who"] for r in rows if r["Action"] == "sign-in" and r["Outcome"] == "● done"}
     assert signed == {"viewer@example.com", "operator@example.com", "admin@example.com"}
-    turned_away = {r["actor"] for r in rows if r["action"] == "sign-in" and r["outcome"] != "done"}
+    turned_away = {
+        r["Who"] for r in rows if r["Action"] == "sign-in" and r["Outcome"] != "● done"
+    }
     assert turned_away == {"stranger@example.org"}, rows
     admin.context.close()
 
@@ -289,7 +294,8 @@ _READ_GRID = """grid => ({
 
 
 def audit_rows(page) -> list[dict[str, str]]:  # type: ignore[no-untyped-def]
-    """The Audit page's table as the browser shows it, one dict per row (newest first).
+    """The Audit page's table as the browser shows it, one dict per row (newest first),
+    keyed by the headers it shows ("Who", "Action", "Outcome", ...).
 
     st.dataframe draws on a canvas and keeps an accessible table of the cells in view
     beside it; the page is wide enough for every column, and the table is scrolled down
