@@ -310,6 +310,13 @@ class Cluster:
         others take its targets and the leadership at their next round."""
         self._left = True
         with self._guard:
+            # Released here, not only by closing: the server frees a closed session's locks
+            # when its backend exits, a moment later, so a follower's next try could miss.
+            if self._connection is not None and not self._connection.closed:
+                try:
+                    self._connection.execute(text("SELECT pg_advisory_unlock_all()"))
+                except Exception as error:  # the session is gone, and its locks with it
+                    log.debug("releasing the locks: %s", describe(error))
             self._drop()
         try:
             with self.sessions.begin() as session:
