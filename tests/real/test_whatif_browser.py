@@ -63,7 +63,7 @@ def test_calibrate_and_replay_in_chromium(browser, whatif_app: str) -> None:  # 
         main.get_by_label("Window replayed").click()
         page.get_by_role("option", name="1d", exact=True).click()
         page.get_by_role("button", name="Calibrate").click()
-        page.get_by_text("Fitted points").wait_for(timeout=120_000)
+        page.get_by_text("Fitted points", exact=True).wait_for(timeout=120_000)
         fit = page.locator('[data-testid="stMetric"]').first.inner_text().split("\n")
         assert fit[0] == "Fit" and fit[-1] == "trusted", fit
         page.get_by_role("button", name="Replay the window").click()
