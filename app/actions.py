@@ -21,6 +21,8 @@ from kneepoint.knee.imports import read_all
 from kneepoint.knee.runs import Run
 from kneepoint.store.runs import delete_run as remove_run
 from kneepoint.store.runs import save_run
+from kneepoint.whatif import Profile, calibrate_replica, save_profile
+from review.effects import number
 
 UPLOAD_SUFFIXES = (".json", ".jsonl")
 
@@ -167,3 +169,24 @@ def send_report() -> str:
         page, queued = deliver(session, config, now)
         change.after = {"file": page.name, "messages": queued}
     return f"Written to {page.name}; {queued} message(s) queued for the report channels."
+
+
+def calibrate(replica: str, run_label: str | None, start: float, end: float) -> Profile:
+    """Fit the twin to `replica` (its knee run and the window's history) and store the
+    calibration: operator, audited with the fit's trust and error."""
+    config, sessions = data.store()
+    who = auth.current()
+    now = time.time()
+    subject = f"replica {replica}"
+    with audit.mutation(sessions.begin, who, "operator", "whatif.calibrate", subject, now) as (
+        session,
+        change,
+    ):
+        profile = calibrate_replica(session, config, replica, run_label, start, end, now)
+        save_profile(session, profile)
+        change.after = {
+            "run": profile.run_label,
+            "trusted": profile.fit.trusted,
+            "rms_relative_error": number(profile.fit.rms),
+        }
+    return profile

@@ -3,17 +3,15 @@ against what was measured) and under one change (kneepoint.whatif), before and a
 
 from __future__ import annotations
 
-import time
 from typing import Any
 
 import pandas as pd
 import plotly.graph_objects as go
 import streamlit as st
 
-from app import auth, data, filters
+from app import actions, auth, data, filters
 from app.plots import chart
 from dashboards.charts import LAYOUT, axis_title
-from kneepoint import audit
 from kneepoint.auth import Refused
 from kneepoint.config import config_path
 from kneepoint.durations import parse_duration
@@ -23,10 +21,8 @@ from kneepoint.whatif import (
     TRUST_RMS,
     Profile,
     WhatIfError,
-    calibrate_replica,
     latest_profile,
     parse_changes,
-    save_profile,
     whatif_replica,
 )
 from kneepoint.whatif.predict import SHOWN
@@ -107,23 +103,9 @@ def _predict(
 
 
 def calibrate(replica: str, run_label: str | None, start: float, end: float) -> dict[str, Any]:
-    """Fit and store the replica's calibration: a store write, so it checks the operator role
-    here, on the server, and leaves an audit entry (as app/actions.py does)."""
-    config, sessions = data.store()
-    who = auth.current()
-    now = time.time()
-    subject = f"replica {replica}"
-    with audit.mutation(sessions.begin, who, "operator", "whatif.calibrate", subject, now) as (
-        session,
-        change,
-    ):
-        profile = calibrate_replica(session, config, replica, run_label, start, end, now)
-        save_profile(session, profile)
-        change.after = {
-            "run": profile.run_label,
-            "trusted": profile.fit.trusted,
-            "rms_relative_error": number(profile.fit.rms),
-        }
+    """Fit and store the replica's calibration (app/actions.py: role checked and audited
+    there), then forget the cached profile so the page shows the new fit."""
+    profile = actions.calibrate(replica, run_label, start, end)
     _profile.clear()
     return profile.as_dict()
 
