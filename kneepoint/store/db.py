@@ -15,6 +15,7 @@ fault cleared.
 
 from __future__ import annotations
 
+import fcntl
 import os
 import sqlite3
 import zlib
@@ -32,7 +33,6 @@ from kneepoint.secrets import Secret, redact_url, reveal
 
 MIGRATIONS = Path(__file__).resolve().parent.parent / "migrations"
 BUSY_TIMEOUT_MS = 10_000
-WAL_SWITCH_TRIES = 5  # see _use_wal
 # The key of the PostgreSQL advisory lock that serializes `kneepoint migrate` runs.
 MIGRATION_LOCK = zlib.crc32(b"kneepoint migrate")
 
@@ -56,45 +56,71 @@ def make_engine(given: str | Secret, *, create: bool = True) -> Engine:
     parsed = make_url(url)
     busy_ms = int(float(parsed.query.get("timeout", BUSY_TIMEOUT_MS / 1000)) * 1000)  # type: ignore[arg-type]
     memory = parsed.database in (None, "", ":memory:")
+    file = None if memory else Path(os.path.abspath(str(parsed.database)))
+    by_uri = not memory and parsed.query.get("uri") is not None
     engine = create_engine(url, connect_args={"timeout": busy_ms / 1000})
 
     @event.listens_for(engine, "connect")
     def _pragmas(connection, _record) -> None:  # type: ignore[no-untyped-def]
         cursor = connection.cursor()
         cursor.execute(f"PRAGMA busy_timeout={busy_ms}")
-        if not memory:
-            _use_wal(cursor)
+        if by_uri:  # a file by its path was switched before this connection opened it
+            cursor.execute("PRAGMA journal_mode=WAL")
         cursor.execute("PRAGMA synchronous=NORMAL")
         cursor.execute("PRAGMA foreign_keys=ON")
         cursor.close()
 
-    if not memory and parsed.query.get("uri") is None:  # a file by its path, not a URI
-        _guard_file(engine, Path(os.path.abspath(str(parsed.database))), create)
+    if file is not None and not by_uri:
+        _guard_file(engine, file, create, busy_ms)
     return engine
 
 
-def _use_wal(cursor: sqlite3.Cursor) -> None:
-    """Switch the file to WAL (kept in the file: later connections find it so).
+def _switch_to_wal(path: Path, busy_ms: int) -> None:
+    """Put the file in WAL (kept in the file: every later connection finds it so) before any
+    of this process's connections opens it.
 
-    Two connections switching one new file at once each hold a read lock and want the write
-    lock; SQLite refuses one of them at once with "database is locked" rather than let both
-    wait on each other (the busy timeout is not consulted). A new try holds no lock: it waits
-    on the busy timeout while the other connection switches, then finds the file in WAL and
-    has nothing to do. Only a try that lands in the microseconds before the other takes its
-    pending lock is refused again, hence a few tries (no sleep: the busy timeout waits)."""
-    for tries_left in reversed(range(WAL_SWITCH_TRIES)):
-        try:
-            cursor.execute("PRAGMA journal_mode=WAL")
+    Switched by each connection as it opened, a new file shared by several processes at
+    once went wrong: SQLite refused some switches at once with "database is locked" (the
+    busy timeout not consulted; retries were refused too, five within 0.2 ms), and a
+    connection that had opened the empty file in rollback mode while another switched it
+    later failed with "disk I/O error" or wrote the file back out of WAL. So the switch is
+    made here, by a short-lived connection of its own, serialized between processes by an
+    exclusive flock on the database file (flock locks are separate from the POSIX record
+    locks SQLite takes, so they never block SQLite, only other switchers), and decided on
+    the file's header, not on a connection's idea of it. Every open after the first reads
+    two bytes and takes no lock."""
+    if _file_is_wal(path):
+        return
+    descriptor = os.open(path, os.O_RDONLY | os.O_CREAT, 0o644)
+    try:
+        fcntl.flock(descriptor, fcntl.LOCK_EX)  # released when the descriptor closes
+        if _file_is_wal(path):
             return
-        except sqlite3.OperationalError as error:
-            if "locked" not in str(error) or not tries_left:
-                raise
+        switcher = sqlite3.connect(
+            f"file:{pathname2url(str(path))}?mode=rw", uri=True, timeout=busy_ms / 1000
+        )
+        try:
+            switcher.execute("PRAGMA journal_mode=WAL")
+        finally:
+            switcher.close()
+    finally:
+        os.close(descriptor)
 
 
-def _guard_file(engine: Engine, path: Path, create: bool) -> None:
-    """Open `path` read-write (created only with `create`), or read-only when this process
-    may not write it; drop a pooled connection whose file is gone, replaced, or changed
-    between read-only and writable since it was opened."""
+def _file_is_wal(path: Path) -> bool:
+    """The header's write and read format versions (bytes 18 and 19) are 2 in WAL mode."""
+    try:
+        with open(path, "rb") as handle:
+            header = handle.read(20)
+    except OSError:
+        return False
+    return len(header) == 20 and header[18:20] == b"\x02\x02"
+
+
+def _guard_file(engine: Engine, path: Path, create: bool, busy_ms: int) -> None:
+    """Open `path` read-write (created only with `create`, switched to WAL first), or
+    read-only when this process may not write it; drop a pooled connection whose file is
+    gone, replaced, or changed between read-only and writable since it was opened."""
 
     @event.listens_for(engine, "do_connect")
     def _open(_dialect, _record, cargs, cparams) -> None:  # type: ignore[no-untyped-def]
@@ -104,6 +130,8 @@ def _guard_file(engine: Engine, path: Path, create: bool) -> None:
         # read-write, SQLite may hand back a descriptor of this process's earlier
         # connections that was opened read-write, and keep writing to it.
         mode = "rwc" if create else ("rw" if os.access(path, os.W_OK) else "ro")
+        if mode != "ro":
+            _switch_to_wal(path, busy_ms)
         cargs[:] = [f"file:{pathname2url(str(path))}?mode={mode}"]
         cparams["uri"] = True
 

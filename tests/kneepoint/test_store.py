@@ -1,6 +1,8 @@
 from __future__ import annotations
 
 import copy
+import os
+import sqlite3
 import subprocess
 import sys
 from pathlib import Path
@@ -562,16 +564,21 @@ def _connect_at_the_barrier(url: str, barrier, errors) -> None:  # type: ignore[
     barrier.wait()
     try:
         with engine.connect() as connection:
-            connection.exec_driver_sql("SELECT 1")
+            connection.exec_driver_sql("CREATE TABLE IF NOT EXISTS seen (pid INTEGER)")
+            connection.exec_driver_sql(f"INSERT INTO seen VALUES ({os.getpid()})")
+            connection.commit()
     except Exception as error:  # reported to the parent, which fails
         errors.put(repr(error))
 
 
 def test_processes_opening_one_new_sqlite_file_at_once_all_connect(tmp_path) -> None:  # type: ignore[no-untyped-def]
-    """Each connection switches the file to WAL. Switched by several processes at once, a
-    new file made SQLite refuse one of them at once with 'database is locked' (the busy
-    timeout not consulted): 9 of 50 rounds of three processes did before _use_wal tried
-    again, and `kneepoint migrate` twice at once failed so in CI. Thirty rounds of three."""
+    """A new file is switched to WAL once, before any connection opens it. Switched by each
+    connection as it opened, several processes at once made SQLite refuse some with
+    'database is locked' (the busy timeout not consulted; `kneepoint migrate` twice at once
+    failed so in CI, and retrying still failed 2 of 200 rounds), and a connection that had
+    opened the empty file in rollback mode could fail its first write with 'disk I/O error'.
+    Thirty rounds of three processes, each writing a row; every file ends in WAL with all
+    three rows."""
     import multiprocessing
 
     context = multiprocessing.get_context("fork")
@@ -588,3 +595,6 @@ def test_processes_opening_one_new_sqlite_file_at_once_all_connect(tmp_path) -> 
             process.join(timeout=120)
         assert [process.exitcode for process in processes] == [0, 0, 0]
         assert errors.empty(), f"round {round_number}: {errors.get()}"
+        with sqlite3.connect(tmp_path / f"round-{round_number}.db") as check:
+            assert check.execute("PRAGMA journal_mode").fetchone()[0] == "wal"
+            assert check.execute("SELECT count(*) FROM seen").fetchone()[0] == 3
