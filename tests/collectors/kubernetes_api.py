@@ -1,6 +1,6 @@
 """A local stand-in of the Kubernetes API's pod listing, for discovery tests (no real API
-server can run here: Debian has no kube-apiserver package, and no registry ships one that
-runs offline).
+server can run here: Debian has no kube-apiserver package, and no prebuilt kube-apiserver
+binary is available from the package registries here).
 
 It answers `GET /api/v1/pods` and `GET /api/v1/namespaces/{ns}/pods` as the API server
 does: a PodList (kind, apiVersion, metadata.resourceVersion and `continue`, items), filtered
