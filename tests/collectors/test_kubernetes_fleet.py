@@ -1,8 +1,9 @@
 """Kubernetes discovery end to end, for direct scraping: a local stand-in of the Kubernetes
 API (no real API server can run here) lists pods that point at real twin replicas and a
 twin dcgm-exporter; scrape rounds follow the pods added and removed between them, GPUs
-join their replicas by dcgm-exporter's pod labels, a removed replica is shown as gone with
-its history kept, its GPU unassigned, and an API outage keeps the targets found."""
+join their replicas by dcgm-exporter's pod labels, `kneepoint report` and an alert
+evaluation cover the discovered replicas, a removed replica is shown as gone with its
+history kept, its GPU unassigned, and an API outage keeps the targets found."""
 
 from __future__ import annotations
 
@@ -16,7 +17,9 @@ import pytest
 from streamlit.testing.v1 import AppTest
 from typer.testing import CliRunner
 
-import alerts.evaluate  # noqa: F401  the package: AppTest puts app/screens (alerts.py) first
+import alerts.evaluate  # the package: AppTest puts app/screens (alerts.py) first
+from alerts.engine import FIRING
+from collectors.discovery import current
 from collectors.schedule import collect_round
 from kneepoint.cli import app
 from kneepoint.config import load_config
@@ -81,6 +84,9 @@ def test_rounds_follow_the_pods_and_a_removed_replica_is_gone_with_its_history(
                 " name: '{namespace}.{pod}'}\n"
                 "    gpu_nodes: {namespaces: [gpu-operator], selector: 'app=nvidia-dcgm-exporter',"
                 " port: metrics, name: 'dcgm-{node}'}\n"
+                # A rule every replica with data breaks: it fires for each replica evaluated.
+                "rules: [{name: kv-seen, metric: kv_cache_occupancy, op: '>=', threshold: 0,"
+                " for: 0s, severity: info}]\n"
             )
             config = load_config(migrated(path))
             sessions = open_store(config.database)
@@ -108,6 +114,13 @@ def test_rounds_follow_the_pods_and_a_removed_replica_is_gone_with_its_history(
             clock_now[0] = next(moments)
             third = round_()
             assert third == {replica["b"]: True, replica["c"]: True, "dcgm-gpu-node-1": True}
+            # `kneepoint report` and the alerts job's evaluation over the targets found now
+            # (b and c; a removed, its rows still in the store).
+            reported = CliRunner().invoke(
+                app, ["report", "--config", str(path), "--out", str(tmp_path / "report")]
+            )
+            with sessions.begin() as session:
+                evaluated = alerts.evaluate.evaluate_once(session, current(config), time.time())
             clock_now[0] = next(moments)
             api.stop()  # the API goes away: the targets found are kept
             with caplog.at_level(logging.WARNING):
@@ -117,8 +130,6 @@ def test_rounds_follow_the_pods_and_a_removed_replica_is_gone_with_its_history(
             now = time.time()
             with sessions() as session:
                 rows = queries.targets(session)
-                from collectors.discovery import current
-
                 status = build_status(session, current(config), now, 600.0)
                 history = queries.replica_frame(
                     session, 0.0, now, [rows[replica["a"]].id], coarsest=RAW
@@ -152,6 +163,13 @@ def test_rounds_follow_the_pods_and_a_removed_replica_is_gone_with_its_history(
     assert [r["name"] for r in shown["replicas"]] == [replica["b"], replica["c"]]
     assert [g["name"] for g in shown["gone"]] == [replica["a"]]
     assert not overview.exception and not overview.error
+    assert reported.exit_code == 0, reported.output
+    (summary,) = (tmp_path / "report").glob("kneepoint-report-*.md")
+    sections = [line[3:] for line in summary.read_text().splitlines() if line.startswith("## ")]
+    assert sorted(s for s in sections if s.startswith("inference.")) == [replica["b"], replica["c"]]
+    assert sorted(
+        c.alert.replica for c in evaluated if c.alert.rule == "kv-seen" and c.after == FIRING
+    ) == [replica["b"], replica["c"]]
     assert [m.label for m in overview.metric].count("KV occupancy") == 2
     captions = [c.value for c in overview.caption]
     assert any(c.startswith("Gone, their history kept: " + replica["a"]) for c in captions)
