@@ -27,7 +27,7 @@ from kneepoint.config import ENGINE_KINDS, Config, Rule
 from kneepoint.derived import stall
 from kneepoint.derived.window import EdgeReader, Window, frame_windows, merge
 from kneepoint.secrets import Secret
-from kneepoint.status import build_status, stale_after
+from kneepoint.status import build_status, stale_after, stall_after
 from kneepoint.store import queries
 from kneepoint.store.models import AlertHistoryRow, AlertRow, NotificationRow
 from kneepoint.views import build_view
@@ -153,7 +153,9 @@ def _availability(window: Window, stalled: float) -> slo.Availability:
     )
 
 
-STALL_COLUMNS = ("requests_running", "requests_waiting", "prompt_tokens", "generation_tokens")
+# What stall detection reads, in stall.Point's order: the queues, then every progress counter
+# (prompt and generation tokens, the engine's step counter).
+STALL_COLUMNS = ("requests_running", "requests_waiting", *stall.PROGRESS)
 
 
 def _stalled_seconds(
@@ -166,21 +168,24 @@ def _stalled_seconds(
         return {}
     groups = frame.groupby("target_id", sort=False)
     work = frame.requests_running.fillna(0) + frame.requests_waiting.fillna(0) > 0
-    # Not a stall where a counter moved (a step counter, where stored, is read per sample).
-    still = (groups.prompt_tokens.diff() == 0) & (groups.generation_tokens.diff() == 0)
-    stuck = work & work.groupby(frame.target_id).shift(fill_value=False) & still
+    # As stall.stuck: no progress counter moved (unknown at either sample: not read), and
+    # at least one is known at both.
+    moved = [groups[c].diff() for c in stall.PROGRESS]
+    still = pd.concat([(d.isna() | (d == 0)) for d in moved], axis=1).all(axis=1)
+    known = pd.concat([d.notna() for d in moved], axis=1).any(axis=1)
+    stuck = work & work.groupby(frame.target_id).shift(fill_value=False) & still & known
+    after = stall_after(config)  # the engine-stalled rule's `for`, overridden or not
     out: dict[int, float] = {}
     for target_id in frame.target_id[stuck].unique():
         rows = frame[frame.target_id == target_id]
         step = float(rows.ts.diff().median()) if len(rows) > 1 else 0.0
-        steps = rows["engine_steps"] if "engine_steps" in rows else [None] * len(rows)
         points = [
-            stall.Point(float(ts), _num(run), _num(wait), _num(prompt), _num(gen), _num(step_))
-            for ts, run, wait, prompt, gen, step_ in zip(
-                rows.ts, *(rows[c] for c in STALL_COLUMNS), steps, strict=True
-            )
+            stall.Point(float(ts), *(_num(value) for value in values))
+            for ts, *values in zip(rows.ts, *(rows[c] for c in STALL_COLUMNS), strict=True)
         ]
-        intervals = stall.stalled_intervals(points, max_gap=max(stale_after(config), 2 * step))
+        intervals = stall.stalled_intervals(
+            points, min_duration=after, max_gap=max(stale_after(config), 2 * step)
+        )
         out[int(target_id)] = maintenance.overlap(intervals, start, end)
     return out
 

@@ -52,6 +52,13 @@ COUNTERS: dict[str, tuple[str, ...]] = {
     # The API server's requests (prometheus-fastapi-instrumentator; no vllm: prefix; it
     # leaves /metrics and /health out): every handler and status, and the 5xx below.
     "http_requests": ("http_requests_total",),
+    # Engine steps: `iteration_tokens_total` is a histogram (despite its name) observed once
+    # per engine step with the step's token count, so its `_count` counts steps (V1 releases
+    # and later v0 ones expose it; absent: None). In V1 a step is observed only when it
+    # emits output (async_llm.py: `IterationStats() if (log_stats and num_outputs)`): a
+    # chunk of a longer prefill that samples no token does not move it. A wedged engine
+    # moves nothing.
+    "engine_steps": ("vllm:iteration_tokens_total_count",),
 }
 # Counters split by a label: canonical name -> (vLLM name, label, label value).
 LABELLED_COUNTERS: dict[str, tuple[str, str, str]] = {

@@ -89,6 +89,9 @@ REPLICA_COUNTERS = (
     "spec_decode_accepted_tokens",
     "http_requests",  # the API server's (vLLM: http_requests_total), and those with a 5xx
     "http_requests_5xx",
+    # The engine's steps (vLLM: the count of the iteration_tokens_total histogram), the
+    # stalled-engine signal beside the token counters (kneepoint/derived/stall.py).
+    "engine_steps",
 )
 
 # Point-in-time values of a replica (the latest scrape is what they mean).
