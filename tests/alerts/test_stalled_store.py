@@ -5,10 +5,12 @@ as stalled time by the availability SLOs (alerts/evaluate.py `measure`)."""
 from __future__ import annotations
 
 import copy
+import math
 import time
 from pathlib import Path
 
 import pytest
+from sqlalchemy import select
 
 from alerts.evaluate import measure
 from collectors.vllm import parse_vllm
@@ -17,6 +19,8 @@ from kneepoint.derived.stall import STALL_AFTER
 from kneepoint.samples import ReplicaSample
 from kneepoint.store import queries
 from kneepoint.store.db import open_store
+from kneepoint.store.models import ReplicaRollupRow
+from kneepoint.store.rollup import REPLICA_SHAPE, summarize
 from kneepoint.store.writer import ensure_targets, record_replica
 from tests.conftest import VLLM_032, migrated, read
 
@@ -139,3 +143,28 @@ def test_an_overridden_for_on_engine_stalled_is_what_the_slos_count(tmp_path: Pa
         config = store(tmp_path / name, rules)
         times = record(config, short, now - 3 * STEP)
         assert stalled_seconds(config, times) == pytest.approx(expected), name
+
+
+def test_the_summary_tiers_keep_the_step_counter_and_the_rows_around_its_reset(
+    tmp_path: Path,
+) -> None:
+    """A 5-minute summary row keeps its bucket's last step count as stored, and the sample
+    before the counter went down (an engine restart) is kept, as for every counter."""
+    config = store(tmp_path)
+    count = int(3 * 300 // STEP)  # three 5-minute buckets
+    scrapes = busy_scrapes(count, steps_move=True)
+    reset_at = count // 2 + 1
+    for i, sample in enumerate(scrapes[reset_at:]):
+        sample.counters["engine_steps"] = float(i)  # restarted: counting from 0 again
+    start = math.floor(time.time() / 300) * 300 - 5 * 300
+    times = record(config, scrapes, start)
+    stored = {ts: s.counters["engine_steps"] for ts, s in zip(times, scrapes, strict=True)}
+    with open_store(config.database).begin() as session:
+        assert summarize(session, REPLICA_SHAPE, times[-1] + 600) > 0
+        rows = session.execute(
+            select(ReplicaRollupRow.ts, ReplicaRollupRow.engine_steps).where(
+                ReplicaRollupRow.resolution == 300
+            )
+        ).all()
+    assert rows and all(steps == stored[ts] for ts, steps in rows)
+    assert times[reset_at - 1] in {ts for ts, _ in rows}  # the last count before the reset
