@@ -764,6 +764,39 @@ def _whatif_number(value: object) -> str:
     return str(value)
 
 
+export_app = typer.Typer(no_args_is_help=True, help="kneepoint's views for other tools.")
+app.add_typer(export_app, name="export")
+
+
+@export_app.command("grafana")
+def export_grafana(
+    out: Annotated[
+        Path, typer.Option("--out", help="Folder for the dashboards' JSON files (created).")
+    ],
+    config: ConfigOption = None,
+) -> None:
+    """Grafana dashboards (overview, capacity, prefix cache, SLOs) as JSON files, over the
+    recording rules `kneepoint alerts export` writes for the same config."""
+    from alerts.export import prometheus_rules
+    from alerts.rules import effective_rules
+    from dashboards.grafana import dashboards, recorded_metrics
+
+    settings = load_settings(config)
+    try:
+        rules_file, _ = prometheus_rules(effective_rules(settings))
+    except ConfigError as error:
+        fail(str(error), 2)
+    boards = dashboards(recorded_metrics(rules_file), settings.slos)
+    try:
+        out.mkdir(parents=True, exist_ok=True)
+        for name, board in boards.items():
+            (out / name).write_text(json.dumps(board, indent=2) + "\n", encoding="utf-8")
+    except OSError as error:
+        fail(f"cannot write the dashboards to {out}: {error.strerror or error}", 1)
+    for name in boards:
+        typer.echo(out / name)
+
+
 from alerts.cli import register as _register_alerts  # noqa: E402 (needs `app`)
 from kneepoint.knee.cli import register as _register_knee  # noqa: E402
 
