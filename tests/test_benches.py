@@ -1,0 +1,142 @@
+"""Smoke runs of the benches the README's figures come from, at the smallest sizes their
+flags allow: each runs to the end and prints its summary lines, whose numbers are checked
+against each other (not against expected values, which depend on the machine).
+
+`bench/bench_prometheus.py` needs Debian's Prometheus, `bench/bench_scale.py` a PostgreSQL
+server (it starts a throwaway cluster through tests/postgres.py)."""
+
+from __future__ import annotations
+
+import re
+import shutil
+import statistics
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from tests.conftest import require_real
+from tests.postgres import _binaries
+
+pytestmark = [pytest.mark.real, pytest.mark.timeout(300)]
+ROOT = Path(__file__).resolve().parents[1]
+NUMBER = r"(\d+(?:\.\d+)?)"  # never nan or negative
+
+
+def bench(script: str, *args: str) -> str:
+    done = subprocess.run(
+        [sys.executable, str(ROOT / "bench" / script), *args],
+        capture_output=True,
+        text=True,
+        cwd=ROOT,
+        timeout=240,
+        check=False,
+    )
+    assert done.returncode == 0, f"{done.stdout[-3000:]}\n{done.stderr[-3000:]}"
+    return done.stdout
+
+
+def line(pattern: str, output: str) -> re.Match[str]:
+    found = re.search(pattern, output, re.MULTILINE)
+    assert found, f"no line matching {pattern!r} in:\n{output}"
+    return found
+
+
+def test_bench_prometheus_prints_the_side_by_side_summary() -> None:
+    if shutil.which("prometheus") is None:
+        require_real("no prometheus binary (apt-get install prometheus; scripts/setup does it)")
+    targets = 5  # a fifth of them dcgm-exporters: one
+    output = bench(
+        "bench_prometheus.py",
+        *("--targets", str(targets), "--minutes", "0.1", "--interval", "1", "--sessions", "1"),
+    )
+    head = line(
+        rf"^(\d+) targets every 1s for {NUMBER} min \((\d+) rounds\); "
+        rf"kneepoint: (\d+) failed target-scrapes, Prometheus: {NUMBER} targets up$",
+        output,
+    )
+    assert int(head[1]) == targets and int(head[3]) >= 1
+    assert int(head[4]) == 0 and float(head[5]) == targets, output
+    cpu = line(
+        rf"^CPU per target-scrape: kneepoint {NUMBER} ms, Prometheus {NUMBER} ms "
+        rf"\(ratio {NUMBER}×; kneepoint's whole process: {NUMBER} ms\)$",
+        output,
+    )
+    ours, theirs, ratio = float(cpu[1]), float(cpu[2]), float(cpu[3])
+    assert ours > 0 and theirs > 0
+    assert ratio == pytest.approx(ours / theirs, rel=0.1, abs=0.02)  # each printed rounded
+    stored = line(
+        rf"^bytes per target-day at 1s: kneepoint {NUMBER} MB, Prometheus {NUMBER} MB of chunks "
+        rf"\(ratio {NUMBER}×; its index, per block: {NUMBER} MB\)$",
+        output,
+    )
+    assert float(stored[1]) > 0 and float(stored[2]) > 0
+
+
+def test_bench_scale_runs_end_to_end_at_four_replicas() -> None:
+    if _binaries() is None:
+        require_real("no PostgreSQL server (apt-get install postgresql; scripts/setup does it)")
+    replicas, nodes, gpus, rounds, evaluations = 4, 1, 2, 2, 2
+    output = bench(
+        "bench_scale.py",
+        *("--replicas", str(replicas), "--nodes", str(nodes), "--gpus", str(gpus)),
+        *("--rounds", str(rounds), "--interval", "1", "--eval-rounds", str(evaluations)),
+        *("--days", "0.05", "--raw-hours", "1"),
+    )
+    # 1. The collector, measured from /proc.
+    line(
+        rf"^1\. collector: {replicas} vLLM replicas \+ {nodes} dcgm nodes × {gpus} GPUs, "
+        rf"every 1\.0 s, {rounds} measured rounds$",
+        output,
+    )
+    cpu = line(
+        rf"collector CPU: {NUMBER} s = {NUMBER} of a core; {NUMBER} s per round; per "
+        rf"target-scrape {NUMBER} ms \((\d+) scrapes served by the twin; stored: (\d+) replica "
+        rf"\+ (\d+) node scrapes\)$",
+        output,
+    )
+    assert int(cpu[5]) > 0 and int(cpu[6]) > 0, output  # scraped and stored, not nan per scrape
+    memory = line(
+        r"collector memory: RSS (\d+) MiB after round 1, (\d+) MiB mid-way, (\d+) MiB at the "
+        r"end; peak \(VmHWM\) (\d+) MiB$",
+        output,
+    )
+    rss = [int(memory[i]) for i in (1, 2, 3)]
+    assert min(rss) > 0 and int(memory[4]) >= max(rss)
+    line(
+        rf"database growth: {NUMBER} MB for (\d+) replica scrapes .* = {NUMBER} MB per "
+        r"replica-day",
+        output,
+    )
+    # 2. Pages: each page's time for 1 h, 24 h and 7 d (one time for those without a range),
+    # and the summary names the cells at or over a second, and no other.
+    summary = line(r"^  pages at or over 1 s: (.*)$", output)[1]
+    pages = 0
+    for text in output.splitlines():
+        parts = [part.strip() for part in text.split(" | ")]
+        if len(parts) != 5 or not re.fullmatch(r"\d+\.\d\d s", parts[2]):
+            continue
+        pages += 1
+        page, cells = parts[0], [c for c in parts[2:] if c]
+        ranges = ["1h"] if "no range" in page else ["1h", "24h", "7d"]
+        assert len(cells) == len(ranges) and all(re.fullmatch(r"\d+\.\d\d s", c) for c in cells)
+        for label, cell in zip(ranges, cells, strict=True):
+            seconds, named = float(cell[:-2]), f"{page} {label} (" in summary
+            if seconds >= 1.01:  # printed rounded: a cell near 1 s may fall either side
+                assert named, (page, label, summary)
+            elif seconds < 0.99:
+                assert not named, (page, label, summary)
+    assert pages >= 5, output
+    # 3. Alert evaluation: one time per round asked for, and their median.
+    line(rf"^3\. alerts: evaluate_once, built-in rules, {replicas} replicas$", output)
+    per_round = line(r"^  per round: (.*) \(median (\d+\.\d\d) s\)$", output)
+    times = [float(t) for t in re.findall(r"(\d+\.\d\d) s", per_round[1])]
+    assert len(times) == evaluations
+    assert float(per_round[2]) == pytest.approx(statistics.median(times), abs=0.011)
+    line(
+        rf"^  with an SLO: {NUMBER} s when its burn rates are recomputed .*, {NUMBER} s "
+        r"otherwise$",
+        output,
+    )
+    line(rf"^done in {NUMBER} min$", output)
