@@ -81,7 +81,8 @@ class Panel:
     height: int = 8
     low: float | None = None
     high: float | None = None
-    red_at: float | None = None  # a threshold line (timeseries) or the red step (stat)
+    red_at: float | None = None  # red from here up: a threshold line or a stat's colour
+    green_at: float | None = None  # red below, green from here up (a budget, a compliance)
 
 
 @dataclass
@@ -591,7 +592,7 @@ def _slo_section(slo: Slo) -> Section:
             [Target(f"1 - ({_bad_share(slo, whole)}) / {allowed:g}", "budget left")],
             kind="stat",
             width=6,
-            red_at=0,
+            green_at=0,
         ),
         Panel(
             "Compliance",
@@ -601,6 +602,7 @@ def _slo_section(slo: Slo) -> Section:
             [Target(f"1 - ({_bad_share(slo, whole)})", "good")],
             kind="stat",
             width=6,
+            green_at=slo.objective,
         ),
         Panel(
             "Burn rate",
@@ -701,10 +703,13 @@ def _variables() -> list[Builder[dm.VariableModel]]:
     ]
 
 
-def _thresholds(red_at: float | None) -> gd.ThresholdsConfig:
-    steps = [dm.Threshold(None, "green")]
-    if red_at is not None:
-        steps.append(dm.Threshold(red_at, "red"))
+def _thresholds(spec: Panel) -> gd.ThresholdsConfig:
+    if spec.green_at is not None:
+        steps = [dm.Threshold(None, "red"), dm.Threshold(spec.green_at, "green")]
+    else:
+        steps = [dm.Threshold(None, "green")]
+        if spec.red_at is not None:
+            steps.append(dm.Threshold(spec.red_at, "red"))
     return gd.ThresholdsConfig().mode(dm.ThresholdsMode.ABSOLUTE).steps(steps)
 
 
@@ -740,7 +745,7 @@ def _panel(spec: Panel, panel_id: int) -> timeseries.Panel | stat.Panel:
         .datasource(DATASOURCE)
         .span(spec.width)
         .height(spec.height)
-        .thresholds(_thresholds(spec.red_at))
+        .thresholds(_thresholds(spec))
     )
     if spec.low is not None:
         built = built.min(spec.low)

@@ -301,7 +301,7 @@ def test_a_recorded_latency_rule_is_read_from_its_record(tmp_path: Path) -> None
     assert "vllm:time_to_first_token_seconds_bucket" in ttft(plain)
 
 
-def test_every_panel_has_a_grafana_unit_and_every_slo_its_threshold() -> None:
+def test_each_slo_shows_its_threshold_objective_and_budget() -> None:
     config = parse_config(f"database: sqlite:///k.db\n{CONFIG}", source="test")
     board = dashboards(set(), config.slos)["kneepoint-slos.json"]
     quantile = [p for p in board["panels"] if p.get("title", "").endswith("objective's quantile")]
@@ -312,6 +312,20 @@ def test_every_panel_has_a_grafana_unit_and_every_slo_its_threshold() -> None:
     burn = [p for p in board["panels"] if p.get("title") == "Burn rate"]
     assert len(burn) == len(config.slos)
     assert all(len(p["targets"]) == 4 for p in burn)
+
+    def steps(title: str) -> list[list[Any]]:
+        return [
+            [
+                (step["value"], step["color"])
+                for step in p["fieldConfig"]["defaults"]["thresholds"]["steps"]
+            ]
+            for p in board["panels"]
+            if p.get("title") == title
+        ]
+
+    # Red below, green from: no budget left, and compliance under the objective.
+    assert steps("Error budget left") == [[(None, "red"), (0, "green")]] * len(config.slos)
+    assert steps("Compliance") == [[(None, "red"), (slo.objective, "green")] for slo in config.slos]
 
 
 def test_an_unwritable_out_exits_non_zero_with_a_clear_message(tmp_path: Path) -> None:
