@@ -18,6 +18,8 @@ from kneepoint.forecast import Forecast, forecasts
 from kneepoint.knee.detect import assess, knee_for_replica
 from kneepoint.store import queries
 from kneepoint.store.runs import load_runs
+from kneepoint.timeline import Event
+from kneepoint.timeline import events as timeline_events
 from kneepoint.views import View, build_view
 
 # What the report shows per replica: key, label, unit ("%" for fractions), and what it means.
@@ -84,6 +86,7 @@ class WeeklyReport:
     last: Period
     recommendations: list[Any] = field(default_factory=list)  # recommend.Recommendation
     forecasts: list[Forecast] = field(default_factory=list)  # headroom: daily peaks vs knee
+    changes: list[Event] = field(default_factory=list)  # this week's timeline: chart markers
 
 
 def build_report(session: Session, config: Config, now: float, since: float) -> WeeklyReport:
@@ -98,6 +101,7 @@ def build_report(session: Session, config: Config, now: float, since: float) -> 
         recommend(report), store_predictor(session, config, now, since)
     )
     report.forecasts = forecasts(session, config, now)
+    report.changes = timeline_events(session, config, now - since, now)
     return report
 
 
