@@ -61,7 +61,7 @@ HITS = ("vllm:prefix_cache_hits_total", "vllm:gpu_prefix_cache_hits_total")
 QUERIES = ("vllm:prefix_cache_queries_total", "vllm:gpu_prefix_cache_queries_total")
 LABELS = {"ttft": "TTFT", "itl": "ITL", "e2e": "End-to-end latency", "queue": "Queue time"}
 FAILED = 'finished_reason=~"error|abort"'  # alerts/slo.py: a finished request that failed
-SERVER_ERROR = 'status=~"5.."'
+SERVER_ERROR = 'status=~"5.."'  # vLLM's API server groups codes: "2xx", "5xx"
 
 
 @dataclass
@@ -549,9 +549,11 @@ def availability_bad_share(window: str) -> str:
         f"sum(rate({_sel('vllm:request_success_total', FAILED)}[{window}]))"
         f" / sum(rate({_sel('vllm:request_success_total')}[{window}]))"
     )
+    every = f"sum(rate({_sel('http_requests_total')}[{window}]))"
+    # A status code has a series only once answered: no 5xx series yet is a share of 0.
     server = (
-        f"sum(rate({_sel('http_requests_total', SERVER_ERROR)}[{window}]))"
-        f" / sum(rate({_sel('http_requests_total')}[{window}]))"
+        f"(sum(rate({_sel('http_requests_total', SERVER_ERROR)}[{window}])) or 0 * {every})"
+        f" / {every}"
     )
     return (
         f'max(label_replace({engine}, "layer", "engine", "", "") or '
@@ -663,8 +665,8 @@ def _slos(slos: list[Slo]) -> list[Section]:
                 "percentunit",
                 [
                     Target(
-                        f"{_rate('http_requests_total', matchers=(SERVER_ERROR,))}"
-                        f" / {_rate('http_requests_total')}"
+                        f"({_rate('http_requests_total', matchers=(SERVER_ERROR,))} or "
+                        f"0 * {_rate('http_requests_total')}) / {_rate('http_requests_total')}"
                     )
                 ],
                 low=0,

@@ -261,6 +261,113 @@ def test_every_expression_names_only_series_that_exist(
     assert any(n.startswith("DCGM_FI_") for n in used)
 
 
+# What Prometheus would hold after scraping the real captures for 15 minutes: two vLLM 0.32
+# replicas (prefix caching; speculative decoding) and an L4's dcgm-exporter, each series with
+# the instance and job labels a scrape adds, counters growing 1 % of their value a minute,
+# gauges flat, and `up`, which Prometheus writes for each vLLM target itself.
+SCRAPED = {
+    VLLM_032: {"instance": "vllm-a:8000", "job": "vllm"},
+    OWN_FIXTURES / "vllm-0.32.0-cpu-ngram-spec-decode.prom": {
+        "instance": "vllm-b:8000",
+        "job": "vllm",
+    },
+    DCGM_L4: {"instance": "gpu-node-1:9400", "job": "dcgm"},
+}
+COUNTED = ("counter", "histogram", "summary")
+# Panels that rightly show nothing on these captures, with why.
+EMPTY_HERE = {
+    "GPUs with an XID error": "no capture has an XID (no series until a GPU reports one)",
+}
+
+
+def input_series() -> list[dict[str, str]]:
+    series = []
+    for path, added in SCRAPED.items():
+        for family in text_string_to_metric_families(read(path)):
+            for sample in family.samples:
+                if sample.name.endswith("_created"):
+                    continue
+                labels = {**sample.labels, **added}
+                text = ",".join(f"{k}={json.dumps(v)}" for k, v in sorted(labels.items()))
+                grows = family.type in COUNTED
+                values = (
+                    f"{sample.value!r}+{sample.value * 0.01!r}x15"
+                    if grows
+                    else (f"{sample.value!r}x15")
+                )
+                series.append({"series": f"{sample.name}{{{text}}}", "values": values})
+        if added["job"] == "vllm":
+            labels_text = f'instance="{added["instance"]}",job="vllm"'
+            series.append({"series": f"up{{{labels_text}}}", "values": "1x15"})
+    return series
+
+
+def empty_on_the_captures(exprs: list[str], rule_files: list[Path], tmp_path: Path) -> set[int]:
+    """Which of `exprs` Prometheus's rule engine (promtool test rules) evaluates to nothing
+    at minute 10 over SCRAPED, with `rule_files` (the recording rules) loaded: each
+    expression becomes an alert on `absent(expr)`, expected not to fire."""
+    check = tmp_path / "grafana-check.yml"
+    alerts = [{"alert": f"grafana_empty_{i}", "expr": f"absent({e})"} for i, e in enumerate(exprs)]
+    check.write_text(
+        yaml.safe_dump({"groups": [{"name": "grafana", "rules": alerts}]}, width=10**5)
+    )
+    spec = tmp_path / "grafana-test.yml"
+    test = {
+        "interval": "1m",
+        "input_series": input_series(),
+        "alert_rule_test": [
+            {"eval_time": "10m", "alertname": f"grafana_empty_{i}", "exp_alerts": []}
+            for i in range(len(exprs))
+        ],
+    }
+    document = {
+        "rule_files": [str(f) for f in (*rule_files, check)],
+        "evaluation_interval": "1m",
+        "tests": [test],
+    }
+    spec.write_text(yaml.safe_dump(document, sort_keys=False, width=10**5))
+    run = subprocess.run([promtool(), "test", "rules", str(spec)], capture_output=True, text=True)
+    fired = {
+        int(i) for i in re.findall(r"alertname: grafana_empty_(\d+),", run.stdout + run.stderr)
+    }
+    assert (run.returncode == 0) == (not fired), run.stdout + run.stderr
+    return fired
+
+
+def test_every_panel_shows_data_in_prometheus_over_the_real_captures(
+    exported: tuple[dict[str, dict[str, Any]], set[str]], tmp_path: Path
+) -> None:
+    """Prometheus itself evaluates every panel's expression, with the rules file `kneepoint
+    alerts export` writes loaded, over the captures' series: each one returns data (NaN
+    counts: an idle cache's 0/0), so no panel reads a name, label value or join that matches
+    nothing (the bucket bound of an SLO's threshold, a status code, a record)."""
+    boards, _ = exported
+    rules = tmp_path / "kneepoint-rules.yml"
+    config = tmp_path / "kneepoint.yaml"
+    result = CliRunner().invoke(app, ["alerts", "export", "--config", str(config)])
+    assert result.exit_code == 0, result.output
+    rules.write_text(result.stdout)
+    panels = [
+        (f"{name} / {title}", substitute(expr, board))
+        for name, board in sorted(boards.items())
+        for title, expr in expressions(board)
+    ]
+    empty = empty_on_the_captures([e for _, e in panels], [rules], tmp_path)
+    shown_empty = {panels[i][0].split(" / ", 1)[1] for i in empty}
+    assert shown_empty == set(EMPTY_HERE), [panels[i] for i in sorted(empty)]
+
+
+def test_prometheus_finds_nothing_under_a_name_without_total(tmp_path: Path) -> None:
+    """The evaluation above can fail: the field's `vllm:num_preemptions` is empty on a real
+    vLLM's series where `vllm:num_preemptions_total` is not; so is a record not loaded."""
+    exprs = [
+        "sum by (instance) (rate(vllm:num_preemptions[5m]))",
+        "sum by (instance) (rate(vllm:num_preemptions_total[5m]))",
+        'kneepoint:kv_cache_occupancy{instance=~".*"}',
+    ]
+    assert empty_on_the_captures(exprs, [], tmp_path) == {0, 2}
+
+
 def test_the_series_check_flags_names_that_do_not_exist() -> None:
     records = {"kneepoint:preemptions_per_second"}
     # The field's bug: vLLM's and llm-d's example rules drop `_total` and never fire.
