@@ -18,6 +18,7 @@ import pytest
 from sqlalchemy import select
 from typer.testing import CliRunner
 
+from alerts import silences
 from alerts.channels import Notice, channel
 from alerts.engine import FIRING, Alert, Transition
 from alerts.outbox import enqueue
@@ -26,13 +27,19 @@ from kneepoint.cli import app
 from kneepoint.config import Config, Retention, load_config
 from kneepoint.samples import CacheConfig, ReplicaSample
 from kneepoint.store.db import open_store
-from kneepoint.store.models import NotificationRow, ReplicaRollupRow, TargetConfigRow
+from kneepoint.store.models import (
+    AlertHistoryRow,
+    NotificationRow,
+    ReplicaRollupRow,
+    TargetConfigRow,
+)
 from kneepoint.store.rollup import rollup
 from kneepoint.store.writer import batch, ensure_targets, record_replica, record_replica_history
 from kneepoint.timeline import (
     HIT_RATE_DROP,
     STORM_FACTOR,
     STORM_MIN_RATE,
+    alert_events,
     config_changes,
     events,
     gpu_clock_events,
@@ -307,4 +314,120 @@ def test_a_replicas_configuration_is_kept_each_time_it_changes(fresh_url) -> Non
     assert [(e.kind, e.at) for e in found if e.kind == "config_change"] == [
         ("config_change", 30.0),
         ("config_change", 50.0),
+    ]
+
+
+# --- alerts, silences and model names -------------------------------------------------
+
+
+def _history(
+    before: str | None, after: str, ts: float, value: float | None = 2.0
+) -> dict[str, object]:
+    return {"ts": ts, "rule": "kv-saturated", "replica": "r", "before": before, "after": after,
+            "value": value}  # fmt: skip
+
+
+def test_an_alert_firing_and_resolving_are_events_and_a_reminder_is_not_a_new_firing() -> None:
+    rows = [
+        _history("inactive", "pending", 10.0),  # waiting out `for`: no event
+        _history("pending", "firing", 70.0),  # fired
+        _history("firing", "firing", 130.0),  # a reminder (or a no-data note): not a firing
+        _history("firing", "resolved", 190.0, None),  # resolved after firing
+        _history(None, "firing", 250.0),  # fired without pending (`for: 0`)
+    ]
+    found = alert_events(rows)
+    assert [(e.at, e.kind) for e in found] == [
+        (70.0, "alert_firing"),
+        (190.0, "alert_resolved"),
+        (250.0, "alert_firing"),
+    ]
+    assert found[0].replica == "r" and found[0].detail == "kv-saturated fired (value 2)"
+    assert found[1].detail == "kv-saturated resolved"  # no value: none shown
+
+
+def test_a_pending_alert_that_ends_is_no_resolved_event() -> None:
+    # Resolved only after firing: a pending alert ended (recovered, or its quantity not
+    # exposed) never fired, so nothing on the timeline.
+    assert alert_events([_history("inactive", "pending", 10.0)]) == []
+    assert alert_events([_history("pending", "resolved", 40.0)]) == []
+    assert alert_events([_history("pending", "inactive", 40.0)]) == []
+
+
+def _store(tmp_path: Path) -> tuple[Config, int]:
+    config_file = tmp_path / "kneepoint.yaml"
+    config_file.write_text(f"""
+database: sqlite:///{tmp_path / "k.db"}
+targets:
+  - {{name: r, kind: vllm, url: "http://127.0.0.1:9/metrics"}}
+""")
+    migrated(config_file)
+    config = load_config(config_file)
+    with open_store(config.database).begin() as session:
+        (target,) = ensure_targets(session, [("r", "vllm", "http://127.0.0.1:9/metrics")]).values()
+    return config, target
+
+
+def test_stored_alert_transitions_on_the_timeline_are_firings_and_resolutions_only(
+    tmp_path: Path,
+) -> None:
+    config, _ = _store(tmp_path)
+    with open_store(config.database).begin() as session:
+        for row in [
+            _history("inactive", "pending", 1000.0),
+            _history("pending", "firing", 1060.0),
+            _history("firing", "firing", 1120.0),
+            _history("firing", "resolved", 1180.0),
+            _history("inactive", "pending", 1240.0),
+            _history("pending", "resolved", 1300.0),
+        ]:
+            session.add(AlertHistoryRow(fingerprint="f", note=None, **row))
+    with open_store(config.database)() as session:
+        found = [e for e in events(session, config, 0.0, 2000.0) if e.kind.startswith("alert")]
+        later = events(session, config, 1100.0, 2000.0)  # the firing is before this range
+    assert [(e.at, e.kind) for e in found] == [(1060.0, "alert_firing"), (1180.0, "alert_resolved")]
+    assert [(e.at, e.kind) for e in later] == [(1180.0, "alert_resolved")]
+
+
+def test_a_silence_is_an_event_when_created_and_only_then(tmp_path: Path) -> None:
+    config, _ = _store(tmp_path)
+    with open_store(config.database).begin() as session:
+        on_r = silences.create(
+            session, {"alertname": "kv-saturated", "replica": "r"}, 1000.0, 5000.0, "ann",
+            "resharding", 1000.0,
+        )  # fmt: skip
+        fleet = silences.create(
+            session, {"alertname": "up-burn-1h"}, 2000.0, 3000.0, "bob", "", 1500.0
+        )
+        silences.create(session, {"replica": "r"}, 100.0, 9000.0, "eve", "", 100.0)  # earlier
+    with open_store(config.database)() as session:
+        found = [e for e in events(session, config, 500.0, 4000.0) if e.kind == "silence"]
+        only_r = events(session, config, 500.0, 4000.0, replica="r")
+    assert [(e.at, e.replica) for e in found] == [(1000.0, "r"), (1500.0, None)]
+    assert found[0].detail.startswith(f"silence {on_r} (alertname=kv-saturated, replica=r) until")
+    assert found[0].detail.endswith("by ann: resharding")
+    assert found[1].detail.startswith(f"silence {fleet} (alertname=up-burn-1h) until")
+    # A silence created before the range is no event in it, though it still lasts.
+    assert all(e.at >= 500.0 for e in found)
+    # The fleet's silence shows beside a replica's own.
+    assert [e.at for e in only_r if e.kind == "silence"] == [1000.0, 1500.0]
+
+
+def test_a_changed_model_name_is_a_config_change_and_the_same_names_are_not(
+    tmp_path: Path,
+) -> None:
+    config, target = _store(tmp_path)
+    base = parse_vllm(read(VLLM_032))
+    renamed = copy.deepcopy(base)
+    renamed.model_names = ["tiny-v2"]
+    both, reordered = copy.deepcopy(base), copy.deepcopy(base)
+    both.model_names, reordered.model_names = ["a", "tiny"], ["tiny", "a"]
+    with open_store(config.database).begin() as session:
+        for ts, sample in enumerate([base, base, renamed, renamed, both, reordered], start=1):
+            record_replica(session, target, ts * 15.0, sample)
+    with open_store(config.database)() as session:
+        found = events(session, config, 0.0, 1000.0)
+    changes = [(e.at, e.kind, e.detail) for e in found if e.kind in ("config_change", "upgrade")]
+    assert changes == [
+        (45.0, "config_change", f"model_names {','.join(base.model_names)} → tiny-v2"),
+        (75.0, "config_change", "model_names tiny-v2 → a,tiny"),
     ]
