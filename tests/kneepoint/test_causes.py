@@ -173,9 +173,19 @@ SCENARIOS = {
     "full": (8.0, 3.0, 3.0, 0.97, True),
     "stuck": (4.0, 2.0, 0.0, 0.3, False),
     "broken": (4.0, 0.0, 0.0, 0.3, True),
+    # As quiet, but its KV cache dtype changes five minutes before AT (a redeploy).
+    "changed": (4.0, 0.0, 0.0, 0.3, True),
 }
 XID = 79.0
-EXPECTED = {"quiet": UNKNOWN, "busy": LOAD, "full": CAPACITY, "stuck": UPSTREAM, "broken": HARDWARE}
+CHANGED_AT = 75  # the step from which "changed" scrapes show the new cache dtype
+EXPECTED = {
+    "quiet": UNKNOWN,
+    "busy": LOAD,
+    "full": CAPACITY,
+    "stuck": UPSTREAM,
+    "broken": HARDWARE,
+    "changed": SOFTWARE,
+}
 
 
 @pytest.fixture(scope="module")
@@ -217,6 +227,8 @@ def scenarios(tmp_path_factory: pytest.TempPathFactory) -> tuple[Config, session
                 sample.counters["generation_tokens"] = 1000.0 + tick * 500.0
                 sample.counters["prompt_tokens"] = 4000.0 + tick * 2000.0
                 sample.counters["preemptions"] = 0.0
+                if name == "changed" and step >= CHANGED_AT:
+                    sample.cache = replace(sample.cache, cache_dtype="fp8")
                 record_replica(session, ids[name], ts, sample)
             record_gpus(session, ids["gpu-node"], ts, [replace(gpu, xid_error=XID)])
         points = tuple(Point(c, 40.0 * min(c, KNEE) + 0.01 * c) for c in (1, 4, 16, KNEE, 64, 128))
@@ -238,6 +250,14 @@ def test_gather_on_a_store_classifies_each_scenario(
     assert {name: cause.kind for name, cause in found.items()} == EXPECTED, found
     assert f"XID {XID:.0f}" in found["broken"].evidence
     assert f"{SCENARIOS['full'][3]:.0%}" in found["full"].evidence
+    # The stored configuration changed (kneepoint/timeline.py): a config change just before.
+    assert found["changed"].evidence.startswith("changed config change at ")
+    assert f"cache_dtype {base_dtype()} → fp8" in found["changed"].evidence
+    assert found["changed"].secondary == ()
+
+
+def base_dtype() -> str | None:
+    return parse_vllm(read(VLLM_032)).cache.cache_dtype
 
 
 def fire(config: Config, session: Session, rule_name: str, replica: str) -> Notice:
