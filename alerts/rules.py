@@ -26,8 +26,8 @@ METRICS = {
     "ttft_p99_seconds": "p99 time to first token over the window (s)",
     "itl_p99_seconds": "p99 inter-token latency over the window (s)",
     "up": "1 if the last scrape succeeded, 0 if it failed (no data once the target is stale)",
-    "engine_stalled": "1 while requests run or wait and no prompt or generation token is "
-    "counted between scrapes (kneepoint.derived.stall), 0 otherwise",
+    "engine_stalled": "1 while requests run or wait and no prompt or generation token and "
+    "no engine step is counted between scrapes (kneepoint.derived.stall), 0 otherwise",
     "xid_errors": "GPUs of the replica reporting an XID error",
     "stale_targets": "targets (fleet) not scraped for over 2 scrape intervals plus a grace",
     "alert_pipeline_problems": "fleet: alerts or deliver job failing or overdue, plus one if "
