@@ -27,7 +27,7 @@ from kneepoint.config import ENGINE_KINDS, Config, Rule
 from kneepoint.derived import stall
 from kneepoint.derived.window import EdgeReader, Window, frame_windows, merge
 from kneepoint.secrets import Secret
-from kneepoint.status import build_status, stale_after, stall_after
+from kneepoint.status import hit_rates, stale_after, stall_after
 from kneepoint.store import queries
 from kneepoint.store.models import AlertHistoryRow, AlertRow, NotificationRow
 from kneepoint.views import build_view
@@ -198,7 +198,8 @@ def evaluate_once(session: Session, config: Config, now: float) -> list[Transiti
     """Evaluate every rule now; store states and transitions; return the transitions."""
     rules = effective_rules(config)
     view = build_view(session, config, now, WINDOW)
-    baseline = build_status(session, config, now, BASELINE)
+    # Drops are measured against the last hour's hit rates, as build_status gives them.
+    baseline = hit_rates(session, config, now, BASELINE)
     current = load_alerts(session)
     watched = values(view, baseline)
     watched[FLEET] = {**watched[FLEET], **monitor_values(session, config, now)}

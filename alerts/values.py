@@ -74,11 +74,15 @@ def replica_values(
 
 def values(view: View, baseline: dict[str, Any]) -> dict[str, dict[str, float | None]]:
     """Metric values keyed by replica name ("" for the fleet). `view` is the evaluation
-    window's (5 minutes); `baseline` a status over the last hour, for drops."""
+    window's (5 minutes); `baseline` the last hour's hit rates, for drops: a status over it,
+    or kneepoint.status.hit_rates (the same numbers, only those)."""
     before = {r["name"]: r for r in baseline["replicas"]}
+    gpus_of: dict[str | None, list[dict[str, Any]]] = {}
+    for gpu in view.status["gpus"]:
+        gpus_of.setdefault(gpu["replica"], []).append(gpu)
     out = {}
     for replica in view.status["replicas"]:
-        gpus = [g for g in view.status["gpus"] if g["replica"] == replica["name"]]
+        gpus = gpus_of.get(replica["name"], [])
         out[replica["name"]] = replica_values(
             replica, view.rows.get(replica["name"], {}), gpus, before.get(replica["name"])
         )

@@ -20,7 +20,7 @@ from kneepoint.derived import ratios
 from kneepoint.derived.cost import per_million, window_cost
 from kneepoint.derived.latency import quantiles
 from kneepoint.derived.stall import PROGRESS, STALL_AFTER, Point, stalled_since
-from kneepoint.derived.window import Window, frame_windows, merge
+from kneepoint.derived.window import Window, counter_deltas, frame_windows, merge
 from kneepoint.samples import QUANTITIES
 from kneepoint.store import queries
 from kneepoint.store.models import RAW, TargetRow
@@ -46,10 +46,21 @@ def build_status(
     gpus = queries.gpu_frame(session, start, now) if gpu_rows is None else gpu_rows
     by_gpu = list(gpus.groupby("gpu_id", sort=False))
     exporters = {row.id: name for name, row in rows.items()}
-    gpu_block = [_gpu(frame, config, exporters) for _, frame in by_gpu]
+    owners = GpuOwners(config)
+    gpu_block = [_gpu(frame, owners, exporters) for _, frame in by_gpu]
     # Each GPU's busy share averaged over the window (a point reading swings 0..1 between
     # scrapes, and a 6-hour `gpu-idle` rule must see the level, not the last instant).
     busy = [_busy_mean(frame) for _, frame in by_gpu]
+    # Per replica, its GPUs and their busy shares in the GPUs' order: one pass, not a scan of
+    # every GPU for every replica (1,000 × 1,000 at scale).
+    gpus_of: dict[str | None, list[dict[str, Any]]] = {}
+    busy_of: dict[str | None, list[float | None]] = {}
+    for gpu, share in zip(gpu_block, busy, strict=True):
+        gpus_of.setdefault(gpu["replica"], []).append(gpu)
+        busy_of.setdefault(gpu["replica"], []).append(share)
+    kinds: dict[str, str] = {}
+    for target in config.targets:  # the first of a name, as Config.target finds it
+        kinds.setdefault(target.name, target.kind)
     replicas, windows, costs = [], [], []
     names = [t.name for t in config.targets if t.kind in ENGINE_KINDS]
     if spans is None:
@@ -58,7 +69,7 @@ def build_status(
     for name in names:
         row = rows.get(name)
         frame = by_target.get(row.id, samples.iloc[0:0]) if row is not None else samples.iloc[0:0]
-        mine = [g for g in gpu_block if g["replica"] == name]
+        mine = gpus_of.get(name, [])
         span = spans.get(row.id, Window(histograms={})) if row is not None else Window()
         cost = (
             None
@@ -67,9 +78,9 @@ def build_status(
                 config.pricing, name, [g["model"] for g in mine], span.seconds, len(names)
             )
         )
-        busy_now = _mean([b for g, b in zip(gpu_block, busy, strict=True) if g["replica"] == name])
+        busy_now = _mean(busy_of.get(name, []))
         stale = row is not None and is_stale(row.last_scrape_at, config, now)
-        kind = config.target(name).kind
+        kind = kinds[name]
         replicas.append(_replica(name, kind, row, frame, span, mine, cost, busy_now, stale))
         replicas[-1].update(_stall(session, config, row, frame, stale))
         windows.append(span)
@@ -128,12 +139,7 @@ def derived(
     the hit rate; where it has no draft and accept counters (SGLang, TensorRT-LLM), its own
     acceptance length and rate gauges (`spec_gauges`) are the acceptance figures."""
     d = window.deltas
-    counted = d.get("prefix_cache_hits") is not None or d.get("prefix_cache_queries") is not None
-    hit_rate = (
-        hit_rate_gauge
-        if generation == "v0" or not counted
-        else ratios.hit_rate(d.get("prefix_cache_hits"), d.get("prefix_cache_queries"))
-    )
+    hit_rate = _hit_rate(d, generation, hit_rate_gauge)
     recompute = ratios.recompute(
         generation,
         d.get("preemptions"),
@@ -169,6 +175,93 @@ def derived(
         "e2e_seconds": quantiles(window.histograms.get("e2e")),
         "cost_per_million_generated_tokens": per_million(cost, generated),
         "cost_per_million_tokens": per_million(cost, served),
+    }
+
+
+def _hit_rate(
+    deltas: dict[str, float | None], generation: str | None, gauge: float | None
+) -> float | None:
+    counted = (
+        deltas.get("prefix_cache_hits") is not None
+        or deltas.get("prefix_cache_queries") is not None
+    )
+    if generation == "v0" or not counted:
+        return gauge
+    return ratios.hit_rate(deltas.get("prefix_cache_hits"), deltas.get("prefix_cache_queries"))
+
+
+HIT_COUNTERS = ("prefix_cache_hits", "prefix_cache_queries")
+
+
+def hit_rates(session: Session, config: Config, now: float, window: float) -> dict[str, Any]:
+    """The prefix-cache hit rates build_status gives over [now − window, now], per replica
+    and for the fleet, in its shape (`replicas` [{name, prefix_cache_hit_rate}] and `fleet`
+    {prefix_cache_hit_rate}), from the two counters and the engine's own gauge alone: alert
+    evaluation's one-hour baseline, without a whole status (histograms, GPUs, stalls)."""
+    rows = queries.targets(session)
+    samples = queries.replica_frame(
+        session, now - window, now, columns=(*HIT_COUNTERS, "prefix_cache_hit_rate_gauge")
+    )
+    deltas = counter_deltas(samples, HIT_COUNTERS)
+    latest = _last_rows(samples)
+    kinds: dict[str, str] = {}
+    for target in config.targets:
+        kinds.setdefault(target.name, target.kind)
+    replicas, engines, generations, windows = [], set(), set(), []
+    for name in (t.name for t in config.targets if t.kind in ENGINE_KINDS):
+        row = rows.get(name)
+        mine = deltas.get(row.id, {}) if row is not None else {}
+        last = latest.get(row.id) if row is not None else None
+        generation = row.generation if row else None
+        engine = (row.engine if row else None) or (None if kinds[name] == "auto" else kinds[name])
+        gauge = (
+            None
+            if _value(last, "prefix_cache_queries") is not None
+            else _value(last, "prefix_cache_hit_rate_gauge")
+        )
+        rate = _hit_rate(mine, generation if engine == "vllm" else None, gauge)
+        unavailable: dict[str, str] = json.loads(row.unavailable) if row and row.unavailable else {}
+        if any("prefix_cache_hit_rate" in QUANTITIES.get(q, (q,)) for q in unavailable):
+            rate = None
+        replicas.append({"name": name, "prefix_cache_hit_rate": rate})
+        engines.update([engine] if engine is not None else [])
+        generations.update([generation] if generation is not None else [])
+        windows.append(Window(deltas=mine))
+    # The fleet's, as _fleet merges it.
+    fleet_engine = engines.pop() if len(engines) == 1 else ("mixed" if engines else None)
+    fleet_generation = (
+        generations.pop() if len(generations) == 1 else ("mixed" if generations else None)
+    )
+    merged = merge(windows)
+    gauge_rates = [
+        r["prefix_cache_hit_rate"]
+        for r, w in zip(replicas, windows, strict=True)
+        if r["prefix_cache_hit_rate"] is not None
+        and w.deltas.get("prefix_cache_queries") is None
+        and w.deltas.get("prefix_cache_hits") is None
+    ]
+    generation = (
+        fleet_generation if fleet_engine == "vllm" and fleet_generation != "mixed" else None
+    )
+    fleet = {"prefix_cache_hit_rate": _hit_rate(merged.deltas, generation, _mean(gauge_rates))}
+    return {"replicas": replicas, "fleet": fleet}
+
+
+def _last_rows(frame: pd.DataFrame) -> dict[int, dict[str, Any]]:
+    """Each target's last row of `frame` as a dict, its values as `frame.iloc[-1]` of the
+    target's rows gives them (one conversion for all targets, not a row Series each)."""
+    if frame.empty:
+        return {}
+    last = frame[~frame.target_id.duplicated(keep="last")]
+    # A row of a frame takes the columns' common type (floats when all are numbers).
+    common = frame.iloc[0].dtype
+    columns = {
+        name: last[name].tolist() if common.kind == "O" else last[name].to_numpy(common).tolist()
+        for name in last.columns
+    }
+    return {
+        target_id: {name: values[number] for name, values in columns.items()}
+        for number, target_id in enumerate(last.target_id.tolist())
     }
 
 
@@ -401,7 +494,7 @@ def _fleet_unavailable(replicas: list[dict[str, Any]]) -> dict[str, str]:
     return out
 
 
-def _gpu(frame: pd.DataFrame, config: Config, by_id: dict[int, str]) -> dict[str, Any]:
+def _gpu(frame: pd.DataFrame, owners: GpuOwners, by_id: dict[int, str]) -> dict[str, Any]:
     latest = frame.iloc[-1]
     host, index = str(latest["host"]), int(latest["gpu_index"])
     exporter = by_id.get(int(latest["target_id"]), "")
@@ -410,8 +503,8 @@ def _gpu(frame: pd.DataFrame, config: Config, by_id: dict[int, str]) -> dict[str
         "host": host,
         "index": index,
         "model": latest["model"],
-        "replica": replica_of(
-            config, {host, exporter}, index, _text(latest, "pod"), _text(latest, "namespace")
+        "replica": owners.of(
+            {host, exporter}, index, _text(latest, "pod"), _text(latest, "namespace")
         ),
         "utilization": _value(latest, "utilization"),
         "gr_engine_active": _value(latest, "gr_engine_active"),
@@ -489,19 +582,38 @@ def replica_of(
     """The replica whose `gpus:` lists this GPU, by DCGM hostname or exporter target name;
     else the engine target without a `gpus:` list whose `pod` (and namespace, where both
     are known) dcgm-exporter labels the GPU with. None: the GPU is unassigned."""
-    for target in config.targets:
-        for ref in target.gpus:
-            host, _, position = ref.rpartition("/")
-            if host in hosts and int(position) == index:
-                return target.name
-    if pod is None:
+    return GpuOwners(config).of(hosts, index, pod, namespace)
+
+
+class GpuOwners:
+    """replica_of for many GPUs: the config's `gpus:` references and pods indexed once, so
+    each GPU is a few dictionary lookups, not a walk over every target's references (a
+    million steps for 1,000 replicas' GPUs)."""
+
+    def __init__(self, config: Config) -> None:
+        # (host, index) -> (the target's position in the config, its name): the first
+        # target listing the GPU wins, as the walk in config order found it.
+        self.refs: dict[tuple[str, int], tuple[int, str]] = {}
+        self.pods: dict[str, list[tuple[str | None, str]]] = {}
+        for number, target in enumerate(config.targets):
+            for ref in target.gpus:
+                host, _, position = ref.rpartition("/")
+                self.refs.setdefault((host, int(position)), (number, target.name))
+            if not target.gpus and target.kind in ENGINE_KINDS and target.pod is not None:
+                self.pods.setdefault(target.pod, []).append((target.namespace, target.name))
+
+    def of(
+        self, hosts: set[str], index: int, pod: str | None = None, namespace: str | None = None
+    ) -> str | None:
+        listed = [found for host in hosts if (found := self.refs.get((host, index)))]
+        if listed:
+            return min(listed)[1]
+        if pod is None:
+            return None
+        for own_namespace, name in self.pods.get(pod, []):
+            if namespace is None or own_namespace is None or own_namespace == namespace:
+                return name
         return None
-    for target in config.targets:
-        if target.gpus or target.kind not in ENGINE_KINDS or target.pod != pod:
-            continue
-        if namespace is None or target.namespace is None or target.namespace == namespace:
-            return target.name
-    return None
 
 
 def _text(row: pd.Series, key: str) -> str | None:
@@ -513,7 +625,7 @@ def iso(ts: float) -> str:
     return datetime.fromtimestamp(ts, UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
 
 
-def _value(row: pd.Series | None, key: str) -> Any:
+def _value(row: pd.Series | dict[str, Any] | None, key: str) -> Any:
     if row is None or key not in row:
         return None
     value = row[key]

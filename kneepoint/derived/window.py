@@ -40,15 +40,8 @@ def frame_windows(
     if frame.empty:
         return {}
     counters = list(REPLICA_COUNTERS)
-    values = frame[counters].astype(float)
     groups = frame.target_id
-    filled = values.groupby(groups).ffill()
-    steps = filled.groupby(groups).diff()
-    # A counter that went down was reset: its new value is the increase (counters.increase).
-    increases = steps.where(steps.isna() | (steps >= 0), filled).fillna(0.0)
-    # Plain dicts: per-target scalar lookups in pandas cost more than the arithmetic.
-    totals = increases.groupby(groups).sum().to_dict("index")
-    enough = (values.notna().groupby(groups).sum() >= 2).to_dict("index")
+    steps, totals, enough = _increases(frame, counters)
     went_down = (steps < 0).any(axis=1).to_numpy()
     spans = frame.groupby("target_id").ts.agg(["min", "max"]).to_dict("index")
     windows: dict[int, Window] = {}
@@ -73,6 +66,44 @@ def frame_windows(
     for target_id, rows_at_edges in edge_rows.groupby("target_id", sort=False):
         _fill_from_edges(windows[int(target_id)], rows_at_edges.sort_values("ts"), layouts)
     return windows
+
+
+def _increases(
+    frame: pd.DataFrame, counters: list[str]
+) -> tuple[pd.DataFrame, dict[int, dict[str, float]], dict[int, dict[str, bool]]]:
+    """Per target of `frame`: each counter's steps between rows, its total increase, and
+    whether it is known at two rows at least (column by column: the same for any subset of
+    the counters)."""
+    values = frame[counters].astype(float)
+    groups = frame.target_id
+    filled = values.groupby(groups).ffill()
+    steps = filled.groupby(groups).diff()
+    # A counter that went down was reset: its new value is the increase (counters.increase).
+    increases = steps.where(steps.isna() | (steps >= 0), filled).fillna(0.0)
+    # Plain dicts: per-target scalar lookups in pandas cost more than the arithmetic.
+    totals = increases.groupby(groups).sum().to_dict("index")
+    enough = (values.notna().groupby(groups).sum() >= 2).to_dict("index")
+    return steps, totals, enough
+
+
+def counter_deltas(
+    frame: pd.DataFrame, counters: Sequence[str]
+) -> dict[int, dict[str, float | None]]:
+    """The `deltas` frame_windows gives each target for these counters alone (a target with
+    one row: none), without its histograms: for a caller that needs a few increases only."""
+    if frame.empty:
+        return {}
+    _, totals, enough = _increases(frame, list(counters))
+    sizes = frame.groupby("target_id").size().to_dict()
+    return {
+        int(target_id): {
+            name: float(totals[target_id][name]) if enough[target_id][name] else None
+            for name in counters
+        }
+        if size >= 2
+        else {}
+        for target_id, size in sizes.items()
+    }
 
 
 def _fill_from_edges(
