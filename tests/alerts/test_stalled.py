@@ -111,7 +111,8 @@ def test_work_draining_ends_the_stall_and_a_new_one_is_a_second_interval() -> No
 
 
 def test_a_moving_step_counter_is_progress_while_tokens_stand_still() -> None:
-    # A long chunked prefill alone: no token is counted until it ends, but the engine steps.
+    # No token counted, but the engine steps (an engine that counts every step, a chunk of a
+    # prefill included; vLLM V1 counts only the steps that emit output): that is progress.
     stepping = [
         Point(1000 + i * STEP, 1, 0, 500.0, 800.0, engine_steps=float(i)) for i in range(LONG)
     ]
