@@ -11,6 +11,7 @@ from collections.abc import Callable
 from datetime import UTC, datetime
 from typing import Any
 
+import numpy as np
 import pandas as pd
 from sqlalchemy.orm import Session
 
@@ -44,13 +45,9 @@ def build_status(
         samples = queries.replica_frame(session, start, now, columns=queries.LIGHT_COLUMNS)
     layouts = queries.histogram_layouts(session)
     gpus = queries.gpu_frame(session, start, now) if gpu_rows is None else gpu_rows
-    by_gpu = list(gpus.groupby("gpu_id", sort=False))
     exporters = {row.id: name for name, row in rows.items()}
     owners = GpuOwners(config)
-    gpu_block = [_gpu(frame, owners, exporters) for _, frame in by_gpu]
-    # Each GPU's busy share averaged over the window (a point reading swings 0..1 between
-    # scrapes, and a 6-hour `gpu-idle` rule must see the level, not the last instant).
-    busy = [_busy_mean(frame) for _, frame in by_gpu]
+    gpu_block, busy = _gpus(gpus, owners, exporters)
     # Per replica, its GPUs and their busy shares in the GPUs' order: one pass, not a scan of
     # every GPU for every replica (1,000 × 1,000 at scale).
     gpus_of: dict[str | None, list[dict[str, Any]]] = {}
@@ -65,10 +62,13 @@ def build_status(
     names = [t.name for t in config.targets if t.kind in ENGINE_KINDS]
     if spans is None:
         spans = frame_windows(samples, layouts, _edge_reader(session, samples))
-    by_target = dict(iter(samples.groupby("target_id", sort=False)))
+    # Each replica's latest row, all at once; its rows only where a stall may be going on.
+    latest_rows = _last_rows(samples)
+    rows_of = _Rows(samples)
+    maybe_stuck = _maybe_stuck(samples, stale_after(config))
     for name in names:
         row = rows.get(name)
-        frame = by_target.get(row.id, samples.iloc[0:0]) if row is not None else samples.iloc[0:0]
+        latest = latest_rows.get(row.id) if row is not None else None
         mine = gpus_of.get(name, [])
         span = spans.get(row.id, Window(histograms={})) if row is not None else Window()
         cost = (
@@ -81,8 +81,8 @@ def build_status(
         busy_now = _mean(busy_of.get(name, []))
         stale = row is not None and is_stale(row.last_scrape_at, config, now)
         kind = kinds[name]
-        replicas.append(_replica(name, kind, row, frame, span, mine, cost, busy_now, stale))
-        replicas[-1].update(_stall(session, config, row, frame, stale))
+        replicas.append(_replica(name, kind, row, latest, span, mine, cost, busy_now, stale))
+        replicas[-1].update(_stall(session, config, row, latest, rows_of, maybe_stuck, stale))
         windows.append(span)
         costs.append(cost)
     return {
@@ -247,12 +247,12 @@ def hit_rates(session: Session, config: Config, now: float, window: float) -> di
     return {"replicas": replicas, "fleet": fleet}
 
 
-def _last_rows(frame: pd.DataFrame) -> dict[int, dict[str, Any]]:
-    """Each target's last row of `frame` as a dict, its values as `frame.iloc[-1]` of the
-    target's rows gives them (one conversion for all targets, not a row Series each)."""
+def _last_rows(frame: pd.DataFrame, key: str = "target_id") -> dict[Any, dict[str, Any]]:
+    """Each target's (`key`'s) last row of `frame` as a dict, its values as `frame.iloc[-1]`
+    of the target's rows gives them (one conversion for all, not a row Series each)."""
     if frame.empty:
         return {}
-    last = frame[~frame.target_id.duplicated(keep="last")]
+    last = frame[~frame[key].duplicated(keep="last") & frame[key].notna()]
     # A row of a frame takes the columns' common type (floats when all are numbers).
     common = frame.iloc[0].dtype
     columns = {
@@ -261,7 +261,7 @@ def _last_rows(frame: pd.DataFrame) -> dict[int, dict[str, Any]]:
     }
     return {
         target_id: {name: values[number] for name, values in columns.items()}
-        for number, target_id in enumerate(last.target_id.tolist())
+        for number, target_id in enumerate(last[key].tolist())
     }
 
 
@@ -269,14 +269,13 @@ def _replica(
     name: str,
     kind: str,
     row: TargetRow | None,
-    frame: pd.DataFrame,
+    latest: dict[str, Any] | None,
     window: Window,
     gpus: list[dict[str, Any]],
     cost: float | None,
     gpu_utilization: float | None,
     stale: bool,
 ) -> dict[str, Any]:
-    latest = frame.iloc[-1] if len(frame) else None
     generation = row.generation if row else None
     # The engine of the stored samples; before the first one, the configured kind says it
     # (unless it is `auto`).
@@ -359,8 +358,68 @@ def _points(frame: pd.DataFrame) -> list[Point]:
     ]
 
 
+class _Rows:
+    """A target's rows of a frame, found when first asked for (one grouping for all)."""
+
+    def __init__(self, frame: pd.DataFrame) -> None:
+        self.frame = frame
+        self.positions: dict[Any, Any] | None = None
+
+    def of(self, target_id: int) -> pd.DataFrame:
+        if self.positions is None:
+            self.positions = self.frame.groupby("target_id", sort=False).indices
+        return self.frame.iloc[self.positions[target_id]]
+
+
+def _maybe_stuck(frame: pd.DataFrame, max_gap: float) -> set[int] | None:
+    """The targets of `frame` whose last two rows may be a stuck pair (stall.stuck), found
+    for all targets in a few vectorized steps: only these can be stalled at their latest
+    sample. Also those whose last two rows share a time (read exactly). None when rows are
+    not grouped by target in time order (then every target is read)."""
+    if frame.empty:
+        return set()
+    ids = frame.target_id.to_numpy()
+    ts = frame.ts.astype(float).to_numpy()
+    same = ids[1:] == ids[:-1]
+    starts = int((~same).sum()) + 1
+    if starts != len(pd.unique(ids)) or bool((ts[1:][same] < ts[:-1][same]).any()):
+        return None
+    # Pairs (row i−1, row i) where row i is its target's last and row i−1 its target's too.
+    pair = np.append(ids[1:] != ids[:-1], True)  # the last row of its target
+    pair[0] = False
+    pair[1:] &= same  # and the row before it is the same target's
+    later = np.flatnonzero(pair)
+    earlier = later - 1
+
+    def known(key: str) -> np.ndarray:
+        if key not in frame:
+            return np.full(len(frame), np.nan)
+        return frame[key].astype(float).to_numpy()
+
+    running, waiting = known("requests_running"), known("requests_waiting")
+    queued = np.where(np.isnan(running), 0.0, running) + np.where(np.isnan(waiting), 0.0, waiting)
+    busy = (queued[earlier] > 0) & (queued[later] > 0)
+    close = ts[later] - ts[earlier] <= max_gap
+    compared = np.zeros(len(later), dtype=bool)
+    moved = np.zeros(len(later), dtype=bool)
+    for key in PROGRESS:
+        values = known(key)
+        both = ~np.isnan(values[earlier]) & ~np.isnan(values[later])
+        compared |= both
+        moved |= both & (values[earlier] != values[later])
+    stuck = busy & close & compared & ~moved
+    tied = ts[later] == ts[earlier]
+    return {int(t) for t in ids[later[stuck | tied]]}
+
+
 def _stall(
-    session: Session, config: Config, row: TargetRow | None, frame: pd.DataFrame, stale: bool
+    session: Session,
+    config: Config,
+    row: TargetRow | None,
+    latest: dict[str, Any] | None,
+    rows_of: _Rows,
+    maybe_stuck: set[int] | None,
+    stale: bool,
 ) -> dict[str, Any]:
     """The replica's stall (kneepoint.derived.stall): `stall_seconds`, how long work has sat
     with frozen counters up to the latest sample (0: the counters moved or nothing is
@@ -368,13 +427,16 @@ def _stall(
     No data (null) without samples, for a stale target, or when the engine has no token
     counters; a target whose last scrape failed is down, not stalled (`target-down`)."""
     none = {"stalled": None, "stalled_since": None, "stall_seconds": None}
-    if row is None or frame.empty or stale:
+    if row is None or latest is None or stale:
         return none
     if row.up is False:
         return {**none, "stalled": False}
-    latest = frame.iloc[-1]
     if all(_value(latest, key) is None for key in PROGRESS):
         return none
+    if maybe_stuck is not None and row.id not in maybe_stuck:
+        # Its last two samples are not stuck: no stall goes on (stalled_since is None).
+        return {"stalled": False, "stalled_since": None, "stall_seconds": 0.0}
+    frame = rows_of.of(row.id)
     gap = stale_after(config)
     # The stall can only be in the latest rows: read back from the end, and before the
     # window when it fills the window.
@@ -494,11 +556,40 @@ def _fleet_unavailable(replicas: list[dict[str, Any]]) -> dict[str, str]:
     return out
 
 
-def _gpu(frame: pd.DataFrame, owners: GpuOwners, by_id: dict[int, str]) -> dict[str, Any]:
-    latest = frame.iloc[-1]
+def _gpus(
+    frame: pd.DataFrame, owners: GpuOwners, by_id: dict[int, str]
+) -> tuple[list[dict[str, Any]], list[float | None]]:
+    """Each GPU's block and its mean busy share over the window, in the order the GPUs
+    first appear: each column converted once for all GPUs, then read per GPU as lists."""
+    if frame.empty:
+        return [], []
+    latest = _last_rows(frame, "gpu_id")
+    positions = frame.groupby("gpu_id", sort=False).indices
+    energy, active, utilization = (
+        _column(frame, key) for key in ("energy_mj", "gr_engine_active", "utilization")
+    )
+    blocks, busy = [], []
+    for gpu_id in pd.unique(frame.gpu_id):
+        if gpu_id not in positions:  # no group: a missing id
+            continue
+        mine = positions[gpu_id]
+        blocks.append(
+            _gpu(latest[gpu_id], [energy[i] for i in mine] if energy else [], owners, by_id)
+        )
+        # GPU_UTIL only says a kernel ran; GR_ENGINE_ACTIVE is work done, where DCGM has it.
+        shares = [active[i] for i in mine] if active else []
+        if not any(v is not None for v in shares):
+            shares = [utilization[i] for i in mine] if utilization else []
+        busy.append(_mean(shares))
+    return blocks, busy
+
+
+def _gpu(
+    latest: dict[str, Any], energy_mj: list[float | None], owners: GpuOwners, by_id: dict[int, str]
+) -> dict[str, Any]:
     host, index = str(latest["host"]), int(latest["gpu_index"])
     exporter = by_id.get(int(latest["target_id"]), "")
-    energy = increase(_column(frame, "energy_mj"))
+    energy = increase(energy_mj)
     return {
         "host": host,
         "index": index,
@@ -535,15 +626,6 @@ def _per_second(window: Window, counter: str) -> float | None:
     if increase_ is None or not window.seconds:
         return None
     return increase_ / window.seconds
-
-
-def _busy_mean(frame: pd.DataFrame) -> float | None:
-    """A GPU's mean busy share over the window's readings. GPU_UTIL only says a kernel ran;
-    GR_ENGINE_ACTIVE is work done, where DCGM has it."""
-    busy = _column(frame, "gr_engine_active")
-    if not any(v is not None for v in busy):
-        busy = _column(frame, "utilization")
-    return _mean(busy)
 
 
 # Staleness: a target whose last scrape (successful or not) is older than twice the scrape
@@ -625,7 +707,7 @@ def iso(ts: float) -> str:
     return datetime.fromtimestamp(ts, UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
 
 
-def _value(row: pd.Series | dict[str, Any] | None, key: str) -> Any:
+def _value(row: dict[str, Any] | None, key: str) -> Any:
     if row is None or key not in row:
         return None
     value = row[key]
