@@ -2,7 +2,10 @@
 three collectors split a twin fleet (each target scraped by exactly one of them, the one
 the rendezvous hash over the live members names), one leads; the leader is killed with
 SIGKILL, another takes over within two evaluation intervals, and a loopback webhook
-receives each firing alert once (collectors/cluster.py).
+receives each firing alert once (collectors/cluster.py). A leader killed while a firing
+alert's notification is still pending (its receiver answered 500), and one killed while it is
+claimed (its receiver holds the request unanswered): the next leader delivers it, at least
+once and at most once more than the outbox's `resends` count (alerts/outbox.py).
 
 Who scraped what is counted on the fleet's side: the twin's expositions are served through
 a counting server, and each collector's config (otherwise the same) sends its own
@@ -110,9 +113,17 @@ def counting(fleet: Fleet) -> Iterator[Counting]:
 
 @dataclass
 class Receiver:
-    """A loopback webhook receiver: every firing alert it was sent, by fingerprint."""
+    """A loopback webhook receiver: every firing alert it accepted (answered 200), by
+    fingerprint; every request's Idempotency-Key by the replicas of its firing alerts. A
+    request carrying a replica in `refuse` is answered 500; one carrying a replica in `hold`
+    gets no answer until `release` is set (`held` is set when one arrives)."""
 
     firing: list[tuple[str, str]] = field(default_factory=list)  # (fingerprint, replica)
+    keys: dict[str, list[str]] = field(default_factory=dict)
+    refuse: set[str] = field(default_factory=set)
+    hold: set[str] = field(default_factory=set)
+    held: threading.Event = field(default_factory=threading.Event)
+    release: threading.Event = field(default_factory=threading.Event)
     port: int = 0
 
 
@@ -123,10 +134,18 @@ def receiving() -> Iterator[Receiver]:
     class Handler(BaseHTTPRequestHandler):
         def do_POST(self) -> None:
             body = json.loads(self.rfile.read(int(self.headers.get("Content-Length") or 0)))
-            for alert in body.get("alerts", []):
-                if alert["status"] == "firing":
-                    state.firing.append((alert["fingerprint"], alert["labels"]["replica"]))
-            self.send_response(200)
+            alerts = [a for a in body.get("alerts", []) if a["status"] == "firing"]
+            replicas = {alert["labels"]["replica"] for alert in alerts}
+            for replica in replicas:
+                state.keys.setdefault(replica, []).append(self.headers["Idempotency-Key"])
+            if replicas & state.hold:
+                state.held.set()
+                state.release.wait(BOUND)
+                return  # no answer: the connection is closed
+            status = 500 if replicas & state.refuse else 200
+            if status == 200:
+                state.firing += [(a["fingerprint"], a["labels"]["replica"]) for a in alerts]
+            self.send_response(status)
             self.send_header("Content-Length", "0")
             self.end_headers()
 
@@ -135,7 +154,10 @@ def receiving() -> Iterator[Receiver]:
 
     with loopback(Handler) as port:
         state.port = port
-        yield state
+        try:
+            yield state
+        finally:
+            state.release.set()
 
 
 def until(
@@ -149,6 +171,27 @@ def until(
             return result
         assert time.monotonic() < deadline, f"not within {BOUND:.0f} s: {what}\n{explain()}"
         time.sleep(0.1)
+
+
+def whole_rounds(hits: list[str], share: set[str]) -> int | None:
+    """How many whole rounds `hits` (one collector's scrapes in the order the twin got them)
+    hold, if they are that collector's rounds of `share` one after another, each target once
+    a round (a collector's rounds never overlap; the window may cut a round at its start and
+    one at its end); None if they are not."""
+    if not share:
+        return None if hits else 0
+    size = len(share)
+    for offset in range(size):
+        head, rest = hits[:offset], hits[offset:]
+        if len(set(head)) != len(head) or not set(head) <= share:
+            continue
+        chunks = [rest[i : i + size] for i in range(0, len(rest), size)]
+        whole = [chunk for chunk in chunks if len(chunk) == size]
+        tail = chunks[-1] if chunks and len(chunks[-1]) < size else []
+        distinct_tail = len(set(tail)) == len(tail) and set(tail) <= share
+        if distinct_tail and all(set(chunk) == share for chunk in whole):
+            return len(whole)
+    return None
 
 
 def write_config(path: Path, url: str, twin: int, hook: int, collector: str) -> Path:
@@ -235,10 +278,17 @@ def test_collectors_split_the_targets_and_a_killed_leader_is_replaced(
                         sum(t == target for t, _ in twin.since(mark)) >= 3 for target in TARGETS
                     ),
                 )
+                hits = twin.since(mark)
                 seen: dict[str, set[str]] = {}
-                for target, collector in twin.since(mark):
+                for target, collector in hits:
                     seen.setdefault(target, set()).add(collector)
                 assert seen == {t: {want[t]} for t in TARGETS}, f"{seen} {want}\n{tails()}"
+                # And once a round: each collector's scrapes are whole rounds of its share.
+                for name in names:
+                    mine = [t for t, c in hits if c == name]
+                    share = {t for t in TARGETS if want[t] == name}
+                    rounds = whole_rounds(mine, share)
+                    assert rounds is not None and rounds >= 1, (name, sorted(share), mine)
                 return want
 
             start("c1", configs["c1"])
@@ -316,6 +366,186 @@ def test_collectors_split_the_targets_and_a_killed_leader_is_replaced(
                 ),
                 tails,
             )
+    finally:
+        for process in processes.values():
+            if process.poll() is None:
+                process.kill()
+                process.wait(10)
+        fleet.stop()
+
+
+def test_a_leader_killed_with_a_notification_pending_or_claimed_is_replaced_and_it_is_sent(
+    tmp_path: Path, postgres: Callable[[], str]
+) -> None:
+    """Three collectors. A replica goes down; the receiver answers 500 to its alert's firing
+    message, so the row is pending (retried after its backoff) when the leader is killed:
+    the next leader sends it and the receiver accepts it once. A second replica goes down;
+    the receiver holds its message unanswered, so the row is claimed (its lease running,
+    `maybe_sent`) when that leader is killed in turn: the last collector sends it once the
+    lease ends, and the receiver has it twice under one Idempotency-Key, the second counted
+    in `resends`: at most 1 + resends, as the outbox promises. That lease is three send
+    deadlines and a margin (90 s, alerts/outbox.py): the test ends it in the database rather
+    than wait it out, as the next sender's clock would see it run out.
+
+    The replicas that go down are scraped by a collector that lives on (the first recovers
+    before the second kill): a target the killed one scraped goes stale (after 3 s at this
+    test's 1 s interval) when the survivors take it over late on a loaded machine, and a
+    firing alert whose data goes missing says so in a message of its own (alerts/engine.py
+    `went_missing`), which is another notification."""
+    fleet = Fleet(FleetSpec.model_validate(SPEC)).start()
+    processes: dict[str, subprocess.Popen[bytes]] = {}
+    logs: dict[str, Path] = {}
+
+    def tails() -> str:
+        return "\n".join(f"--- {n}\n{p.read_text()[-1500:]}" for n, p in logs.items())
+
+    try:
+        with counting(fleet) as twin, receiving() as hook:
+            url = postgres()
+            configs = {
+                name: write_config(tmp_path / f"{name}.yaml", url, twin.port, hook.port, name)
+                for name in ("c1", "c2", "c3")
+            }
+            migrated(configs["c1"])
+            sessions = connect_store(url)
+            for name, config in configs.items():
+                logs[name] = tmp_path / f"{name}.log"
+                with logs[name].open("ab") as out:
+                    processes[name] = subprocess.Popen(
+                        [*KNEEPOINT, "collect", "--config", str(config)], stdout=out, stderr=out
+                    )
+
+            def alive() -> dict[str, Member]:
+                """Live members by the test's name of their running process."""
+                with sessions() as session:
+                    found = membership(session, LEASE, time.time())
+                pids = {p.pid: n for n, p in processes.items() if p.poll() is None}
+                return {pids[m.pid]: m for m in found if m.live and m.pid in pids}
+
+            def settled_members() -> tuple[str, dict[str, str]] | None:
+                """When every running collector is live and one leads: the leader, and the
+                collector that scrapes each replica."""
+                found = alive()
+                leaders = [n for n, m in found.items() if m.leader]
+                running = {n for n, p in processes.items() if p.poll() is None}
+                if set(found) != running or len(leaders) != 1:
+                    return None
+                ids = {m.id: n for n, m in found.items()}
+                return leaders[0], {r: ids[owner(r, list(ids))] for r in REPLICAS}
+
+            def row_of(replica: str) -> NotificationRow | None:
+                """The firing notification of `replica`'s alert (failing if there are two)."""
+                with sessions() as session:
+                    rows = [
+                        row
+                        for row in session.scalars(select(NotificationRow))
+                        if json.loads(row.notice)["replica"] == replica
+                        and json.loads(row.notice)["status"] == "firing"
+                    ]
+                assert len(rows) <= 1, [(r.id, r.state, r.notice) for r in rows]
+                return rows[0] if rows else None
+
+            def evaluated_after(moment: float) -> bool:
+                with sessions() as session:
+                    row = session.get(JobHealthRow, "alerts")
+                    return bool(row and row.last_success_at and row.last_success_at > moment)
+
+            def kill(name: str) -> float:
+                os.kill(processes[name].pid, signal.SIGKILL)
+                assert processes[name].wait(10) == -signal.SIGKILL
+                return time.time()
+
+            def delivered(replica: str) -> list[str]:
+                return [f for f, r in hook.firing if r == replica]
+
+            def news(replica: str) -> list[tuple[str, str]]:
+                """Each notification about `replica`: its status and its row's state."""
+                with sessions() as session:
+                    rows = session.scalars(select(NotificationRow).order_by(NotificationRow.id))
+                    found = [(json.loads(r.notice), r.state) for r in rows]
+                return [(n["status"], state) for n, state in found if n["replica"] == replica]
+
+            def settled(replica: str) -> NotificationRow | None:
+                row = row_of(replica)
+                return row if row is not None and row.state != "pending" else None
+
+            def pick(what: str, taken: set[str]) -> tuple[str, str]:
+                """The leader, and a replica (not in `taken`) that another collector scrapes."""
+                found = until(what, settled_members, tails)
+                assert isinstance(found, tuple)
+                leader, owners = found
+                choice = [r for r in REPLICAS if owners[r] != leader and r not in taken]
+                assert choice, f"the leader {leader} scrapes every replica: {owners}"
+                return leader, choice[0]
+
+            # 1. Pending: the receiver refused the message; the leader dies before its retry.
+            first, down = pick("three collectors live, one leading", set())
+            hook.refuse.add(down)
+            twin.down.add(down)
+
+            def refused_and_waiting() -> NotificationRow | None:
+                row = row_of(down)
+                waiting = (
+                    row is not None
+                    and row.state == "pending"
+                    and row.attempts >= 1
+                    and row.claimed_by is None
+                    # its retry still some way off: the leader is killed before it
+                    and row.next_attempt_at > time.time() + 2
+                )
+                return row if waiting else None
+
+            pending = until(f"{down}'s message refused, pending", refused_and_waiting, tails)
+            assert isinstance(pending, NotificationRow) and not pending.maybe_sent
+            leading = settled_members()
+            assert leading is not None and leading[0] == first, leading
+            killed_at = kill(first)
+            hook.refuse.clear()  # from now on the receiver accepts; the killed one sends nothing
+            until(f"{down}'s message delivered after the kill", lambda: delivered(down), tails)
+            until("an evaluation by the next leader", lambda: evaluated_after(killed_at), tails)
+            sent = until(f"{down}'s row settled", lambda: settled(down), tails)
+            assert isinstance(sent, NotificationRow)
+            assert sent.id == pending.id and sent.state == "sent" and sent.attempts >= 2
+            assert 1 <= len(delivered(down)) <= 1 + (sent.resends or 0), hook.firing
+            key = f"kneepoint-{sent.id}-{int(sent.created_at * 1000)}"
+            assert set(hook.keys[down]) == {key}  # the one row, refused then sent: no second
+            # It recovers, and its resolution goes out before the next kill: no firing alert
+            # is left on a replica the next killed leader may scrape (see the docstring).
+            twin.down.discard(down)
+            until(f"{down}'s resolution sent", lambda: ("resolved", "sent") in news(down), tails)
+
+            # 2. Claimed: the receiver holds the message; the new leader dies mid-send.
+            second, again = pick("two collectors live, one leading", {down})
+            assert second != first
+            hook.hold.add(again)
+            twin.down.add(again)
+            until(f"{again}'s message held at the receiver", hook.held.is_set, tails)
+            killed_at = kill(second)
+            hook.hold.clear()
+            hook.release.set()
+            claimed = row_of(again)
+            assert claimed is not None and claimed.state == "pending" and claimed.claimed_by
+            assert claimed.maybe_sent and claimed.claimed_until is not None
+            assert claimed.claimed_until > time.time()  # the dead sender's lease still runs
+            with sessions.begin() as session:  # ... until now (see the docstring)
+                row = session.get(NotificationRow, claimed.id)
+                assert row is not None
+                row.claimed_until = time.time()
+            until(f"{again}'s message delivered after the kill", lambda: delivered(again), tails)
+            until("an evaluation by the last leader", lambda: evaluated_after(killed_at), tails)
+            sent = until(f"{again}'s row settled", lambda: settled(again), tails)
+            assert isinstance(sent, NotificationRow)
+            assert sent.id == claimed.id and sent.state == "sent" and sent.resends == 1
+            received = hook.keys[again]  # the held request and the one sent after the kill
+            assert len(delivered(again)) >= 1 and len(received) <= 1 + sent.resends, received
+            assert set(received) == {f"kneepoint-{sent.id}-{int(sent.created_at * 1000)}"}
+            last = until("the last collector leading", settled_members, tails)
+            assert isinstance(last, tuple) and last[0] not in (first, second)
+            # Nothing else was sent or is waiting: one firing message each, one resolution.
+            with sessions() as session:
+                count = len(session.scalars(select(NotificationRow.id)).all())
+            assert news(down) == [("firing", "sent"), ("resolved", "sent")]
+            assert news(again) == [("firing", "sent")] and count == 3
     finally:
         for process in processes.values():
             if process.poll() is None:
