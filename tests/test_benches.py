@@ -49,10 +49,11 @@ def test_bench_prometheus_prints_the_side_by_side_summary() -> None:
     targets = 5  # a fifth of them dcgm-exporters: one
     output = bench(
         "bench_prometheus.py",
-        *("--targets", str(targets), "--minutes", "0.1", "--interval", "1", "--sessions", "1"),
+        # 2 s: Prometheus's scrape timeout is the interval, so a loaded machine has 2 s.
+        *("--targets", str(targets), "--minutes", "0.1", "--interval", "2", "--sessions", "1"),
     )
     head = line(
-        rf"^(\d+) targets every 1s for {NUMBER} min \((\d+) rounds\); "
+        rf"^(\d+) targets every 2s for {NUMBER} min \((\d+) rounds\); "
         rf"kneepoint: (\d+) failed target-scrapes, Prometheus: {NUMBER} targets up$",
         output,
     )
@@ -67,11 +68,13 @@ def test_bench_prometheus_prints_the_side_by_side_summary() -> None:
     assert ours > 0 and theirs > 0
     assert ratio == pytest.approx(ours / theirs, rel=0.1, abs=0.02)  # each printed rounded
     stored = line(
-        rf"^bytes per target-day at 1s: kneepoint {NUMBER} MB, Prometheus {NUMBER} MB of chunks "
+        rf"^bytes per target-day at 2s: kneepoint {NUMBER} MB, Prometheus {NUMBER} MB of chunks "
         rf"\(ratio {NUMBER}×; its index, per block: {NUMBER} MB\)$",
         output,
     )
-    assert float(stored[1]) > 0 and float(stored[2]) > 0
+    # kneepoint's growth is whole SQLite pages (none in so short a run, maybe) and never
+    # negative (NUMBER: it was, with the WAL counted before the run and truncated after).
+    assert float(stored[1]) >= 0 and float(stored[2]) > 0
 
 
 def test_bench_scale_runs_end_to_end_at_four_replicas() -> None:
