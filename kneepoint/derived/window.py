@@ -7,6 +7,7 @@ from __future__ import annotations
 import math
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
+from typing import Any
 
 import pandas as pd
 
@@ -46,9 +47,11 @@ def frame_windows(
     spans = frame.groupby("target_id").ts.agg(["min", "max"]).to_dict("index")
     windows: dict[int, Window] = {}
     edges: list[int] = []
-    positions = pd.Series(range(len(frame)), index=frame.index)
-    for target_id, rows in positions.groupby(groups):
-        first, last = int(rows.iloc[0]), int(rows.iloc[-1])
+    # Each target's first and last row, for all targets in one step (by target, as before).
+    bounds = pd.Series(range(len(frame)), index=frame.index).groupby(groups).agg(["first", "last"])
+    for target_id, first, last in zip(
+        bounds.index.tolist(), bounds["first"].tolist(), bounds["last"].tolist(), strict=True
+    ):
         if first == last:
             windows[int(target_id)] = Window(histograms=dict.fromkeys(HISTOGRAMS))
             continue
@@ -63,8 +66,20 @@ def frame_windows(
     edge_rows = frame.iloc[edges]
     if read_edges is not None:
         edge_rows = read_edges(edge_rows[["target_id", "ts"]])
-    for target_id, rows_at_edges in edge_rows.groupby("target_id", sort=False):
-        _fill_from_edges(windows[int(target_id)], rows_at_edges.sort_values("ts"), layouts)
+    if edge_rows.empty:
+        return windows
+    # Every target's edge rows in time order, each column converted once for all of them.
+    edge_rows = edge_rows.sort_values(["target_id", "ts"], kind="stable")
+    ids = edge_rows.target_id.tolist()
+    texts = {name: edge_rows[f"hist_{name}"].tolist() for name in HISTOGRAMS}
+    per_position = edge_rows.accepted_per_position.tolist()
+    start = 0
+    for end in range(1, len(ids) + 1):
+        if end < len(ids) and ids[end] == ids[start]:
+            continue
+        mine = {name: column[start:end] for name, column in texts.items()}
+        _fill_from_edges(windows[int(ids[start])], mine, per_position[start:end], layouts)
+        start = end
     return windows
 
 
@@ -107,15 +122,19 @@ def counter_deltas(
 
 
 def _fill_from_edges(
-    window: Window, edges: pd.DataFrame, layouts: dict[int, tuple[float, ...]]
+    window: Window,
+    histograms: dict[str, list[Any]],
+    per_position: list[Any],
+    layouts: dict[int, tuple[float, ...]],
 ) -> None:
     """Histograms and per-position counters need only the rows at the ends and around
-    resets: their increases are exact from those alone."""
+    resets (given in time order): their increases are exact from those alone."""
     for name in HISTOGRAMS:
-        texts = edges[f"hist_{name}"]
-        decoded = [None if _missing(text) else decode_histogram(text, layouts) for text in texts]
+        decoded = [
+            None if _missing(text) else decode_histogram(text, layouts) for text in histograms[name]
+        ]
         window.histograms[name] = window_histogram(decoded)
-    positions = [decode_floats(None if _missing(t) else t) for t in edges.accepted_per_position]
+    positions = [decode_floats(None if _missing(t) else t) for t in per_position]
     known = [p for p in positions if p]
     if len(known) >= 2 and all(len(p) == len(known[-1]) for p in known):
         window.per_position = [
