@@ -282,7 +282,7 @@ def page_work(config: Any, now: float) -> list[tuple[str, str, Callable[[Session
     from alerts import evaluate as alert_rounds
     from alerts import silences
     from alerts.outbox import channel_health
-    from kneepoint import audit
+    from kneepoint import audit, timeline
     from kneepoint.knee.detect import assess
     from kneepoint.knee.passive import replica_curve
     from kneepoint.series import COLUMNS as SERIES_COLUMNS
@@ -298,6 +298,9 @@ def page_work(config: Any, now: float) -> list[tuple[str, str, Callable[[Session
         names = {row.id: n for n, row in queries.targets(session).items()}
         frame = queries.replica_frame(session, now - window, now, columns=SERIES_COLUMNS)
         replica_series(frame, names)
+        # Its alert tiles (app/data.alert_states); its SLO tiles are slo_reports, cached
+        # for 30 s in the app and timed on the SLOs row.
+        queries.alert_states(session)
 
     def health(session: Session, window: float) -> None:
         queries.targets(session)
@@ -316,13 +319,18 @@ def page_work(config: Any, now: float) -> list[tuple[str, str, Callable[[Session
         replica_curve(session, replica_name(0), now - window, now)
 
     return [
-        ("Overview", "build_status (5 min) + replica_frame + replica_series", overview),
+        (
+            "Overview",
+            "build_status (5 min) + replica_frame + replica_series + alert_states",
+            overview,
+        ),
         (
             "Capacity, Cost, GPUs, Prefix cache, Spec decode",
             "build_view (one cached View)",
             lambda s, w: build_view(s, config, now, w),
         ),
         ("Knee", "load_runs + assess + replica_curve (one replica)", knee),
+        ("Timeline", "timeline.events", lambda s, w: timeline.events(s, config, now - w, now)),
         ("Health", "targets + job_health + scrape_errors", health),
         ("Alerts", "alert_states + alert_history + notifications + channel_health", alerts),
         ("Audit", "audit.entries", lambda s, w: audit.entries(s, now - w)),
