@@ -735,9 +735,8 @@ def fleet_window(session: Session, config: Config, now: float, window: float) ->
     spans = frame_windows(
         samples, queries.histogram_layouts(session), _edge_reader(session, samples)
     )
-    ids = {
-        row.id for name, row in queries.targets(session).items() if name in _replica_names(config)
-    }
+    replicas = _replica_names(config)  # once, not per target
+    ids = {row.id for name, row in queries.targets(session).items() if name in replicas}
     return merge([w for target_id, w in spans.items() if target_id in ids])
 
 
