@@ -29,7 +29,7 @@ from collectors.collect import Outcome, collect_once
 from kneepoint.config import load_config
 from kneepoint.status import build_status
 from kneepoint.store.db import open_store
-from kneepoint.store.models import AlertHistoryRow
+from kneepoint.store.models import AlertHistoryRow, ReplicaSampleRow
 from kneepoint.views import build_view
 from tests.conftest import migrated
 from tests.real.vllm_server import running_vllm
@@ -187,7 +187,20 @@ def test_a_stopped_engine_core_pages_while_the_api_server_answers(tmp_path: Path
         for thread in threads:
             thread.start()
 
+        def stored_steps(since: float) -> list[float | None]:
+            """The engine step counter (iteration_tokens_total's count) as stored since."""
+            samples = ReplicaSampleRow.__table__
+            with sessions() as session:
+                return list(
+                    session.scalars(
+                        select(samples.c.engine_steps)
+                        .where(samples.c.ts >= since)
+                        .order_by(samples.c.ts)
+                    )
+                )
+
         # Working: the tokens move between rounds, so nothing is stalled.
+        working = time.time()
         for _ in range(2):
             before = generated(server.url)
             wait_for(lambda: generated(server.url) > before, "tokens counted")  # noqa: B023
@@ -195,16 +208,22 @@ def test_a_stopped_engine_core_pages_while_the_api_server_answers(tmp_path: Path
         value, replica = watched()
         assert value == 0.0 and replica["stalled"] is False
         assert (replica["requests_running"] or 0) > 0 and (replica["requests_waiting"] or 0) > 0
+        steps = stored_steps(working)
+        assert None not in steps and len(steps) >= 2 and steps[-1] > steps[0]  # type: ignore[operator]
 
         core = engine_core_pid(port)
         with stopped(core):
             wait_for(lambda: state(core) == "T", "the engine core stopped")
+            halted = time.time()
             # The API server answers /metrics with the engine core stopped: the stall is
             # seen as frozen counters with requests queued, not as failed scrapes.
             frozen = generated(server.url)
             rounds_until(lambda: history()[-1:] == [("pending", "firing")], "firing")
             assert history() == [(None, "pending"), ("pending", "firing")]
             assert generated(server.url) == frozen
+            # The engine's step counter, stored at every round since, stands still too.
+            standing = stored_steps(halted)
+            assert len(standing) >= 2 and None not in standing and len(set(standing)) == 1
             value, replica = watched()
             assert value == 1.0
             assert replica["stalled"] is True and replica["stalled_since"] is not None
