@@ -15,9 +15,9 @@ fault cleared.
 
 from __future__ import annotations
 
-import fcntl
 import os
 import sqlite3
+import time
 import zlib
 from pathlib import Path
 from urllib.request import pathname2url
@@ -33,6 +33,9 @@ from kneepoint.secrets import Secret, redact_url, reveal
 
 MIGRATIONS = Path(__file__).resolve().parent.parent / "migrations"
 BUSY_TIMEOUT_MS = 10_000
+# A refused WAL switch is tried again by a new connection (see _switch_to_wal).
+WAL_SWITCH_TRIES = 20
+WAL_SWITCH_PAUSE = 0.01  # seconds: lets the switch that won finish
 # The key of the PostgreSQL advisory lock that serializes `kneepoint migrate` runs.
 MIGRATION_LOCK = zlib.crc32(b"kneepoint migrate")
 
@@ -77,44 +80,35 @@ def make_engine(given: str | Secret, *, create: bool = True) -> Engine:
 
 def _switch_to_wal(path: Path, busy_ms: int) -> None:
     """Put the file in WAL (kept in the file: every later connection finds it so) before any
-    of this process's connections opens it.
+    of this process's connections opens it, through short-lived connections of its own.
 
     Switched by each connection as it opened, a new file shared by several processes at
     once went wrong: SQLite refused some switches at once with "database is locked" (the
-    busy timeout not consulted; retries were refused too, five within 0.2 ms), and a
-    connection that had opened the empty file in rollback mode while another switched it
-    later failed with "disk I/O error" or wrote the file back out of WAL. So the switch is
-    made here, by a short-lived connection of its own, serialized between processes by an
-    exclusive flock on the database file (flock locks are separate from the POSIX record
-    locks SQLite takes, so they never block SQLite, only other switchers), and decided on
-    the file's header, not on a connection's idea of it. Every open after the first reads
-    two bytes and takes no lock."""
-    if _file_is_wal(path):
-        return
-    descriptor = os.open(path, os.O_RDONLY | os.O_CREAT, 0o644)
-    try:
-        fcntl.flock(descriptor, fcntl.LOCK_EX)  # released when the descriptor closes
-        if _file_is_wal(path):
-            return
-        switcher = sqlite3.connect(
-            f"file:{pathname2url(str(path))}?mode=rw", uri=True, timeout=busy_ms / 1000
-        )
+    busy timeout not consulted), and a connection that had opened the empty file in rollback
+    mode while another switched it was refused at every later try (five within 0.2 ms).
+    A fresh connection holds no lock and no stale view of the file, so each try is one: it
+    reads the mode (a file already in WAL, every open but the first, costs only this) and
+    switches if needed; refused, it is closed and a new one tries after a moment.
+
+    Never open the database file itself here (say, to read its header or to flock it):
+    closing any descriptor of a file drops every POSIX lock this process holds on it, the
+    locks of its other SQLite connections included, and the file is then written by two
+    connections at once (sqlite.org/howtocorrupt.html, 2.2). That corrupted the demo's
+    database when this function read the header with open()."""
+    uri = f"file:{pathname2url(str(path))}?mode=rwc"
+    for tries_left in reversed(range(WAL_SWITCH_TRIES)):
+        switcher = sqlite3.connect(uri, uri=True, timeout=busy_ms / 1000)
         try:
-            switcher.execute("PRAGMA journal_mode=WAL")
+            mode = switcher.execute("PRAGMA journal_mode").fetchone()[0]
+            if str(mode).lower() != "wal":
+                switcher.execute("PRAGMA journal_mode=WAL")
+            return
+        except sqlite3.OperationalError as error:
+            if "locked" not in str(error) or not tries_left:
+                raise
         finally:
             switcher.close()
-    finally:
-        os.close(descriptor)
-
-
-def _file_is_wal(path: Path) -> bool:
-    """The header's write and read format versions (bytes 18 and 19) are 2 in WAL mode."""
-    try:
-        with open(path, "rb") as handle:
-            header = handle.read(20)
-    except OSError:
-        return False
-    return len(header) == 20 and header[18:20] == b"\x02\x02"
+        time.sleep(WAL_SWITCH_PAUSE)
 
 
 def _guard_file(engine: Engine, path: Path, create: bool, busy_ms: int) -> None:

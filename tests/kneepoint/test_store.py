@@ -557,6 +557,45 @@ def test_an_unreachable_server_is_exit_1_and_the_password_is_never_shown(tmp_pat
         assert "s3cret-pw" not in result.output
 
 
+_SHARED_LOCK_PROBE = """
+import fcntl, os, sys
+descriptor = os.open(sys.argv[1], os.O_RDWR)
+try:  # SQLite's shared-lock range of the database file (PENDING_BYTE + 2, 510 bytes)
+    fcntl.lockf(descriptor, fcntl.LOCK_EX | fcntl.LOCK_NB, 510, 0x40000002, 0)
+    print("free")
+except OSError:
+    print("held")
+"""
+
+
+def test_opening_a_connection_keeps_the_locks_of_the_process_s_other_connections(
+    tmp_path: Path,
+) -> None:
+    """An open WAL connection holds a shared lock on the database file, which tells another
+    process closing its last connection not to checkpoint and delete the WAL under it.
+    Closing any descriptor of the file drops every POSIX lock the process holds on it: when
+    opening a connection read the file's header with open(), the demo's database was
+    corrupted ('database disk image is malformed'). Here a second connection is opened while
+    the first is idle; another process must still find the first one's shared lock."""
+    from kneepoint.store.db import make_engine
+
+    database = tmp_path / "k.db"
+    url = f"sqlite:///{database}"
+
+    def lock_on_the_file() -> str:
+        probe = [sys.executable, "-c", _SHARED_LOCK_PROBE, str(database)]
+        return subprocess.run(probe, capture_output=True, text=True, check=True).stdout.strip()
+
+    first = make_engine(url)
+    with first.connect() as reading:
+        reading.exec_driver_sql("SELECT count(*) FROM sqlite_master").all()
+        assert lock_on_the_file() == "held"  # the probe can see the lock
+        for _ in range(3):
+            with make_engine(url).connect() as another:
+                another.exec_driver_sql("SELECT 1").all()
+        assert lock_on_the_file() == "held"
+
+
 def _connect_at_the_barrier(url: str, barrier, errors) -> None:  # type: ignore[no-untyped-def]
     from kneepoint.store.db import make_engine
 
