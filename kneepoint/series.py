@@ -53,10 +53,12 @@ def replica_series(frame: pd.DataFrame, names: dict[int, str]) -> pd.DataFrame:
     delta = stored - previous
     increases = delta.where(delta.isna() | (delta >= 0), stored)
     seconds = frame["ts"] - frame["ts"].groupby(groups).shift()
+    # Each target's name looked up once, not once per row (241,000 rows an hour at 1,000).
+    named = {t: names.get(int(t), str(t)) for t in pd.unique(groups)}
     out = pd.DataFrame(
         {
             "time": pd.to_datetime(frame["ts"], unit="s", utc=True),
-            "replica": groups.map(lambda t: names.get(int(t), str(t))),
+            "replica": groups.map(named),
             "seconds": seconds,
         }
     )
