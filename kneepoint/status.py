@@ -455,7 +455,7 @@ def _stall(
             first - STALL_LOOKBACK,
             first,
             target_ids=[row.id],
-            columns=("requests_running", "requests_waiting", *PROGRESS[:2]),
+            columns=("requests_running", "requests_waiting", *PROGRESS),
             coarsest=RAW,
         )
         longer = stalled_since(_points(before) + _points(frame), max_gap=gap)
