@@ -396,6 +396,12 @@ def _replica_events(
     columns = list(dict.fromkeys([*series.COLUMNS, *RESTART_COUNTERS, PROCESS_START]))
     frame = queries.replica_frame(session, since - HISTORY, until, ids, columns=columns)
     found: list[Event] = []
+    if frame.empty:
+        return found
+    # Series and intervals for every replica at once: per replica they cost ~18 ms each,
+    # 19-34 s for 1,000 replicas (bench_scale); resampling is per replica all the same.
+    intervals = series.resample(series.replica_series(frame, names), EVENT_INTERVAL)
+    by_replica = {str(name): rows for name, rows in intervals.groupby("replica", sort=False)}
     for target_id, rows in frame.groupby("target_id", sort=False):
         name = names.get(int(target_id))
         if name is None:
@@ -404,9 +410,10 @@ def _replica_events(
         counters = {c: list(rows[c]) for c in RESTART_COUNTERS if c in rows}
         started = list(rows[PROCESS_START]) if PROCESS_START in rows else None
         found += restarts(name, times, counters, started)
-        intervals = series.resample(series.replica_series(rows, names), EVENT_INTERVAL)
-        found += hit_rate_drops(name, intervals)
-        found += prefill_storms(name, intervals)
+        mine = by_replica.get(name)
+        if mine is not None:
+            found += hit_rate_drops(name, mine)
+            found += prefill_storms(name, mine)
     return found
 
 
