@@ -36,7 +36,7 @@ def mark_charts(chosen: Filters) -> None:
     (a vertical line each, the detail on hover), and spans that range (charts line up)."""
     until = data.now()
     found = events(until - chosen.range_seconds, until, chosen.replicas)
-    MARKERS.set(tuple(marker(e) for e in found))
+    MARKERS.set(tuple(Marker.of(e) for e in found))
     WINDOW.set(
         (
             pd.Timestamp(until - chosen.range_seconds, unit="s", tz="UTC"),
@@ -45,10 +45,3 @@ def mark_charts(chosen: Filters) -> None:
     )
 
 
-def marker(event: Event) -> Marker:
-    where = f" on {event.replica}" if event.replica else ""
-    return Marker(
-        pd.Timestamp(event.at, unit="s", tz="UTC"),
-        event.kind,
-        f"{event.kind}{where}: {event.detail}",
-    )

@@ -11,11 +11,14 @@ from __future__ import annotations
 import io
 import re
 from contextvars import ContextVar
-from typing import Any, NamedTuple
+from typing import TYPE_CHECKING, Any, NamedTuple
 
 import pandas as pd
 import plotly.express as px
 import plotly.graph_objects as go
+
+if TYPE_CHECKING:
+    from kneepoint.timeline import Event
 
 LAYOUT = {"height": 280, "margin": {"l": 10, "r": 10, "t": 40, "b": 10}}
 CHANGES = "changes"  # the name of the markers' trace
@@ -29,6 +32,16 @@ class Marker(NamedTuple):
     at: pd.Timestamp
     kind: str
     text: str  # shown on hover
+
+    @classmethod
+    def of(cls, event: Event) -> Marker:
+        """A timeline event as the app's pages and the weekly review mark it."""
+        where = f" on {event.replica}" if event.replica else ""
+        return cls(
+            pd.Timestamp(event.at, unit="s", tz="UTC"),
+            event.kind,
+            f"{event.kind}{where}: {event.detail}",
+        )
 
 
 # The changes every time-series chart marks, set once per page run (app/changes.py).

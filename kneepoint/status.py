@@ -233,13 +233,7 @@ def hit_rates(session: Session, config: Config, now: float, window: float) -> di
         generations.pop() if len(generations) == 1 else ("mixed" if generations else None)
     )
     merged = merge(windows)
-    gauge_rates = [
-        r["prefix_cache_hit_rate"]
-        for r, w in zip(replicas, windows, strict=True)
-        if r["prefix_cache_hit_rate"] is not None
-        and w.deltas.get("prefix_cache_queries") is None
-        and w.deltas.get("prefix_cache_hits") is None
-    ]
+    gauge_rates = _gauge_hit_rates(replicas, windows)
     generation = (
         fleet_generation if fleet_engine == "vllm" and fleet_generation != "mixed" else None
     )
@@ -469,6 +463,18 @@ def _stall(
     }
 
 
+def _gauge_hit_rates(replicas: list[dict[str, Any]], windows: list[Window]) -> list[float]:
+    """The hit rates that are their engine's own gauge (no counters to merge): the fleet's
+    rate is their mean where no replica has counters."""
+    return [
+        r["prefix_cache_hit_rate"]
+        for r, w in zip(replicas, windows, strict=True)
+        if r["prefix_cache_hit_rate"] is not None
+        and w.deltas.get("prefix_cache_queries") is None
+        and w.deltas.get("prefix_cache_hits") is None
+    ]
+
+
 def _fleet(
     replicas: list[dict[str, Any]], windows: list[Window], costs: list[float | None]
 ) -> dict[str, Any]:
@@ -516,15 +522,7 @@ def _fleet(
     generation = (
         fleet["engine_generation"] if only_vllm and fleet["engine_generation"] != "mixed" else None
     )
-    # Replicas whose hit rate is their engine's own gauge (no counters to merge): their mean,
-    # where no replica has counters.
-    gauge_rates = [
-        r["prefix_cache_hit_rate"]
-        for r, w in zip(replicas, windows, strict=True)
-        if r["prefix_cache_hit_rate"] is not None
-        and w.deltas.get("prefix_cache_queries") is None
-        and w.deltas.get("prefix_cache_hits") is None
-    ]
+    gauge_rates = _gauge_hit_rates(replicas, windows)
     fleet.update(
         derived(
             merge(windows),

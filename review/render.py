@@ -7,12 +7,10 @@ import html
 from datetime import UTC, datetime
 from typing import Any
 
-import pandas as pd
 import plotly.graph_objects as go
 
 from alerts.slo import Report as SloReport
 from dashboards.charts import MARKERS, Marker, marked
-from kneepoint.timeline import Event
 from review.weekly import ROWS, WeeklyReport
 
 STYLE = """
@@ -176,22 +174,12 @@ def html_report(report: WeeklyReport) -> str:
     return "".join(parts)
 
 
-def marker(event: Event) -> Marker:
-    """A timeline event as the charts mark it (as the app's pages do: app/changes.py)."""
-    where = f" on {event.replica}" if event.replica else ""
-    return Marker(
-        pd.Timestamp(event.at, unit="s", tz="UTC"),
-        event.kind,
-        f"{event.kind}{where}: {event.detail}",
-    )
-
-
 def figures(report: WeeklyReport) -> list[go.Figure]:
     """The week's time series, each marking the week's changes (restarts, configuration
     changes, GPU events, alerts, annotations...: kneepoint/timeline.py) as the app's charts
     do, a dotted line each with the detail on hover."""
     series = report.this.view.coarse
-    changes = tuple(marker(event) for event in report.changes)
+    changes = tuple(Marker.of(event) for event in report.changes)
     charts = []
     for column, title, axis in (
         ("kv_cache_occupancy", "KV-cache occupancy", "occupancy (%)"),
