@@ -2,25 +2,35 @@
 Overview) says first. Pure: the caller reads the alerts, SLO reports and replica health and
 passes them in (app/data.py does for the app).
 
-The rule, exactly:
+The rule, exactly (worst first; the fleet's level is the worst of its reasons'):
 
-- **down** when either
-  - an alert of severity `page` is firing (someone is being paged now), or
-  - no replica is serving: at least one replica has been scraped, and every scraped replica
-    is down (its last scrape failed), stale (not scraped within kneepoint.status.stale_after)
-    or stalled (work present, no token counted: kneepoint/derived/stall.py).
-- **degraded** when it is not down and any of
-  - an alert of severity `ticket` (or of a severity kneepoint does not know) is firing,
-  - an SLO's error budget is exhausted (budget left ≤ 0 over its window),
-  - an SLO is burning: one of its burn-rate windows has both its long and short rate over
-    the window's factor (alerts/slo.py `burning`; the fast ones also fire a page alert),
-  - a replica is down, stale or stalled.
+- **down** when a replica is not serving: at least one scraped replica is down (its last
+  scrape failed), stale (not scraped within kneepoint.status.stale_after) or stalled (work
+  present, no token counted: kneepoint/derived/stall.py). The status line says how many of
+  the scraped replicas ("Down: 1 of 4 replicas down"), and "no replica serving" when none
+  does. A firing `page` alert on a replica's health (`target-down`, `engine-stalled`,
+  `collector-stale`) is a down reason too, but only while some replica is not serving.
+- **burning** when an SLO's error budget is spent or burns: its budget left is ≤ 0 over its
+  window (exhausted), or one of its burn-rate windows has both its long and short rate over
+  the window's factor (alerts/slo.py `burning`). A firing burn-rate alert (`slo_burn:…`,
+  whatever its severity but `info`) is the same fact: it is a burning reason of its own only
+  when the SLO's report does not already say it burns.
+- **paging** when any other alert of severity `page` fires: someone is paged for it, every
+  replica may still serve (`kv-cache-saturated`, `gpu-xid-error`, a replica-health page
+  alert while every replica serves). The status line names it with its severity.
+- **degraded** when an alert of severity `ticket` (or of a severity kneepoint does not
+  know) fires.
 - **ok** otherwise.
 
 Never a reason: a `pending` alert (breaching, not yet for its whole `for:`), a firing alert
 of severity `info` (for the record: gpu-idle, a low acceptance rate), an SLO with no data
 yet or whose configuration is wrong (its page says why), a replica never scraped. They are
 counted in `notes` so the status line can say "OK · 2 pending" without calling it a problem.
+
+The status line has one segment per level with reasons, worst first, each naming its
+reasons ("Down: 1 of 4 replicas down · Burning: SLO fast-ttft budget exhausted ·
+Degraded: preemptions-sustained firing on replica-b (ticket) · 2 pending"); past `NAMED`
+SLOs or alerts in one segment it counts them instead ("Paging: 3 page alerts firing").
 
 Every reason carries the query string of the page that explains it (the app's
 ?page=…&range=…&replica=… scheme, app/main.py): an alert's is given by the caller (the same
@@ -33,23 +43,31 @@ from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
-OK, DEGRADED, DOWN = "ok", "degraded", "down"
-LEVELS = (OK, DEGRADED, DOWN)  # worst last
-LABELS = {OK: "OK", DEGRADED: "Degraded", DOWN: "Down"}
-COLOURS = {OK: "green", DEGRADED: "orange", DOWN: "red"}
+OK, DEGRADED, PAGING, BURNING, DOWN = "ok", "degraded", "paging", "burning", "down"
+# Worst last. Burning ranks above a page on another metric: a spent budget is harm users
+# already had; most page rules (KV saturated, an XID) are a risk to it.
+LEVELS = (OK, DEGRADED, PAGING, BURNING, DOWN)
+LABELS = {OK: "OK", DEGRADED: "Degraded", PAGING: "Paging", BURNING: "Burning", DOWN: "Down"}
+COLOURS = {OK: "green", DEGRADED: "orange", PAGING: "red", BURNING: "violet", DOWN: "red"}
 SEVERITY_COLOURS = {"page": "red", "ticket": "orange", "info": "blue"}
 FIRING, PENDING = "firing", "pending"
 RANGE = "1h"  # the time range a reason's link opens
+SLO_BURN = "slo_burn:"  # alerts/slo.py burn_metric: slo_burn:<slo>:<long window>
+# The page rules' metrics that say a replica is not serving (alerts/rules.py).
+REPLICA_METRICS = ("up", "engine_stalled", "stale_targets")
+NAMED = 2  # SLOs or alerts named in one segment of the status line; past it, counted
 # What the status line counts, one and many.
 CATEGORIES = {
-    "page": ("page alert firing", "page alerts firing"),
     "none": ("no replica serving", "no replica serving"),
-    "alert": ("alert firing", "alerts firing"),
     "down": ("replica down", "replicas down"),
     "stale": ("replica stale", "replicas stale"),
     "stalled": ("replica stalled", "replicas stalled"),
+    "replica-alert": ("replica alert firing", "replica alerts firing"),
     "exhausted": ("SLO budget exhausted", "SLO budgets exhausted"),
     "burning": ("SLO burning", "SLOs burning"),
+    "burn-alert": ("burn-rate alert firing", "burn-rate alerts firing"),
+    "page": ("page alert firing", "page alerts firing"),
+    "alert": ("ticket alert firing", "ticket alerts firing"),
 }
 
 
@@ -140,7 +158,7 @@ class ReplicaState:
 class Reason:
     """Why the fleet is not OK: one alert, SLO or replica."""
 
-    level: str  # degraded | down
+    level: str  # degraded | paging | burning | down
     kind: str  # alert | slo | replica | fleet
     category: str  # a key of CATEGORIES: what the status line counts
     subject: str  # the rule, SLO or replica name
@@ -150,9 +168,10 @@ class Reason:
 
 @dataclass(frozen=True)
 class FleetStatus:
-    level: str  # ok | degraded | down
-    reasons: tuple[Reason, ...]  # down ones first
+    level: str  # ok | degraded | paging | burning | down
+    reasons: tuple[Reason, ...]  # the worst first
     notes: tuple[str, ...] = ()  # what is worth a glance but is no problem (pending, info)
+    scraped: int = 0  # replicas scraped at least once: the "of 4" of "1 of 4 replicas down"
 
     @property
     def label(self) -> str:
@@ -163,13 +182,14 @@ class FleetStatus:
         return COLOURS[self.level]
 
     def summary(self) -> str:
-        """The status line: "Down: 1 page alert firing, 1 replica down · 2 pending"."""
-        counts: dict[str, int] = {}
-        for reason in self.reasons:
-            counts[reason.category] = counts.get(reason.category, 0) + 1
-        parts = [_counted(category, n) for category, n in counts.items()]
-        head = f"{self.label}: {', '.join(parts)}" if parts else self.label
-        return " · ".join([head, *self.notes])
+        """The status line: "Down: 1 of 4 replicas down · Burning: SLO ttft burning over 1h
+        · 2 pending", one segment per level, worst first, each naming its reasons."""
+        segments = []
+        for level in reversed(LEVELS[1:]):
+            mine = [r for r in self.reasons if r.level == level]
+            if mine:
+                segments.append(f"{LABELS[level]}: {_segment(level, mine, self.scraped)}")
+        return " · ".join([*(segments or [self.label]), *self.notes])
 
 
 def assess(
@@ -179,23 +199,25 @@ def assess(
 ) -> FleetStatus:
     """The fleet's status by the module's rule, with every reason."""
     alerts, slos, replicas = list(alerts), list(slos), list(replicas)
+    known = [r for r in replicas if r.known]
+    all_serve = all(r.serving for r in known)
+    said_burning = {s.name for s in slos if s.problem is None and (s.burning or s.exhausted)}
     reasons: list[Reason] = []
     for alert in alerts:
         if alert.state != FIRING or alert.severity == "info":
             continue
-        page = alert.severity == "page"
         text = f"{alert.rule} firing on {alert.where} ({alert.severity})"
-        reasons.append(
-            Reason(
-                DOWN if page else DEGRADED,
-                "alert",
-                "page" if page else "alert",
-                alert.rule,
-                text,
-                dict(alert.view),
-            )
-        )
-    known = [r for r in replicas if r.known]
+        if alert.metric.startswith(SLO_BURN):
+            if burn_slo(alert.metric) in said_burning:
+                continue  # the SLO's own reason says it burns, with its windows
+            level, category = BURNING, "burn-alert"
+        elif alert.severity != "page":
+            level, category = DEGRADED, "alert"
+        elif alert.metric in REPLICA_METRICS and not all_serve:
+            level, category = DOWN, "replica-alert"
+        else:  # a page on any other metric, or a replica's while every replica serves
+            level, category = PAGING, "page"
+        reasons.append(Reason(level, "alert", category, alert.rule, text, dict(alert.view)))
     if known and not any(r.serving for r in known):
         text = f"no replica serving ({len(known)} of {len(known)} down, stale or stalled)"
         reasons.append(Reason(DOWN, "fleet", "none", "fleet", text, replica_view(None)))
@@ -204,19 +226,24 @@ def assess(
         if trouble is not None:
             text = f"{replica.name} {trouble}"
             view = replica_view(replica)
-            reasons.append(Reason(DEGRADED, "replica", trouble, replica.name, text, view))
+            reasons.append(Reason(DOWN, "replica", trouble, replica.name, text, view))
     for slo in slos:
         if slo.problem is not None:
             continue
         if slo.exhausted:
             text = f"SLO {slo.name}: error budget exhausted"
-            reasons.append(Reason(DEGRADED, "slo", "exhausted", slo.name, text, slo_view(slo.name)))
+            reasons.append(Reason(BURNING, "slo", "exhausted", slo.name, text, slo_view(slo.name)))
         if slo.burning:
             text = f"SLO {slo.name}: burning over {', '.join(slo.burning)}"
-            reasons.append(Reason(DEGRADED, "slo", "burning", slo.name, text, slo_view(slo.name)))
+            reasons.append(Reason(BURNING, "slo", "burning", slo.name, text, slo_view(slo.name)))
     level = max((r.level for r in reasons), key=LEVELS.index, default=OK)
     reasons.sort(key=lambda r: -LEVELS.index(r.level))  # stable: the order above within a level
-    return FleetStatus(level, tuple(reasons), _notes(alerts))
+    return FleetStatus(level, tuple(reasons), _notes(alerts), len(known))
+
+
+def burn_slo(metric: str) -> str:
+    """The SLO a burn-rate alert's metric is on: slo_burn:<slo>:<long window> → <slo>."""
+    return metric[len(SLO_BURN) :].rsplit(":", 1)[0]
 
 
 def replica_view(replica: ReplicaState | None) -> dict[str, str]:
@@ -264,3 +291,33 @@ def _counted(category: str, n: int) -> str:
     if category == "none":
         return one
     return f"{n} {one if n == 1 else many}"
+
+
+def _segment(level: str, reasons: list[Reason], scraped: int) -> str:
+    """One level's reasons named ("; " between them: an SLO's windows are listed with ", "):
+    replicas counted against the scraped ones, SLOs and alerts by name up to NAMED, counted
+    past it."""
+    if level == DOWN:
+        parts = ["no replica serving"] if any(r.category == "none" for r in reasons) else []
+        for trouble in ("down", "stale", "stalled"):
+            n = sum(1 for r in reasons if r.category == trouble)
+            if n:
+                parts.append(f"{n} of {scraped} replica{'' if scraped == 1 else 's'} {trouble}")
+        if parts:  # a replica-health alert is the same fact as the replicas counted
+            return "; ".join(parts)
+    if level == BURNING:
+        slos: dict[str, list[str]] = {}
+        for r in reasons:
+            if r.kind == "slo":
+                what = "budget exhausted" if r.category == "exhausted" else r.text.split(": ")[1]
+                slos.setdefault(r.subject, []).append(what)
+        named = [f"SLO {name} {' and '.join(what)}" for name, what in slos.items()]
+        named += [r.text for r in reasons if r.kind != "slo"]
+        if len(named) <= NAMED:
+            return "; ".join(named)
+    elif len(reasons) <= NAMED:
+        return "; ".join(r.text for r in reasons)
+    counts: dict[str, int] = {}
+    for reason in reasons:
+        counts[reason.category] = counts.get(reason.category, 0) + 1
+    return ", ".join(_counted(category, n) for category, n in counts.items())
