@@ -2,7 +2,14 @@
 
 from __future__ import annotations
 
-from collectors.parse import MAX_SERIES, ParsedScrape, ScrapeFormatError, parse_exposition
+from collectors.parse import (
+    MAX_SERIES,
+    ParsedScrape,
+    ScrapeFormatError,
+    checked,
+    label_index,
+    parse_exposition,
+)
 from kneepoint.samples import GpuSample
 
 # DCGM writes "blank" (no reading) as huge sentinel values, e.g. DCGM_FP64_BLANK = 1.4e26
@@ -48,7 +55,7 @@ def normalize_dcgm(parsed: ParsedScrape, default_host: str) -> list[GpuSample]:
     gpus: dict[tuple[str, int], GpuSample] = {}
     for field, (name, scale) in [*FIELDS.items(), *RENAMED.items()]:
         for labels, value in parsed.series(name):
-            gpu = _gpu(gpus, labels, default_host)
+            gpu = _gpu(gpus, name, labels, default_host)
             if gpu is None or value >= SENTINEL_FLOOR:
                 continue
             setattr(gpu, field, value * scale)
@@ -59,19 +66,19 @@ def normalize_dcgm(parsed: ParsedScrape, default_host: str) -> list[GpuSample]:
         # XID_ERRORS holds the last XID code; 0 means none has happened.
         if gpu.xid_error == 0:
             gpu.xid_error = None
-    return sorted(gpus.values(), key=lambda gpu: (gpu.host, gpu.index))
+    return checked(sorted(gpus.values(), key=lambda gpu: (gpu.host, gpu.index)))
 
 
 def _gpu(
-    gpus: dict[tuple[str, int], GpuSample], labels: dict[str, str], default_host: str
+    gpus: dict[tuple[str, int], GpuSample], name: str, labels: dict[str, str], default_host: str
 ) -> GpuSample | None:
     if "gpu" not in labels:
         return None
     host = labels.get("Hostname") or labels.get("hostname") or default_host
-    text = labels["gpu"]
-    if not text.isdigit() or int(text) > MAX_GPU_INDEX:
-        raise ScrapeFormatError(f"gpu={text!r} is not a GPU index (0 to {MAX_GPU_INDEX})")
-    key = (host, int(text))
+    index = label_index(
+        name, "gpu", labels["gpu"], MAX_GPU_INDEX + 1, "a GPU index", "MAX_GPU_INDEX"
+    )
+    key = (host, index)
     gpu = gpus.get(key)
     if gpu is None:
         gpu = gpus[key] = GpuSample(host=host, index=key[1])

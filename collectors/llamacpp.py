@@ -38,7 +38,14 @@ gauges), `no-kv-gauges` (May 2025 to mid 2026: no KV gauge, no cached-token coun
 
 from __future__ import annotations
 
-from collectors.parse import MAX_SERIES, ParsedScrape, ScrapeFormatError, parse_exposition
+from collectors.parse import (
+    MAX_SERIES,
+    ParsedScrape,
+    ScrapeFormatError,
+    checked,
+    parse_exposition,
+    per_position,
+)
 from kneepoint.samples import REPLICA_COUNTERS, REPLICA_GAUGES, CacheConfig, ReplicaSample
 
 ENGINE = "llamacpp"
@@ -167,17 +174,23 @@ def normalize_llamacpp(parsed: ParsedScrape) -> ReplicaSample:
         unavailable["prefix_cache_hit_rate"] = NO_HIT_COUNTER
     if not any(parsed.has(name) for name in SPEC.values()):
         unavailable["spec_decode_acceptance"] = NO_SPEC
-    return ReplicaSample(
-        engine=ENGINE,
-        generation=generation,
-        engines=1,
-        model_names=[],  # llama.cpp's metrics carry no labels
-        gauges=gauges,
-        counters=counters,
-        histograms={},
-        accepted_per_position=_per_position(parsed),
-        cache=CacheConfig(),
-        unavailable=unavailable,
+    return checked(
+        ReplicaSample(
+            engine=ENGINE,
+            generation=generation,
+            engines=1,
+            model_names=[],  # llama.cpp's metrics carry no labels
+            gauges=gauges,
+            counters=counters,
+            histograms={},
+            # Accepted draft tokens by position (absent until the first speculative
+            # request); a position of parse.MAX_POSITIONS or more is refused.
+            accepted_per_position=per_position(
+                parsed.series(SPEC_PER_POSITION), SPEC_PER_POSITION, "position"
+            ),
+            cache=CacheConfig(),
+            unavailable=unavailable,
+        )
     )
 
 
@@ -198,21 +211,3 @@ def _value(parsed: ParsedScrape, name: str) -> float | None:
     if len(series) > 1:
         raise ScrapeFormatError(f"{name} has {len(series)} series; llama.cpp writes one")
     return series[0][1]
-
-
-def _per_position(parsed: ParsedScrape) -> list[float] | None:
-    """Accepted draft tokens by position, from the `position` label (absent until the first
-    speculative request)."""
-    series = parsed.series(SPEC_PER_POSITION)
-    if not series:
-        return None
-    by_position: dict[int, float] = {}
-    for labels, value in series:
-        try:
-            position = int(labels["position"])
-        except (KeyError, ValueError):
-            raise ScrapeFormatError(
-                f"{SPEC_PER_POSITION} has a series without an integer position: {labels}"
-            ) from None
-        by_position[position] = value
-    return [by_position.get(i, 0.0) for i in range(max(by_position) + 1)]

@@ -4,10 +4,12 @@ prometheus_client parser."""
 
 from __future__ import annotations
 
+import dataclasses
 import math
 import re
 from collections.abc import Callable
 from dataclasses import dataclass, field
+from typing import TypeVar
 
 from prometheus_client.parser import text_string_to_metric_families
 
@@ -18,6 +20,22 @@ _METRIC_NAME = re.compile(r"[a-zA-Z_:][a-zA-Z0-9_:]*")
 # label per request or per user would otherwise cost a round's time and memory. Targets can
 # set their own (`max_series:`).
 MAX_SERIES = 20_000
+# Every size a normalizer derives from a label's value is bounded here, so one broken target
+# costs its own scrape (ScrapeFormatError, the target down with the reason), never the memory
+# or time of the round every target shares. A list built up to a label's value would cost in
+# proportion to it: `position="50000000"` is a 50-million-entry list.
+#
+# Draft positions kept per replica (vLLM, llama.cpp, TensorRT-LLM): speculative decoding
+# drafts a handful of tokens (EAGLE, MTP and n-gram configurations stop well below this).
+MAX_POSITIONS = 64
+# Upper bounds (`le`) of one histogram: the kept ones have 4 to 41 (tests/fixtures); TGI's
+# largest, tgi_batch_next_size (not kept), has 1,025.
+MAX_BUCKETS = 2_048
+# The largest integer a sample holds (SQLite's INTEGER is 64-bit).
+MAX_INT = 2**63 - 1
+# An index label's value: ASCII digits only (str.isdigit accepts "²", which int() refuses),
+# and few enough that int() never meets Python's 4,300-digit limit.
+_INDEX = re.compile(r"[0-9]{1,9}")
 
 
 class ScrapeFormatError(ValueError):
@@ -187,11 +205,15 @@ def _add(parsed: ParsedScrape, name: str, labels: dict[str, str], value: float) 
 def histogram(name: str, buckets: Series, total: float, require_inf: bool = False) -> Histogram:
     """A cumulative histogram from its `_bucket` series, counts added over label sets that
     share an upper bound (engines, ranks). `require_inf`: a histogram without its +Inf bucket
-    is malformed (vLLM's is read as given)."""
+    is malformed (vLLM's is read as given). More than MAX_BUCKETS bounds: ScrapeFormatError."""
     counts: dict[float, float] = {}
     for labels, value in buckets:
         bound = bucket_bound(name, labels)
         counts[bound] = counts.get(bound, 0.0) + value
+    if len(counts) > MAX_BUCKETS:
+        raise ScrapeFormatError(
+            f"{name} has {len(counts)} bucket bounds (le), more than {MAX_BUCKETS} (MAX_BUCKETS)"
+        )
     bounds = tuple(sorted(counts))
     if require_inf and (not bounds or bounds[-1] != math.inf):
         raise ScrapeFormatError(f"{name} has no +Inf bucket")
@@ -204,6 +226,85 @@ def bucket_bound(name: str, labels: dict[str, str]) -> float:
     if text is None:
         raise ScrapeFormatError(f"a bucket of {name} has no le label")
     try:
-        return float(text)
+        bound = float(text)
     except ValueError:
         raise ScrapeFormatError(f"a bucket of {name} has le={text!r}: not a number") from None
+    # NaN sorts nowhere and -Inf holds nothing: either would be stored as a bound.
+    if bound != bound or bound == -math.inf:
+        raise ScrapeFormatError(f"a bucket of {name} has le={text!r}: not an upper bound")
+    return bound
+
+
+def label_index(
+    name: str, label: str, text: str | None, limit: int, what: str, limit_name: str
+) -> int:
+    """`text`, the value of `label` on a series of `name`, as an integer from 0 to `limit` - 1,
+    or ScrapeFormatError saying `what` it should be and naming the limit (`limit_name`).
+    Checked before anything is sized by it."""
+    if text is None or not _INDEX.fullmatch(text) or int(text) >= limit:
+        shown = text if text is None or len(text) <= 40 else text[:40] + "..."
+        raise ScrapeFormatError(
+            f"{name} has {label}={shown!r}: not {what} from 0 to {limit - 1} ({limit_name})"
+        )
+    return int(text)
+
+
+def per_position(series: Series, name: str, label: str) -> list[float] | None:
+    """Counts by draft position (the `label` label), added over the other labels (engines,
+    processes), 0 for a position between two counted ones; None without series. A position
+    of MAX_POSITIONS or more is ScrapeFormatError."""
+    if not series:
+        return None
+    by_position: dict[int, float] = {}
+    for labels, value in series:
+        position = label_index(
+            name, label, labels.get(label), MAX_POSITIONS, "a draft position", "MAX_POSITIONS"
+        )
+        by_position[position] = by_position.get(position, 0.0) + value
+    return [by_position.get(position, 0.0) for position in range(max(by_position) + 1)]
+
+
+def as_int(value: float, what: str) -> int:
+    """`value` as an integer a sample can hold, or ScrapeFormatError: int() of an infinite
+    number raises OverflowError, and beyond MAX_INT no database column holds it."""
+    if not -MAX_INT <= value <= MAX_INT:  # NaN fails both comparisons
+        raise ScrapeFormatError(f"{what} is {value!r}: not an integer a sample can hold")
+    return int(value)
+
+
+_T = TypeVar("_T")
+
+
+def checked(sample: _T) -> _T:
+    """`sample` (a ReplicaSample or a list of GpuSample) once every number in it is finite,
+    every integer at most MAX_INT in size and a histogram's only infinite bound its last
+    (+Inf); else ScrapeFormatError naming the number. The parser drops NaN and ±Inf values,
+    but finite ones still add up to infinity (two engines' counters of 1e308)."""
+    _check(sample, type(sample).__name__)
+    return sample
+
+
+def _check(item: object, where: str) -> None:
+    if isinstance(item, bool) or item is None or isinstance(item, str):
+        return
+    if isinstance(item, float):
+        if not math.isfinite(item):
+            raise ScrapeFormatError(f"{where} is {item!r}: not a finite number (an overflow?)")
+    elif isinstance(item, int):
+        if not -MAX_INT <= item <= MAX_INT:
+            raise ScrapeFormatError(f"{where} is {item}: beyond a 64-bit integer")
+    elif isinstance(item, Histogram):
+        finite = item.bounds[:-1] if item.bounds[-1:] == (math.inf,) else item.bounds
+        if not all(map(math.isfinite, (*finite, *item.counts, item.total))):
+            raise ScrapeFormatError(
+                f"{where} has a bound, count or sum that is not finite (an overflow?)"
+            )
+    elif isinstance(item, dict):
+        for key, value in item.items():
+            _check(value, f"{where}[{key!r}]")
+    elif isinstance(item, list | tuple):
+        for index, value in enumerate(item):
+            _check(value, f"{where}[{index}]")
+    elif dataclasses.is_dataclass(item):
+        for entry in dataclasses.fields(item):
+            _check(getattr(item, entry.name), f"{where}.{entry.name}")

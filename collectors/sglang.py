@@ -23,10 +23,13 @@ from collections import defaultdict
 from collections.abc import Iterable
 
 from collectors.parse import (
+    MAX_INT,
     MAX_SERIES,
     ParsedScrape,
     ScrapeFormatError,
     Series,
+    as_int,
+    checked,
     histogram,
     parse_exposition,
 )
@@ -178,16 +181,18 @@ def normalize_sglang(parsed: ParsedScrape) -> ReplicaSample:
         # cached tokens, so before the first hit it is absent: no hit yet, i.e. 0.
         counters["prefix_cache_queries"] = counters["prompt_tokens"]
         counters["prefix_cache_hits"] = _sum(parsed.series(CACHED_TOKENS))
-    return ReplicaSample(
-        engine="sglang",
-        generation=generation,
-        engines=max(1, len(usage) or len(_per_dp(parsed, RUNNING))),
-        model_names=_model_names(parsed),
-        gauges=gauges,
-        counters=counters,
-        histograms=_histograms(parsed),
-        cache=_cache(parsed),
-        unavailable=_unavailable(parsed, generation),
+    return checked(
+        ReplicaSample(
+            engine="sglang",
+            generation=generation,
+            engines=max(1, len(usage) or len(_per_dp(parsed, RUNNING))),
+            model_names=_model_names(parsed),
+            gauges=gauges,
+            counters=counters,
+            histograms=_histograms(parsed),
+            cache=_cache(parsed),
+            unavailable=_unavailable(parsed, generation),
+        )
     )
 
 
@@ -337,14 +342,16 @@ def _cache(parsed: ParsedScrape) -> CacheConfig:
     if tokens is None and size is not None and total_pages is not None:
         tokens = size * total_pages
     return CacheConfig(
-        block_size=None if size is None else int(size),
-        num_gpu_blocks=None if total_pages is None else int(total_pages),
-        capacity_tokens=None if tokens is None else int(tokens),
+        block_size=None if size is None else as_int(size, PAGE_SIZE),
+        num_gpu_blocks=None if total_pages is None else as_int(total_pages, NUM_PAGES),
+        capacity_tokens=None if tokens is None else as_int(tokens, "the KV capacity in tokens"),
     )
 
 
 def _as_int(text: str | None) -> int:
+    """A rank or cache label as an integer; 0 where it is none ("", "abc", "nan", "1e999")."""
     try:
-        return int(float(text)) if text not in (None, "") else 0
+        number = float(text) if text not in (None, "") else 0.0
     except ValueError:
         return 0
+    return int(number) if abs(number) <= MAX_INT else 0  # NaN fails the comparison

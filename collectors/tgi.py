@@ -29,6 +29,8 @@ from collectors.parse import (
     ParsedScrape,
     ScrapeFormatError,
     Series,
+    as_int,
+    checked,
     histogram,
     parse_exposition,
 )
@@ -143,16 +145,18 @@ def normalize_tgi(parsed: ParsedScrape) -> ReplicaSample:
     capacity = _capacity(parsed.series(MAX_TOTAL_TOKENS))
     if generation == "tgi-2":
         unavailable["kv_cache_capacity_tokens"] = NO_CAPACITY
-    return ReplicaSample(
-        engine=ENGINE,
-        generation=generation,
-        engines=1,
-        model_names=[],  # TGI's metrics carry no model label
-        gauges=gauges,
-        counters=counters,
-        histograms=_histograms(parsed),
-        cache=CacheConfig(capacity_tokens=capacity),
-        unavailable=unavailable,
+    return checked(
+        ReplicaSample(
+            engine=ENGINE,
+            generation=generation,
+            engines=1,
+            model_names=[],  # TGI's metrics carry no model label
+            gauges=gauges,
+            counters=counters,
+            histograms=_histograms(parsed),
+            cache=CacheConfig(capacity_tokens=capacity),
+            unavailable=unavailable,
+        )
     )
 
 
@@ -169,7 +173,7 @@ def _sum(series: Series) -> float:
 def _capacity(series: Series) -> int | None:
     if not series:
         return None
-    return int(max(value for _, value in series))
+    return as_int(max(value for _, value in series), MAX_TOTAL_TOKENS)
 
 
 def _histograms(parsed: ParsedScrape) -> dict[str, Histogram]:

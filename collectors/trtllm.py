@@ -22,15 +22,16 @@ told apart by the names present; what a stage lacks is `unavailable` with the re
 
 from __future__ import annotations
 
-from collections import defaultdict
-
 from collectors.parse import (
     MAX_SERIES,
     ParsedScrape,
     ScrapeFormatError,
     Series,
+    as_int,
+    checked,
     histogram,
     parse_exposition,
+    per_position,
 )
 from kneepoint.samples import (
     REPLICA_COUNTERS,
@@ -76,8 +77,7 @@ ACCEPTED_TOKENS = "trtllm_spec_decode_num_accepted_tokens_total"
 DRAFTED_PER_POSITION = "trtllm_spec_decode_drafted_tokens_total"
 ACCEPTED_PER_POSITION = "trtllm_spec_decode_accepted_tokens_total"
 ACCEPTANCE_LENGTH = "trtllm_spec_decode_acceptance_length"
-# Draft positions kept (as vLLM's normalizer): a larger token_position is a broken exporter.
-MAX_POSITIONS = 64
+# Its `token_position` label is bounded by parse.MAX_POSITIONS, as every engine's.
 
 # Iteration stats: published only with `enable_iter_perf_stats: true`.
 ITERATION = (UTILIZATION, MAX_BLOCKS, USED_BLOCKS, TOKENS_PER_BLOCK, RUNNING, WAITING)
@@ -189,8 +189,12 @@ def normalize_trtllm(parsed: ParsedScrape) -> ReplicaSample:
     counters["prefix_cache_queries"], counters["prefix_cache_hits"] = _prefix_cache(parsed)
     for reason in FINISH_REASONS:
         counters[f"requests_finished_{reason}"] = _finished(parsed, reason)
-    drafted = _per_position(parsed.series(DRAFTED_PER_POSITION), DRAFTED_PER_POSITION)
-    accepted = _per_position(parsed.series(ACCEPTED_PER_POSITION), ACCEPTED_PER_POSITION)
+    drafted = per_position(
+        parsed.series(DRAFTED_PER_POSITION), DRAFTED_PER_POSITION, "token_position"
+    )
+    accepted = per_position(
+        parsed.series(ACCEPTED_PER_POSITION), ACCEPTED_PER_POSITION, "token_position"
+    )
     if drafted is not None and accepted is not None:
         accepted += [0.0] * (len(drafted) - len(accepted))  # counted only once above 0
     counters["spec_decode_draft_tokens"] = _sum(parsed.series(DRAFT_TOKENS))
@@ -201,17 +205,19 @@ def normalize_trtllm(parsed: ParsedScrape) -> ReplicaSample:
         if counters["spec_decode_draft_tokens"] is None:
             counters["spec_decode_draft_tokens"] = sum(drafted)
             counters["spec_decode_accepted_tokens"] = sum(accepted or [])
-    return ReplicaSample(
-        engine=ENGINE,
-        generation=generation,
-        engines=1,
-        model_names=_model_names(parsed),
-        gauges=gauges,
-        counters=counters,
-        histograms=_histograms(parsed),
-        accepted_per_position=accepted if drafted is not None else None,
-        cache=_cache(parsed),
-        unavailable=_unavailable(parsed, generation),
+    return checked(
+        ReplicaSample(
+            engine=ENGINE,
+            generation=generation,
+            engines=1,
+            model_names=_model_names(parsed),
+            gauges=gauges,
+            counters=counters,
+            histograms=_histograms(parsed),
+            accepted_per_position=accepted if drafted is not None else None,
+            cache=_cache(parsed),
+            unavailable=_unavailable(parsed, generation),
+        )
     )
 
 
@@ -312,25 +318,12 @@ def _cache(parsed: ParsedScrape) -> CacheConfig:
     per_block = _mean(parsed.series(TOKENS_PER_BLOCK))
     if blocks is None or per_block is None:
         return CacheConfig()
+    block_size, num_blocks = as_int(per_block, TOKENS_PER_BLOCK), as_int(blocks, MAX_BLOCKS)
     return CacheConfig(
-        block_size=int(per_block),
-        num_gpu_blocks=int(blocks),
-        capacity_tokens=int(blocks) * int(per_block),
+        block_size=block_size,
+        num_gpu_blocks=num_blocks,
+        capacity_tokens=as_int(block_size * num_blocks, "the KV capacity in tokens"),
     )
-
-
-def _per_position(series: Series, name: str) -> list[float] | None:
-    if not series:
-        return None
-    by_position: dict[int, float] = defaultdict(float)
-    for labels, value in series:
-        text = labels.get("token_position", "")
-        if not text.isdigit() or int(text) >= MAX_POSITIONS:
-            raise ScrapeFormatError(
-                f"{name} has token_position={text!r}: not a draft position below {MAX_POSITIONS}"
-            )
-        by_position[int(text)] += value
-    return [by_position[position] for position in range(max(by_position) + 1)]
 
 
 def _histograms(parsed: ParsedScrape) -> dict[str, Histogram]:

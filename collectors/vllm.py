@@ -6,16 +6,20 @@ release that exposes a deprecated name next to its replacement (0.10, 0.11) is c
 
 from __future__ import annotations
 
+import math
 from collections import defaultdict
 from collections.abc import Iterable
 
 from collectors.parse import (
+    MAX_INT,
     MAX_SERIES,
     ParsedScrape,
     ScrapeFormatError,
     Series,
+    checked,
     histogram,
     parse_exposition,
+    per_position,
 )
 from kneepoint.samples import CacheConfig, Histogram, ReplicaSample
 
@@ -84,10 +88,8 @@ LABELLED_COUNTERS: dict[str, tuple[str, str, str]] = {
     "http_requests_5xx": ("http_requests_total", "status", "5xx"),
 }
 ACCEPTED_PER_POSITION = "vllm:spec_decode_num_accepted_tokens_per_pos_total"
-# Draft positions kept per replica: vLLM drafts a handful of tokens (EAGLE and n-gram
-# configurations stop well below this); a larger `position` label is a broken exporter, and
-# building a list up to it would cost memory in proportion to the label's value.
-MAX_POSITIONS = 64
+# Its `position` label is bounded by parse.MAX_POSITIONS, as every engine's: a larger one is
+# a broken exporter, refused with ScrapeFormatError.
 
 HISTOGRAMS: dict[str, tuple[str, ...]] = {
     "ttft": ("vllm:time_to_first_token_seconds",),
@@ -169,17 +171,21 @@ def normalize_vllm(parsed: ParsedScrape) -> ReplicaSample:
         unavailable["requests_waiting_capacity"] = (
             "not exposed by this vLLM release (num_requests_waiting_by_reason is newer)"
         )
-    return ReplicaSample(
-        engine="vllm",
-        unavailable=unavailable,
-        generation=detect_generation(parsed),
-        engines=len(engines),
-        model_names=_model_names(parsed, usage_name),
-        gauges=gauges,
-        counters=counters,
-        histograms=_histograms(parsed),
-        accepted_per_position=_per_position(parsed.series(ACCEPTED_PER_POSITION)),
-        cache=_cache_config(parsed.series(CACHE_CONFIG)),
+    return checked(
+        ReplicaSample(
+            engine="vllm",
+            unavailable=unavailable,
+            generation=detect_generation(parsed),
+            engines=len(engines),
+            model_names=_model_names(parsed, usage_name),
+            gauges=gauges,
+            counters=counters,
+            histograms=_histograms(parsed),
+            accepted_per_position=per_position(
+                parsed.series(ACCEPTED_PER_POSITION), ACCEPTED_PER_POSITION, "position"
+            ),
+            cache=_cache_config(parsed.series(CACHE_CONFIG)),
+        )
     )
 
 
@@ -243,21 +249,6 @@ def _histograms(parsed: ParsedScrape) -> dict[str, Histogram]:
     return histograms
 
 
-def _per_position(series: Series) -> list[float] | None:
-    if not series:
-        return None
-    by_position: dict[int, float] = defaultdict(float)
-    for labels, value in series:
-        text = labels.get("position", "")
-        if not text.isdigit() or int(text) >= MAX_POSITIONS:
-            raise ScrapeFormatError(
-                f"{ACCEPTED_PER_POSITION} has position={text!r}: "
-                f"not a draft position below {MAX_POSITIONS}"
-            )
-        by_position[int(text)] += value
-    return [by_position[position] for position in range(max(by_position) + 1)]
-
-
 def _cache_config(series: Series) -> CacheConfig:
     if not series:
         return CacheConfig()
@@ -280,19 +271,23 @@ def _cache_config(series: Series) -> CacheConfig:
 
 
 def _product(a: int | None, b: int | None) -> int | None:
-    return None if a is None or b is None else a * b
+    if a is None or b is None or abs(a * b) > MAX_INT:  # unknown, as a label "1e999" is
+        return None
+    return a * b
 
 
 def _as_int(text: str | None) -> int | None:
     number = _as_float(text)
-    return None if number is None else int(number)
+    # A label beyond any integer a sample holds ("1e999") is as unknown as "abc".
+    return None if number is None or abs(number) > MAX_INT else int(number)
 
 
 def _as_float(text: str | None) -> float | None:
     try:
-        return float(text) if text not in (None, "", "None") else None
+        number = float(text) if text not in (None, "", "None") else None
     except ValueError:
         return None
+    return number if number is None or math.isfinite(number) else None  # "nan", "inf"
 
 
 def _as_bool(text: str | None) -> bool | None:
