@@ -197,7 +197,7 @@ def serve(
 ) -> None:
     """Run the collectors and scheduler, and the web app, for the configured targets; with
     `auth.api_tokens`, also the annotation API (README "Timeline")."""
-    from kneepoint.webapp import ListenRefused, check_listen, run_app
+    from kneepoint.webapp import ListenRefused, browser_url, check_listen, run_app
 
     settings = load_settings(config)
     try:
@@ -215,6 +215,8 @@ def serve(
         except OSError as error:
             fail(f"the annotation API cannot listen on {api_host}:{api_port}: {error}")
         typer.echo(f"annotation API on http://{api_host}:{api_port}/api/v1/", err=True)
+    # Streamlit's own banner is off (kneepoint/webapp.py QUIET): this line says where.
+    typer.echo(f"app on {browser_url(host, port)}", err=True)
     if no_collect:  # several app instances, one `kneepoint collect`, one shared database
         sys.exit(run_app(settings, file, host, port, open_browser=not no_browser))
     from collectors.schedule import install_collector

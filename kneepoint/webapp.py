@@ -16,6 +16,10 @@ import signal
 import subprocess
 import sys
 import tempfile
+import threading
+import time
+import urllib.request
+import webbrowser
 from pathlib import Path
 
 from kneepoint.auth import OidcAuth, listen_problem
@@ -54,6 +58,19 @@ THEME: dict[str, dict[str, str | int | bool]] = {
 # The product's chrome: the toolbar of a viewer (no "Deploy", a short app menu), and no
 # "File change: Rerun" prompt when the app's files change under a running server.
 CHROME = {"client.toolbarMode": "viewer", "server.fileWatcherType": "none"}
+
+
+# Streamlit talks to whoever started it unless it is headless: the first start on a machine
+# without ~/.streamlit/credentials.toml asks for an e-mail on the terminal (and exits 255
+# when stdin is no terminal: systemd, nohup, CI), and each start prints its own banner and
+# may say it collects usage statistics. kneepoint is always headless, never asks, hides the
+# banner (it says where the app is itself) and opens the browser itself when asked to.
+QUIET = {
+    "server.headless": "true",
+    "server.showEmailPrompt": "false",
+    "browser.gatherUsageStats": "false",
+    "logger.hideWelcomeMessage": "true",
+}
 
 
 def look_flags() -> list[str]:
@@ -132,14 +149,11 @@ def app_process(
         host,
         "--server.port",
         str(port),
-        "--server.headless",
-        str(not open_browser).lower(),
+        *(f"--{name}={value}" for name, value in QUIET.items()),
         "--server.enableXsrfProtection",
         "true",
         "--server.maxUploadSize",
         str(max(1, round(config.limits.upload_mb))),
-        "--browser.gatherUsageStats",
-        "false",
         *look_flags(),
         # An exception's text may carry what a secret-scrubbing log would have caught:
         # pages show its type only; the log has the rest.
@@ -159,7 +173,36 @@ def app_process(
         with os.fdopen(descriptor, "w", encoding="utf-8") as handle:
             handle.write(oidc_secrets(config.auth.oidc))
         command += ["--secrets.files", str(secrets_file)]
-    return subprocess.Popen(command, env=env), private
+    process = subprocess.Popen(command, env=env, stdin=subprocess.DEVNULL)
+    if open_browser:
+        threading.Thread(
+            target=open_when_ready, args=(process, browser_url(host, port)), daemon=True
+        ).start()
+    return process, private
+
+
+def browser_url(host: str, port: int) -> str:
+    """The address to open: localhost for loopback or every interface, brackets for IPv6."""
+    if host in ("127.0.0.1", "0.0.0.0", "::", "::1", "localhost"):
+        host = "localhost"
+    elif ":" in host:
+        host = f"[{host}]"
+    return f"http://{host}:{port}"
+
+
+def open_when_ready(process: subprocess.Popen[bytes], url: str, seconds: float = 120) -> bool:
+    """Open `url` in the user's browser (Python's webbrowser: $BROWSER, else the desktop's)
+    once the app answers its health check; not if it exits first or never answers."""
+    deadline = time.monotonic() + seconds
+    while time.monotonic() < deadline and process.poll() is None:
+        try:
+            with urllib.request.urlopen(f"{url}/_stcore/health", timeout=2) as answer:
+                if answer.status == 200:
+                    return webbrowser.open(url)
+        except OSError:  # not listening yet (URLError and timeouts are OSErrors)
+            pass
+        time.sleep(0.3)
+    return False
 
 
 def stop(process: subprocess.Popen[bytes], private: Path | None) -> None:
