@@ -162,7 +162,9 @@ def enqueue(
         if notice.status == FIRING:
             notice = replace(notice, changes=changes_before(session, config, notice, seen))
             if rule.severity == "page" or rule.metric.startswith("slo_burn:"):
-                notice = replace(notice, cause=cause_of(session, config, notice, now, known))
+                began = causes.onset(rule.metric, now, change.alert.pending_since)
+                cause = cause_of(session, config, notice, now, known, began)
+                notice = replace(notice, cause=cause)
         labels = silences.labels_of(rule.name, notice.replica, rule.severity, dict(rule.labels))
         why = silences.muted(labels, active, states or {}, now)
         if why is None:
@@ -207,7 +209,8 @@ def read_ahead(
         notice = notice_for(change, rule, config, now)
         changes_before(session, config, notice, ahead.seen)
         if rule.severity == "page" or rule.metric.startswith("slo_burn:"):
-            cause_of(session, config, notice, now, ahead.known)
+            began = causes.onset(rule.metric, now, change.alert.pending_since)
+            cause_of(session, config, notice, now, ahead.known, began)
     return ahead
 
 
@@ -224,10 +227,14 @@ def cause_of(
     notice: Notice,
     now: float,
     known: dict[str, causes.Signals | None],
+    began: causes.Onset | None = None,
 ) -> str:
     """The likely cause with its evidence (kneepoint/causes.py) for a page or an SLO burn:
-    the alert's replica, or the whole fleet for a fleet alert. The signals are read once per
-    evaluation; signals that cannot be read cost the line, never the message."""
+    the alert's replica, or the whole fleet for a fleet alert, weighing only the changes
+    before its trouble began (`began`: causes.onset; None: now). The replicas' signals are
+    read once per evaluation, the changes once per onset; signals that cannot be read cost
+    the line, never the message."""
+    began = began or causes.Onset(now)
     if "signals" not in known:
         try:
             with session.begin_nested():
@@ -236,7 +243,16 @@ def cause_of(
             log.exception("reading the likely cause's signals failed")
             known["signals"] = None
     signals = known["signals"]
-    return "" if signals is None else causes.classify(signals, notice.replica or None).line()
+    if signals is None:
+        return ""
+    if began.at < now:  # another hour of changes: the one before this trouble's onset
+        key = f"signals@{began.at}"
+        if key not in known:
+            with session.begin_nested():
+                events = causes.changes_before(session, config, began.at)
+            known[key] = replace(signals, events=events)
+        signals = known[key] or signals
+    return causes.classify(signals, notice.replica or None, began).line()
 
 
 def changes_before(

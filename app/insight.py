@@ -4,6 +4,8 @@ cached like app/data.py's queries."""
 
 from __future__ import annotations
 
+from dataclasses import replace
+
 import streamlit as st
 
 from app import data
@@ -23,9 +25,25 @@ def _signals(path: str, now: float) -> causes.Signals:
         return causes.gather(session, config, now)
 
 
-def cause(now: float, replica: str | None = None) -> causes.Cause:
-    """The likely cause now, for one replica or (None) the fleet."""
-    return causes.classify(signals(now), replica)
+def cause(
+    now: float, replica: str | None = None, began: causes.Onset | None = None
+) -> causes.Cause:
+    """The likely cause now, for one replica or (None) the fleet, of a trouble that began at
+    `began` (causes.onset; None: now): only the changes in the hour before it count."""
+    found = signals(now)
+    if began is not None and began.at < found.at:
+        # Rounded up, so the cached hour still holds every change up to the onset.
+        found = replace(
+            found, events=_changes(str(config_path().resolve()), -(-began.at // 30) * 30)
+        )
+    return causes.classify(found, replica, began)
+
+
+@st.cache_data(ttl=300, show_spinner=False)
+def _changes(path: str, began: float) -> tuple[causes.Event, ...]:
+    config, sessions = data.store()
+    with sessions() as session:
+        return causes.changes_before(session, config, began)
 
 
 def forecasts(now: float) -> list[forecast.Forecast]:

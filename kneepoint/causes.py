@@ -4,21 +4,30 @@ Five classes, each with the numbers that decide it (`classify`, a pure function)
 
 - **upstream**: a stalled engine (kneepoint/derived/stall.py): requests running or waiting
   while no token counter moves. Everything downstream of it (latency, errors) follows.
-- **hardware**: a GPU of the replica reports an XID error now, or the timeline has a GPU
-  event (XID, clock throttling, power capping, a GPU gone) in the hour before.
+- **hardware**: the timeline has a GPU event (XID, clock throttling, power capping, a GPU
+  gone) in the hour before the trouble began, or a GPU of the replica reports an XID error
+  now and the trouble began within the last `WINDOW` (an XID seen now cannot be placed
+  before an older onset; its timeline event can).
 - **software**: a restart, a configuration change, an engine upgrade or a deploy marker
-  (annotation) in the hour before (kneepoint/timeline.py).
+  (annotation) in the hour before the trouble began (kneepoint/timeline.py).
 - **load**: concurrency (requests running + waiting, the scale a sweep's knee is measured
   on) at or past the replica's knee (the stored run kneepoint.knee.detect holds it to).
 - **capacity**: KV cache saturated (peak occupancy above 90 %), sequences waiting for KV
   capacity, or preemptions above the `preemptions-sustained` threshold.
 - **unknown**: none of these; the evidence says what was looked at.
 
+A cause precedes what it explains. The trouble began at its `Onset` (`onset`): an SLO burn
+at the start of the long window of the burn-rate pair that tripped (now − long window,
+alerts/slo.py), any other alert when it went pending; without one, now. Only events in the
+`LOOKBACK` before that moment count (at it included, after it never): a three-day burn is
+not blamed on a restart minutes ago. When none fits, the evidence says so with the moment
+("no change, XID or restart in the hour before the burn began at 09:12 UTC").
+
 When several fit, the primary is the first in ORDER (a root before its symptoms: a wedged
 engine or a failing GPU explains a queue; a deploy explains a changed cache; load past the
 knee explains a full cache), and the others are listed as secondary. `gather` reads the
 signals from the store: the kernel's View (kneepoint/views.py) over `WINDOW`, the knees of
-the stored runs, and the timeline's events over `LOOKBACK`."""
+the stored runs, and the timeline's events over the `LOOKBACK` before the onset."""
 
 from __future__ import annotations
 
@@ -31,6 +40,7 @@ from typing import Protocol
 from sqlalchemy.orm import Session
 
 from kneepoint.config import Config
+from kneepoint.durations import parse_duration
 from kneepoint.samples import SATURATION
 
 log = logging.getLogger(__name__)
@@ -45,9 +55,10 @@ LOAD, CAPACITY, HARDWARE, SOFTWARE, UPSTREAM, UNKNOWN = (
 )
 ORDER = (UPSTREAM, HARDWARE, SOFTWARE, LOAD, CAPACITY)
 WINDOW = 900.0  # the numbers over the last 15 minutes: a page's `for:` and its onset
-LOOKBACK = 3600.0  # changes "just before": the hour before, as the alert message lists them
+LOOKBACK = 3600.0  # changes "just before": the hour before the onset
+SLO_BURN = "slo_burn:"  # alerts/slo.py burn_metric: slo_burn:<slo>:<long window>
 PREEMPTIONS_PER_SECOND = 0.05  # the `preemptions-sustained` rule's threshold
-SOFTWARE_KINDS = ("restart", "config_change", "upgrade", "annotation")
+SOFTWARE_KINDS = ("restart", "config_change", "upgrade", "engine_change", "annotation")
 HARDWARE_KINDS = ("gpu_xid", "gpu_throttle", "gpu_power_cap", "gpu_gone")
 SHOWN = 2  # replicas or events named in one sentence; the rest are counted
 
@@ -86,6 +97,41 @@ class ReplicaSignals:
 
 
 @dataclass(frozen=True)
+class Onset:
+    """When the trouble began, and what began then ("the burn began", "the alert went
+    pending"; "" for now, when nothing says earlier)."""
+
+    at: float
+    what: str = ""
+
+    def said(self) -> str:
+        """ "the burn began at 09:12 UTC", or "now"."""
+        return f"{self.what} at {_clock(self.at)}" if self.what else "now"
+
+
+def onset(metric: str, now: float, pending_since: float | None = None) -> Onset:
+    """When an alert's trouble began: an SLO burn rule's (metric slo_burn:<slo>:<window>) at
+    now − its long window, the burn that tripped it averaged over all of it; any other rule's
+    when it went pending; else now."""
+    if metric.startswith(SLO_BURN):
+        try:
+            return Onset(now - parse_duration(metric.rsplit(":", 1)[1]), "the burn began")
+        except ValueError:  # not a window label: the pending time still bounds it
+            pass
+    if pending_since is not None and pending_since <= now:
+        return Onset(pending_since, "the alert went pending")
+    return Onset(now)
+
+
+def burn_onset(now: float, long_windows: Sequence[float]) -> Onset:
+    """An SLO burning over several windows: the shortest long window that tripped is the
+    latest moment by which the burn surely ran (every longer one began before it)."""
+    if not long_windows:
+        return Onset(now)
+    return Onset(now - min(long_windows), "the burn began")
+
+
+@dataclass(frozen=True)
 class Signals:
     at: float
     replicas: tuple[ReplicaSignals, ...] = ()
@@ -108,9 +154,10 @@ def _clock(ts: float) -> str:
     return datetime.fromtimestamp(ts, UTC).strftime("%H:%M UTC")
 
 
-def _before(ts: float, at: float) -> str:
-    minutes = max(0, round((at - ts) / 60))
-    return f"{minutes} min before" if minutes else "just before"
+def _before(ts: float, began: Onset) -> str:
+    minutes = max(0, round((began.at - ts) / 60))
+    when = f"{minutes} min before" if minutes else "just before"
+    return f"{when} {began.what}" if began.what else when
 
 
 def _joined(parts: list[str]) -> str:
@@ -134,23 +181,29 @@ def _upstream(replicas: Sequence[ReplicaSignals], at: float) -> str | None:
     return _joined(parts) if parts else None
 
 
-def _hardware(replicas: Sequence[ReplicaSignals], events: Sequence[Event], at: float) -> str | None:
-    parts = [f"{r.replica}: {', '.join(r.xid_gpus)}" for r in replicas if r.xid_gpus]
+def _hardware(
+    replicas: Sequence[ReplicaSignals], events: Sequence[Event], began: Onset, now: float
+) -> str | None:
+    # An XID seen now precedes only a trouble that began within the window it is read over.
+    fresh = began.at >= now - WINDOW
+    parts = [f"{r.replica}: {', '.join(r.xid_gpus)} now" for r in replicas if r.xid_gpus and fresh]
     for event in events:
         if event.kind in HARDWARE_KINDS:
             where = f"{event.replica}: " if event.replica else ""
-            parts.append(f"{where}{event.detail} at {_clock(event.at)} ({_before(event.at, at)})")
+            parts.append(
+                f"{where}{event.detail} at {_clock(event.at)} ({_before(event.at, began)})"
+            )
     return _joined(parts) if parts else None
 
 
-def _software(events: Sequence[Event], at: float) -> str | None:
+def _software(events: Sequence[Event], began: Onset) -> str | None:
     found = [e for e in events if e.kind in SOFTWARE_KINDS]
     parts = []
     for event in reversed(found):  # the latest first: the likeliest culprit
         where = f"{event.replica} " if event.replica else ""
         word = event.kind.replace("_", " ")
         parts.append(
-            f"{where}{word} at {_clock(event.at)} ({_before(event.at, at)}): {event.detail}"
+            f"{where}{word} at {_clock(event.at)} ({_before(event.at, began)}): {event.detail}"
         )
     return _joined(parts) if parts else None
 
@@ -188,7 +241,7 @@ def _capacity(replicas: Sequence[ReplicaSignals]) -> str | None:
     return _joined(parts) if parts else None
 
 
-def _nothing(replicas: Sequence[ReplicaSignals]) -> str:
+def _nothing(replicas: Sequence[ReplicaSignals], began: Onset) -> str:
     """What was looked at, with the numbers closest to a cause."""
     said = []
     with_knee = [r for r in replicas if r.knee is not None and r.concurrency is not None]
@@ -200,30 +253,32 @@ def _nothing(replicas: Sequence[ReplicaSignals]) -> str:
     kv = [r.kv_occupancy for r in replicas if r.kv_occupancy is not None]
     if kv:
         said.append(f"KV peak {max(kv):.0%}")
-    said.append("no XID, stall or change in the hour before")
+    said.append(f"no change, XID, stall or restart in the hour before {began.said()}")
     return ", ".join(said)
 
 
-def classify(signals: Signals, replica: str | None = None) -> Cause:
-    """The likely cause at `signals.at`: for one replica (its events and the fleet's), or
-    for the fleet (every replica and event) when `replica` is None or ""."""
+def classify(signals: Signals, replica: str | None = None, began: Onset | None = None) -> Cause:
+    """The likely cause at `signals.at` of a trouble that began at `began` (None: now): for
+    one replica (its events and the fleet's), or for the fleet (every replica and event)
+    when `replica` is None or "". Only events in the LOOKBACK before `began` count."""
+    began = began or Onset(signals.at)
+    start = min(began.at, signals.at)
     replicas = [r for r in signals.replicas if not replica or r.replica == replica]
     events = [
         e
         for e in signals.events
-        if signals.at - LOOKBACK <= e.at <= signals.at
-        and (not replica or e.replica in (None, replica))
+        if start - LOOKBACK <= e.at <= start and (not replica or e.replica in (None, replica))
     ]
     found = {
         UPSTREAM: _upstream(replicas, signals.at),
-        HARDWARE: _hardware(replicas, events, signals.at),
-        SOFTWARE: _software(events, signals.at),
+        HARDWARE: _hardware(replicas, events, began, signals.at),
+        SOFTWARE: _software(events, began),
         LOAD: _load(replicas),
         CAPACITY: _capacity(replicas),
     }
     matched = {kind: text for kind in ORDER if (text := found[kind]) is not None}
     if not matched:
-        return Cause(UNKNOWN, _nothing(replicas))
+        return Cause(UNKNOWN, _nothing(replicas, began))
     primary, *others = matched
     return Cause(primary, matched[primary], tuple(others), matched)
 
@@ -234,8 +289,15 @@ def _ts(iso: str | None) -> float | None:
     return datetime.fromisoformat(iso.replace("Z", "+00:00")).timestamp()
 
 
-def gather(session: Session, config: Config, now: float, window: float = WINDOW) -> Signals:
-    """Every replica's signals over the window ending `now`, and the changes before it."""
+def gather(
+    session: Session,
+    config: Config,
+    now: float,
+    window: float = WINDOW,
+    began: float | None = None,
+) -> Signals:
+    """Every replica's signals over the window ending `now`, and the changes in the LOOKBACK
+    before `began` (None: now)."""
     from kneepoint.knee.detect import assess, knee_for_replica
     from kneepoint.store.runs import load_runs
     from kneepoint.views import build_view
@@ -277,16 +339,29 @@ def gather(session: Session, config: Config, now: float, window: float = WINDOW)
                 replica.get("requests_waiting"),
             )
         )
+    return Signals(now, tuple(out), changes_before(session, config, min(now, began or now)))
+
+
+def changes_before(session: Session, config: Config, began: float) -> tuple[Event, ...]:
+    """The timeline's events in the LOOKBACK before `began`: what `classify` weighs for a
+    trouble that began then (a caller with signals in hand swaps them in for another onset).
+    """
     try:
         from kneepoint import timeline
 
-        changes = timeline.events(session, config, now - LOOKBACK, now)
+        return tuple(timeline.events(session, config, began - LOOKBACK, began))
     except Exception:  # the timeline is a witness, not a dependency: the rest still counts
         log.exception("causes: the timeline could not be read")
-        changes = []
-    return Signals(now, tuple(out), tuple(changes))
+        return ()
 
 
-def likely_cause(session: Session, config: Config, now: float, replica: str | None = None) -> Cause:
-    """`classify` over what the store holds now."""
-    return classify(gather(session, config, now), replica)
+def likely_cause(
+    session: Session,
+    config: Config,
+    now: float,
+    replica: str | None = None,
+    began: Onset | None = None,
+) -> Cause:
+    """`classify` over what the store holds now, for a trouble that began at `began`."""
+    signals = gather(session, config, now, began=None if began is None else began.at)
+    return classify(signals, replica, began)

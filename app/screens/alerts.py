@@ -12,7 +12,7 @@ from alerts.slo import burn_rules
 from app import actions, data, filters, insight
 from app import tables as t
 from app.format import metric_text, metric_unit, metric_value
-from kneepoint import runbooks
+from kneepoint import causes, runbooks
 from kneepoint.auth import Refused
 
 view = filters.current(data.replica_names())
@@ -78,12 +78,17 @@ else:
     st.caption(
         "Per firing or pending alert, the likely cause over the last 15 minutes with its "
         "evidence: upstream (a stalled engine), hardware (XID, GPU events), software (a "
-        "restart, config change or deploy in the hour before), load (concurrency at or past "
+        "restart, config change or deploy in the hour before the alert went pending, or "
+        "before an SLO burn's window began), load (concurrency at or past "
         "the knee), capacity (KV saturated, waiting for capacity, preemptions), else unknown."
     )
     for alert in current.itertuples():
         replica = None if alert.replica == "fleet" else str(alert.replica)
-        cause = insight.cause(end, replica)
+        metric = rules[alert.rule].metric if alert.rule in rules else ""
+        pending = alert.pending_since  # a Timestamp (app/data.py made the times readable)
+        pending_since = None if pd.isna(pending) else pd.Timestamp(pending).timestamp()
+        # Only the changes before its trouble began (its burn window, or when it went pending).
+        cause = insight.cause(end, replica, causes.onset(metric, end, pending_since))
         link = runbooks.url(".", str(alert.rule))  # relative: works under any base path
         book = f" · [runbook]({link})" if link else ""
         st.markdown(f"**{alert.rule}** on {alert.replica} ({alert.state}): {cause.line()}{book}")

@@ -12,6 +12,7 @@ from alerts.slo import BURN_WINDOWS, window_label
 from app import data, filters, insight
 from app import tables as t
 from app.format import show
+from kneepoint import causes
 from kneepoint.config import Maintenance
 
 filters.current(data.replica_names())
@@ -59,7 +60,8 @@ for r in reports:
         help="Alert windows whose long and short burn rates both exceed their factor.",
     )
     if r.burning:  # why it burns (kneepoint/causes.py), and what to do (docs/runbooks.md)
-        cause = insight.cause(now)
+        began = causes.burn_onset(now, [w.long for w in r.burning])  # the changes before it
+        cause = insight.cause(now, None, began)
         st.warning(f"Likely cause: {cause.line()} · [runbook](./?page=alerts&rule=slo-burn)")
     rows = [
         {

@@ -25,6 +25,8 @@ from kneepoint.causes import (
     LOAD,
     LOOKBACK,
     SOFTWARE,
+    WINDOW,
+    Onset,
     UNKNOWN,
     UPSTREAM,
     ReplicaSignals,
@@ -129,6 +131,64 @@ def test_software_from_a_restart_or_config_change_just_before() -> None:
         replace(restart, replica="b"),  # another replica
     )
     assert one(QUIET, unrelated).kind == UNKNOWN
+
+
+DAY = 86400.0
+
+
+def test_a_three_day_burn_is_not_blamed_on_a_restart_minutes_ago() -> None:
+    began = causes.onset("slo_burn:avail:3d", AT)  # the 3d/6h pair tripped
+    assert began == Onset(AT - 3 * DAY, "the burn began")
+    restart = Event(AT - 300, "a", "restart", "process start time moved")
+    throttle = Event(AT - 120, "a", "gpu_throttle", "GPU n1/0 clocks held by HW_SLOWDOWN")
+    xid_now = replace(QUIET, xid_gpus=("GPU n1/0: XID 79",))
+    cause = classify(Signals(AT, (xid_now,), (restart, throttle)), "a", began)
+    assert cause.kind == UNKNOWN, cause
+    # Said plainly, with the moment the burn began (AT is 20:26:40 UTC).
+    assert "no change, XID, stall or restart in the hour before the burn began at 20:26 UTC" in (
+        cause.evidence
+    )
+    # The same restart within the hour before the burn's window began is the cause.
+    before = replace(restart, at=began.at - 600)
+    blamed = classify(Signals(AT, (QUIET,), (restart, before)), "a", began)
+    assert blamed.kind == SOFTWARE and "10 min before the burn began" in blamed.evidence
+    assert blamed.evidence.count("restart") == 1  # the one minutes ago is not listed
+
+
+def test_a_restart_20_minutes_before_the_alert_went_pending_is_the_cause() -> None:
+    pending_since = AT - 900
+    began = causes.onset("kv_cache_occupancy", AT, pending_since)
+    assert began == Onset(pending_since, "the alert went pending")
+    restart = Event(pending_since - 1200, "a", "restart", "process start time moved")
+    cause = classify(Signals(AT, (QUIET,), (restart,)), "a", began)
+    assert cause.kind == SOFTWARE
+    assert "20 min before the alert went pending" in cause.evidence
+    # After it went pending (even within the hour before now) it explains nothing.
+    later = replace(restart, at=pending_since + 60)
+    assert classify(Signals(AT, (QUIET,), (later,)), "a", began).kind == UNKNOWN
+    # Over an hour before it went pending: too long before.
+    old = replace(restart, at=pending_since - LOOKBACK - 60)
+    assert classify(Signals(AT, (QUIET,), (old,)), "a", began).kind == UNKNOWN
+
+
+def test_hardware_must_precede_the_onset_too() -> None:
+    began = Onset(AT - 2 * WINDOW, "the alert went pending")
+    xid_now = replace(QUIET, xid_gpus=("GPU n1/0: XID 79",))
+    assert classify(Signals(AT, (xid_now,)), "a", began).kind == UNKNOWN  # seen only now
+    fresh = Onset(AT - WINDOW / 2, "the alert went pending")
+    assert classify(Signals(AT, (xid_now,)), "a", fresh).kind == HARDWARE
+    xid = Event(began.at - 300, "a", "gpu_xid", "GPU n1/0: XID 79")
+    cause = classify(Signals(AT, (QUIET,), (xid,)), "a", began)
+    assert cause.kind == HARDWARE and "5 min before the alert went pending" in cause.evidence
+    after = replace(xid, at=began.at + 300)
+    assert classify(Signals(AT, (QUIET,), (after,)), "a", began).kind == UNKNOWN
+
+
+def test_onset_of_an_alert_without_a_pending_time_or_window_is_now() -> None:
+    assert causes.onset("kv_cache_occupancy", AT) == Onset(AT)
+    assert causes.onset("slo_burn:avail:1h", AT, AT - 60) == Onset(AT - 3600, "the burn began")
+    assert causes.burn_onset(AT, [3 * DAY, 3600.0]) == Onset(AT - 3600, "the burn began")
+    assert "in the hour before now" in classify(Signals(AT, (QUIET,)), "a").evidence
 
 
 def test_upstream_from_a_stalled_engine() -> None:
@@ -260,12 +320,27 @@ def base_dtype() -> str | None:
     return parse_vllm(read(VLLM_032)).cache.cache_dtype
 
 
-def fire(config: Config, session: Session, rule_name: str, replica: str) -> Notice:
+def fire(
+    config: Config,
+    session: Session,
+    rule_name: str,
+    replica: str,
+    pending_since: float | None = None,
+    fingerprint: str = "",
+) -> Notice:
     """Put one firing of a built-in rule (sent to `hook`) in the outbox; the stored notice."""
     rule = next(r for r in BUILT_IN if r.name == rule_name).model_copy(
         update={"channels": ["hook"]}
     )
-    alert = Alert(f"{rule_name}-{replica}", rule_name, replica, FIRING, 1.0, rule.threshold)
+    alert = Alert(
+        fingerprint or f"{rule_name}-{replica}",
+        rule_name,
+        replica,
+        FIRING,
+        1.0,
+        rule.threshold,
+        pending_since=pending_since,
+    )
     enqueue(session, config, [rule], [Transition(alert, PENDING, FIRING)], AT)
     row = session.scalars(
         select(NotificationRow).where(NotificationRow.fingerprint == alert.fingerprint)
@@ -286,3 +361,19 @@ def test_a_page_s_message_carries_its_likely_cause_and_runbook_link(
     assert "https://kneepoint.example.com/?page=alerts&rule=kv-cache-saturated" in text
     assert ticket.cause == ""  # a ticket carries no cause: only pages and SLO burns
     assert "rule=prefix-hit-rate-low" in ticket.runbook  # but its runbook link
+
+
+def test_a_message_s_cause_weighs_only_changes_before_its_alert_went_pending(
+    scenarios: tuple[Config, sessionmaker[Session]],
+) -> None:
+    """"changed" changed its cache dtype a minute before AT: the cause of an alert that went
+    pending after it, never of one pending since ten minutes before."""
+    config, sessions = scenarios
+    with sessions.begin() as session:
+        after = fire(config, session, "engine-stalled", "changed", AT - 30, "after")
+        before = fire(config, session, "engine-stalled", "changed", AT - 600, "before")
+    assert after.cause.startswith(f"{SOFTWARE}: ") and "before the alert went pending" in (
+        after.cause
+    )
+    assert before.cause.startswith(f"{UNKNOWN}: "), before.cause
+    assert "in the hour before the alert went pending at " in before.cause
