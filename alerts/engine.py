@@ -14,7 +14,16 @@ is never read as "all is well". The rule's `no_data` decides:
 - `alert`: no data counts as a breach, and fires after `for:` like one.
 
 Every transition carries the value seen at that evaluation (None: no data), never an older
-one."""
+one.
+
+A rule whose metric the replica's engine does not expose (kneepoint.samples.QUANTITIES: an
+`auto` target now serving SGLang has no preemption counter) does not apply there: it never
+pends or fires. An engine change never ends an alert by itself, though: an alert pending or
+firing when its metric stops being exposed, on a replica whose engine was first seen less
+than the rule's `for` ago (at least ENGINE_SETTLE), is evaluated as having no value, by its
+`no_data` (keep: held; resolve: resolved, "no data"; alert: a breach). A scrape of the
+wrong port or an engine swapped back within that time leaves a held alert as it was. Once
+the new engine has been seen that long, the alert ends, resolved, with the reason."""
 
 from __future__ import annotations
 
@@ -26,6 +35,10 @@ from dataclasses import dataclass, replace
 from kneepoint.config import Rule
 
 PENDING, FIRING, RESOLVED, INACTIVE = "pending", "firing", "resolved", "inactive"
+# The least time a new engine must have been seen before an alert whose metric it does not
+# expose ends for that reason, for rules with a shorter `for` (`for: 0`): one scrape of the
+# wrong port, or an engine swapped and swapped back, must not end an alert.
+ENGINE_SETTLE = 60.0
 COMPARE: dict[str, Callable[[float, float], bool]] = {
     ">": operator.gt,
     ">=": operator.ge,
@@ -111,18 +124,41 @@ def step(
     return replace(alert, state=FIRING, fired_at=now) if rule.for_ <= 0 else alert
 
 
+def settle_time(rule: Rule) -> float:
+    """How long a new engine must have been seen before an alert of `rule` whose metric it
+    does not expose ends for that reason: the rule's `for`, at least ENGINE_SETTLE."""
+    return max(rule.for_, ENGINE_SETTLE)
+
+
+def _settling(rule: Rule, last: Alert | None, since: float | None, now: float) -> bool:
+    """Is `last` an alert (pending or firing) on a replica whose engine is new: first seen
+    less than settle_time(rule) ago? Not for a replica without an alert: a rule whose metric
+    the engine does not expose never starts one there."""
+    return (
+        last is not None
+        and last.state in (PENDING, FIRING)
+        and since is not None
+        and now - since < settle_time(rule)
+    )
+
+
 def evaluate(
     rules: list[Rule],
     values: dict[str, dict[str, float | None]],
     alerts: dict[str, Alert],
     now: float,
     not_exposed: dict[str, dict[str, str]] | None = None,
+    engine_since: dict[str, float] | None = None,
 ) -> tuple[dict[str, Alert], list[Transition]]:
     """Every rule on every replica (or the fleet, by scope): the new states and what changed.
 
     A rule whose metric the replica's engine does not expose (`not_exposed`: replica ->
-    metric -> reason) does not apply there: it never pends or fires, whatever its `no_data`,
-    and an alert it had (the target's engine changed) ends, resolved, with the reason."""
+    metric -> reason) does not apply there: it never pends or fires, whatever its `no_data`.
+    An alert it had (the target's engine changed) is evaluated with no value, by the rule's
+    `no_data`, while the replica's engine was first seen (`engine_since`: replica -> epoch
+    seconds; absent: long ago) less than settle_time(rule) before `now`; after that (or at
+    once, where it was not pending or firing or the engine is not new) it ends, resolved,
+    with the reason."""
     states: dict[str, Alert] = {}
     transitions: list[Transition] = []
     for rule in rules:
@@ -131,6 +167,11 @@ def evaluate(
             key = fingerprint(rule, replica)
             last = alerts.get(key)
             reason = (not_exposed or {}).get(replica, {}).get(rule.metric)
+            value: float | None = None
+            if reason is not None and _settling(rule, last, (engine_since or {}).get(replica), now):
+                reason = None  # no value, by `no_data`, until the new engine has settled
+            else:
+                value = values.get(replica, {}).get(rule.metric)
             if reason is not None:
                 if last is not None and last.state != RESOLVED:
                     ended = replace(last, state=RESOLVED, value=None, resolved_at=now)
@@ -139,7 +180,6 @@ def evaluate(
                 elif last is not None:
                     states[key] = last
                 continue
-            value = values.get(replica, {}).get(rule.metric)
             new = step(rule, replica, value, last, now)
             before = None if last is None else last.state
             after = INACTIVE if new is None else new.state

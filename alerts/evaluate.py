@@ -22,14 +22,14 @@ from alerts import maintenance, slo
 from alerts.engine import FIRING, RESOLVED, Alert, Transition, evaluate
 from alerts.outbox import enqueue, notice_for, put, read_ahead
 from alerts.rules import effective_rules
-from alerts.values import FLEET, monitor_values, not_exposed, values
+from alerts.values import FLEET, engine_since, monitor_values, not_exposed, values
 from kneepoint.config import ENGINE_KINDS, Config, Rule
 from kneepoint.derived import stall
 from kneepoint.derived.window import EdgeReader, Window, frame_windows, merge
 from kneepoint.secrets import Secret
 from kneepoint.status import hit_rates, stale_after, stall_after
 from kneepoint.store import queries
-from kneepoint.store.models import AlertHistoryRow, AlertRow, NotificationRow
+from kneepoint.store.models import AlertHistoryRow, AlertRow, NotificationRow, TargetRow
 from kneepoint.views import build_view
 
 WINDOW = 300.0  # rates, ratios and quantiles over the last five minutes
@@ -209,7 +209,11 @@ def evaluate_once(session: Session, config: Config, now: float) -> list[Transiti
             **watched[FLEET],
             **slo.burn_values(config.slos, burn_rates_cached(session, config, now)),
         }
-    states, transitions = evaluate(rules, watched, current, now, not_exposed(view.status))
+    # When each replica's engine was first seen: an alert whose metric a new engine does not
+    # expose follows its rule's `no_data` for the rule's `for` before it ends for that reason.
+    stored = dict(session.execute(select(TargetRow.name, TargetRow.engine_since)).tuples().all())
+    since = engine_since(view.status, stored)
+    states, transitions = evaluate(rules, watched, current, now, not_exposed(view.status), since)
     notified = dict(session.execute(select(AlertRow.fingerprint, AlertRow.notified_at)).all())
     lasting = maintenance.active(config.maintenance, now)  # maintenance windows now
     news = {c.alert.fingerprint for c in transitions if c.after == FIRING}

@@ -114,6 +114,21 @@ def not_exposed(status: dict[str, Any]) -> dict[str, dict[str, str]]:
     return out
 
 
+def engine_since(status: dict[str, Any], stored: dict[str, float | None]) -> dict[str, float]:
+    """Per replica of the status ("" for the fleet): when its engine was first seen (epoch
+    seconds; `stored`: targets.engine_since by name, None not known: left out, read as long
+    ago). The fleet's is its latest replica's: a metric no replica exposes any more stopped
+    being exposed when the last one that did changed its engine."""
+    out = {
+        name: since
+        for replica in status["replicas"]
+        if (since := stored.get(name := replica["name"])) is not None
+    }
+    if out:
+        out[FLEET] = max(out.values())
+    return out
+
+
 def monitor_values(session: Session, config: Config, now: float) -> dict[str, float]:
     """The fleet's numbers about kneepoint itself: `stale_targets`, how many configured
     targets have not been scraped lately (kneepoint.status.is_stale), and

@@ -8,6 +8,14 @@ last one stored for its target (the clock stepped back) is refused and counted
 (`targets.samples_refused`): stored, it would sort among older samples and read as a counter
 reset. A storage fault that breaks the whole transaction (database locked, disk full) fails
 the round; the scheduler records it and the next round starts afresh.
+
+Each replica target's engine (targets.engine, the one its latest sample was read as: the
+kind, or for `auto` the one detected) comes with when it was first seen
+(targets.engine_since): a sample whose engine differs from the stored one sets it to the
+sample's time, in the same savepoint as the sample. The old engine stays in the target's
+configuration history (target_configs), where the timeline finds the engine change.
+Alert evaluation reads engine_since to hold an alert whose metric the new engine does not
+expose (alerts/engine.py).
 """
 
 from __future__ import annotations
@@ -16,6 +24,7 @@ import logging
 import math
 from dataclasses import dataclass
 
+from sqlalchemy import Table, bindparam, select, update
 from sqlalchemy.orm import Session, sessionmaker
 
 from collectors.dcgm import parse_dcgm
@@ -26,6 +35,7 @@ from kneepoint.clock import Clock, system_clock
 from kneepoint.config import Config
 from kneepoint.samples import GpuSample, ReplicaSample
 from kneepoint.store.errors import describe
+from kneepoint.store.models import TargetRow
 from kneepoint.store.writer import (
     batch,
     ensure_targets,
@@ -37,6 +47,15 @@ from kneepoint.store.writer import (
 )
 
 log = logging.getLogger(__name__)
+
+_TARGETS: Table = TargetRow.__table__  # type: ignore[assignment]
+_SET_ENGINE_SINCE = (
+    update(_TARGETS)
+    .where(_TARGETS.c.id == bindparam("target_id"))
+    .values(engine_since=bindparam("since"))
+)
+# Per target id: the stored engine (None before its first sample).
+Engines = dict[int, str | None]
 
 
 @dataclass(frozen=True)
@@ -103,6 +122,7 @@ def store_fetched(fetched: list[Fetched], sessions: sessionmaker[Session]) -> li
             session, [(f.target.name, f.target.kind, f.target.url) for f in fetched]
         )
         newest = last_stored(session)
+        engines = stored_engines(session)
         storable: list[int] = []
         for position, entry in enumerate(normalized):
             item = entry.item
@@ -119,7 +139,8 @@ def store_fetched(fetched: list[Fetched], sessions: sessionmaker[Session]) -> li
                 errors[position], refused[position] = refusal, True
                 continue
             storable.append(position)
-        for position, reason in _store_all(session, ids, normalized, storable).items():
+        stored = _store_all(session, ids, normalized, storable, engines)
+        for position, reason in stored.items():
             errors[position] = reason
         for entry, error, was_refused in zip(normalized, errors, refused, strict=True):
             if error is not None and not was_refused:
@@ -130,8 +151,17 @@ def store_fetched(fetched: list[Fetched], sessions: sessionmaker[Session]) -> li
     ]
 
 
+def stored_engines(session: Session) -> Engines:
+    """Each target's stored engine, by id, in one query."""
+    return dict(session.execute(select(_TARGETS.c.id, _TARGETS.c.engine)).tuples().all())
+
+
 def _store_all(
-    session: Session, ids: dict[str, int], normalized: list[Normalized], storable: list[int]
+    session: Session,
+    ids: dict[str, int],
+    normalized: list[Normalized],
+    storable: list[int],
+    engines: Engines,
 ) -> dict[int, str]:
     """Store the `storable` entries; return the reason for each one whose rows the database
     refused (by position)."""
@@ -139,7 +169,7 @@ def _store_all(
         with session.begin_nested(), batch(session):
             for position in storable:
                 entry = normalized[position]
-                _write(session, ids[entry.item.target.name], entry)
+                _write(session, ids[entry.item.target.name], entry, engines)
         return {}
     except Exception:  # some row was refused: find whose, each target in its own savepoint
         pass
@@ -148,7 +178,7 @@ def _store_all(
         entry = normalized[position]
         try:
             with session.begin_nested(), batch(session):
-                _write(session, ids[entry.item.target.name], entry)
+                _write(session, ids[entry.item.target.name], entry, engines)
         except Exception as error:  # this target's rows only: its savepoint is rolled back
             reason = f"cannot store the scrape: {describe(error)}"  # never the SQL's parameters
             log.warning("%s: %s", entry.item.target.name, reason)
@@ -156,8 +186,16 @@ def _store_all(
     return errors
 
 
-def _write(session: Session, target_id: int, entry: Normalized) -> None:
+def _write(session: Session, target_id: int, entry: Normalized, engines: Engines) -> None:
     if entry.replica is not None:
         record_replica(session, target_id, entry.item.started_at, entry.replica)
+        if entry.replica.engine != engines.get(target_id):
+            # A new engine (or the first sample): first seen now. Rare, so one statement
+            # each, run in this target's savepoint: refused with its sample, never without.
+            # A stored engine equal to the sample's leaves engine_since as it is (NULL: not
+            # known, from before it was kept, read as long ago).
+            session.connection().execute(
+                _SET_ENGINE_SINCE, [{"target_id": target_id, "since": entry.item.started_at}]
+            )
     else:
         record_gpus(session, target_id, entry.item.started_at, entry.gpus or [])

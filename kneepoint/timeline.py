@@ -11,9 +11,12 @@ returns Events; `events` reads the store for a range and runs them all. What is 
   the scrape outage around it.
 - `config_change` and `upgrade`: the store keeps a replica's configuration each time it
   changes (target_configs, store/configs.py): model names, and `cache_config_info`'s block
-  size, blocks, cache dtype, prefix caching and memory share are config changes; the engine
-  or its generation (an exposition of another vLLM release) an upgrade. The first
+  size, blocks, cache dtype, prefix caching and memory share are config changes; the
+  engine's generation (an exposition of another vLLM release) an upgrade. The first
   configuration seen is no change.
+- `engine_change`: the engine a replica's scrapes are read as changed (an `auto` target
+  now serving SGLang where it served vLLM, a kind changed in the config): "engine changed
+  from vLLM to SGLang" (its generation changes with it: no upgrade event besides).
 - `gpu_xid`: a GPU's last XID (DCGM_FI_DEV_XID_ERRORS) becomes a new code.
 - `gpu_throttle` / `gpu_power_cap`: dcgm-exporter's clock-event reasons
   (DCGM_FI_DEV_CLOCK_THROTTLE_REASONS, named CLOCKS_EVENT_REASONS from DCGM 3.3) gain a
@@ -52,7 +55,7 @@ from sqlalchemy.orm import Session
 from kneepoint import series
 from kneepoint.config import Config
 from kneepoint.derived import details
-from kneepoint.samples import REPLICA_COUNTERS
+from kneepoint.samples import ENGINE_NAMES, REPLICA_COUNTERS
 from kneepoint.store import queries
 from kneepoint.store.models import AnnotationRow, SilenceRow, TargetConfigRow
 
@@ -60,6 +63,7 @@ KINDS = (
     "restart",
     "config_change",
     "upgrade",
+    "engine_change",
     "gpu_xid",
     "gpu_throttle",
     "gpu_power_cap",
@@ -86,8 +90,10 @@ OUTAGE_GAP = 3.0  # scrape intervals between failures that end one outage
 THROTTLE_BITS = {0x8: "HW slowdown", 0x20: "SW thermal slowdown", 0x40: "HW thermal slowdown"}
 POWER_BITS = {0x4: "SW power cap", 0x80: "HW power brake"}
 
-# Configuration keys whose change is an upgrade rather than a config change.
-UPGRADE_KEYS = ("engine", "generation")
+# Configuration keys whose change is an upgrade rather than a config change (the engine's
+# own change is an `engine_change`; its generation changes with it).
+ENGINE_KEY = "engine"
+UPGRADE_KEYS = (ENGINE_KEY, "generation")
 # Counters whose fall marks a restart (every cumulative counter a replica has).
 RESTART_COUNTERS = REPLICA_COUNTERS
 # The stored process start time (samples.REPLICA_LAST_GAUGES) whose move forward is one.
@@ -151,7 +157,8 @@ def restarts(
                 continue
             before = last.get(name)
             if before is not None and value < before:
-                fallen.append(f"{name} {before:g} → {value:g}")
+                # Counts, whole: "1,869,330,000 → 734", never 1.86933e+09 on a page.
+                fallen.append(f"{name} {before:,.0f} → {value:,.0f}")
             last[name] = value
         shown = ", ".join(fallen[:3]) + (f" and {len(fallen) - 3} more" if len(fallen) > 3 else "")
         if moved and start is not None:
@@ -165,14 +172,18 @@ def restarts(
 
 
 def config_changes(replica: str, configs: Sequence[tuple[float, dict[str, Any]]]) -> list[Event]:
-    """Between consecutive stored configurations: an `upgrade` where the engine or its
-    generation differs, a `config_change` for the other keys (model names, cache)."""
+    """Between consecutive stored configurations: an `engine_change` where the engine
+    differs, else an `upgrade` where its generation does, and a `config_change` for the
+    other keys (model names, cache)."""
     found: list[Event] = []
     for (_, before), (ts, after) in itertools.pairwise(configs):
         keys = sorted(set(before) | set(after))
         upgraded = [k for k in keys if k in UPGRADE_KEYS and before.get(k) != after.get(k)]
         changed = [k for k in keys if k not in UPGRADE_KEYS and before.get(k) != after.get(k)]
-        if upgraded:
+        if ENGINE_KEY in upgraded and before.get(ENGINE_KEY) is not None:
+            old, new = (_engine_name(c.get(ENGINE_KEY)) for c in (before, after))
+            found.append(Event(ts, replica, "engine_change", f"engine changed from {old} to {new}"))
+        elif upgraded:
             detail = ", ".join(
                 f"{k} {_shown(before.get(k))} → {_shown(after.get(k))}" for k in upgraded
             )
@@ -334,6 +345,11 @@ def _number(value: Any) -> float | None:
     except (TypeError, ValueError):
         return None
     return None if math.isnan(number) else number
+
+
+def _engine_name(engine: Any) -> str:
+    """An engine as sentences name it (vllm → vLLM)."""
+    return _shown(engine) if engine is None else ENGINE_NAMES.get(str(engine), str(engine))
 
 
 def _shown(value: Any) -> str:

@@ -39,6 +39,12 @@ class TargetRow(Base):
     # The engine of the latest sample (the kind, or for `auto` the one detected) and what it
     # cannot give: JSON {quantity: reason} (kneepoint/samples.py QUANTITIES).
     engine: Mapped[str | None] = mapped_column(String(16))
+    # When that engine was first seen (epoch seconds: the first sample of the current run of
+    # one engine; collectors/collect.py resets it when the engine changes). None: not known
+    # (stored before migration 0018 with no configuration history), read as long ago. An
+    # alert whose metric the new engine does not expose follows its rule's `no_data` until
+    # the new engine has been seen for the rule's `for` (alerts/engine.py).
+    engine_since: Mapped[float | None] = mapped_column(Float)
     unavailable: Mapped[str | None] = mapped_column(Text)
     engines: Mapped[int | None] = mapped_column(Integer)
     model_names: Mapped[str | None] = mapped_column(Text)
