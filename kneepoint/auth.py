@@ -128,9 +128,13 @@ class Auth(Strict):
     mode: Literal["none", "oidc", "proxy"]
     oidc: OidcAuth | None = None
     proxy: ProxyAuth | None = None
-    # Who may sign in at all (empty: anyone the provider or proxy vouches for).
+    # Who may sign in at all (empty: anyone the provider or proxy vouches for; with mode oidc
+    # only when `allow_any_account` says so, see `_mode_settings`).
     allowed_domains: list[str] = []
     allowed_emails: list[str] = []
+    # mode oidc with no allow list: every account of the provider (any Google account, any
+    # tenant's) would get `default_role`. Refused unless this says it is meant.
+    allow_any_account: bool = False
     admins: list[str] = []
     operators: list[str] = []
     viewers: list[str] = []
@@ -151,10 +155,26 @@ class Auth(Strict):
             raise ValueError("mode oidc needs an `oidc:` section (issuer, client_id, ...)")
         if self.mode == "proxy" and self.proxy is None:
             raise ValueError("mode proxy needs a `proxy:` section (trusted addresses)")
+        if (
+            self.mode == "oidc"
+            and not (self.allowed_domains or self.allowed_emails)
+            and self.default_role is not None
+            and not self.allow_any_account
+        ):
+            raise ValueError(
+                "mode oidc with neither allowed_domains nor allowed_emails would let every "
+                f"account of the provider sign in as {_article(self.default_role)}; list "
+                "allowed_domains or allowed_emails, or set allow_any_account: true if that is "
+                "what you want"
+            )
         names = [token.name for token in self.api_tokens]
         if len(set(names)) != len(names):
             raise ValueError("api_tokens: each token needs a name of its own")
         return self
+
+
+def _article(role: Role) -> str:
+    return f"an {role}" if role in ("operator", "admin") else f"a {role}"
 
 
 class Limits(Strict):

@@ -186,6 +186,52 @@ def test_a_bad_auth_section_is_one_sentence_naming_the_key(
     assert "\n" not in message
 
 
+OIDC = (
+    "mode: oidc, oidc: {issuer: 'https://accounts.google.com', client_id: k, client_secret: s, "
+    "redirect_uri: 'https://kp.example.com/oauth2callback'}"
+)
+
+
+@pytest.mark.parametrize("default_role", ["", ", default_role: viewer", ", default_role: admin"])
+def test_oidc_without_an_allow_list_is_refused_since_every_account_would_get_in(
+    tmp_path: Path, default_role: str
+) -> None:
+    path = config_with(tmp_path, f"{{{OIDC}{default_role}}}")
+    with pytest.raises(ConfigError) as error:
+        load_config(path)
+    role = "an admin" if "admin" in default_role else "a viewer"
+    assert str(error.value) == (
+        f"{path}: auth: mode oidc with neither allowed_domains nor allowed_emails would let "
+        f"every account of the provider sign in as {role}; list allowed_domains or "
+        "allowed_emails, or set allow_any_account: true if that is what you want"
+    )
+
+
+@pytest.mark.parametrize(
+    "extra",
+    [
+        ", allowed_domains: [example.com]",
+        ", allowed_emails: [ops@example.com]",
+        ", allow_any_account: true",
+        ", default_role: null, admins: [ops@example.com]",  # only those named get in
+    ],
+)
+def test_oidc_loads_with_an_allow_list_or_when_any_account_is_meant(
+    tmp_path: Path, extra: str
+) -> None:
+    auth = load_config(config_with(tmp_path, f"{{{OIDC}{extra}}}")).auth
+    assert auth is not None and auth.mode == "oidc"
+    assert auth.allow_any_account == ("allow_any_account" in extra)
+    role, _ = role_for(auth, "someone@gmail.com", ())
+    assert role == ("viewer" if "allow_any_account" in extra else None)
+
+
+def test_the_proxy_mode_needs_no_allow_list(tmp_path: Path) -> None:
+    """The proxy decides who reaches the app; kneepoint trusts its identity headers."""
+    auth = load_config(config_with(tmp_path, "{mode: proxy, proxy: {trusted: [10.0.0.5]}}")).auth
+    assert auth is not None and not auth.allow_any_account
+
+
 def test_a_good_auth_section_loads(tmp_path: Path) -> None:
     path = config_with(
         tmp_path,
@@ -225,7 +271,8 @@ def test_the_secrets_file_for_st_login_carries_the_revealed_secrets_and_the_prom
     text = (
         "auth: {mode: oidc, oidc: {issuer: 'https://id.example.com/realms/ops', "
         "client_id: kneepoint, client_secret: s3cr3t-client, cookie_secret: s3cr3t-cookie, "
-        "redirect_uri: 'https://kp.example.com/oauth2callback', prompt: login}}"
+        "redirect_uri: 'https://kp.example.com/oauth2callback', prompt: login}, "
+        "allowed_domains: [example.com]}"
     )
     config = parse_config(text)
     assert "s3cr3t" not in repr(config) and "s3cr3t" not in config.model_dump_json()

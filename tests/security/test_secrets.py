@@ -97,6 +97,7 @@ def every_secret(values: dict[str, str]) -> Config:
                     "cookie_secret": values["oidc_cookie"],
                     "redirect_uri": "https://kneepoint.example/oauth2callback",
                 },
+                "allowed_domains": ["example.com"],
             },
         }
     )
