@@ -276,7 +276,8 @@ def test_the_secrets_file_for_st_login_carries_the_revealed_secrets_and_the_prom
     )
     config = parse_config(text)
     assert "s3cr3t" not in repr(config) and "s3cr3t" not in config.model_dump_json()
-    table = tomllib.loads(oidc_secrets(config.auth.oidc))["auth"]  # type: ignore[union-attr]
+    assert config.auth is not None and config.auth.oidc is not None
+    table = tomllib.loads(oidc_secrets(config.auth.oidc))["auth"]
     assert table["client_secret"] == "s3cr3t-client"
     assert table["cookie_secret"] == "s3cr3t-cookie"
     assert table["server_metadata_url"] == (
@@ -286,7 +287,8 @@ def test_the_secrets_file_for_st_login_carries_the_revealed_secrets_and_the_prom
     unset = parse_config(
         text.replace(", prompt: login", "").replace("cookie_secret: s3cr3t-cookie, ", "")
     )
-    again = tomllib.loads(oidc_secrets(unset.auth.oidc))["auth"]  # type: ignore[union-attr]
+    assert unset.auth is not None and unset.auth.oidc is not None
+    again = tomllib.loads(oidc_secrets(unset.auth.oidc))["auth"]
     assert "prompt" not in again["client_kwargs"]
     assert len(again["cookie_secret"]) >= 32  # random per start when unset
 
