@@ -148,6 +148,18 @@ def ago(ts: float | None, now: float) -> str:
     return f"{duration(delta)} ago" if delta > 0 else f"in {duration(delta)}"
 
 
+def clock(ts: float | None, now: float) -> str:
+    """A moment as people read it on a page: "09:12 UTC" today, "Mon 3 Aug 09:12 UTC" on
+    another day; "–" for none. Never an ISO string."""
+    if is_empty(ts):
+        return EMPTY
+    assert ts is not None
+    moment = datetime.fromtimestamp(float(ts), UTC)
+    today = moment.date() == datetime.fromtimestamp(float(now), UTC).date()
+    day = "" if today else moment.strftime(f"%a {moment.day} %b ")  # no %-d: not portable
+    return f"{day}{moment:%H:%M} UTC"
+
+
 def utc(ts: float | None) -> str:
     """The absolute time: "2026-12-01 14:03:05 UTC"; "–" for none."""
     if is_empty(ts):

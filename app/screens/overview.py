@@ -13,6 +13,8 @@ import streamlit as st
 from app import data, filters
 from app.format import (
     GPU_BUSY_VS_LOAD,
+    ago,
+    clock,
     duration,
     engine_label,
     metric_unit,
@@ -54,7 +56,13 @@ def _fmt(value: float | None, fmt: str) -> str:
 
 
 def status_line(status: fleet_status.FleetStatus) -> None:
-    icon = {"ok": "check_circle", "degraded": "warning", "down": "error"}[status.level]
+    icon = {
+        fleet_status.OK: "check_circle",
+        fleet_status.DEGRADED: "warning",
+        fleet_status.PAGING: "notifications_active",
+        fleet_status.BURNING: "local_fire_department",
+        fleet_status.DOWN: "error",
+    }[status.level]
     st.markdown(f"#### :{status.colour}[:material/{icon}: {status.summary()}]")
     if status.reasons:  # one paragraph, each reason a link to the view that explains it
         shown = [f"[{r.text}]({link(r.view)})" for r in status.reasons[:SHOWN_REASONS]]
@@ -106,11 +114,18 @@ def slo_line(slo: SloState) -> None:
     )
 
 
+def _at(iso: str | None) -> float | None:
+    """An ISO time of `kneepoint status` as epoch seconds; None for none."""
+    if not iso:
+        return None
+    return datetime.fromisoformat(iso.replace("Z", "+00:00")).timestamp()
+
+
 def _for(iso: str | None, now: float) -> tuple[str, str]:
     """How long since an ISO time ("12 min"), and the time itself for the hover."""
-    if not iso:
+    at = _at(iso)
+    if at is None:
         return "–", "–"
-    at = datetime.fromisoformat(iso.replace("Z", "+00:00")).timestamp()
     return duration(now - at), utc(at)
 
 
@@ -169,7 +184,8 @@ landing()
 
 @st.fragment(run_every=max(5.0, config.scrape_interval))
 def tiles() -> None:
-    report = data.status(300.0, data.now())
+    now = data.now()
+    report = data.status(300.0, now)
     shown = [r for r in report["replicas"] if not view.replicas or r["name"] in view.replicas]
     if not shown:
         st.info("No engine targets are configured: add some under `targets:` in kneepoint.yaml.")
@@ -183,7 +199,8 @@ def tiles() -> None:
             name = f"[**{replica['name']}**]({link(replica_link(replica['name']))})"
             st.markdown(f"{name} {state[replica['up']]}{stalled}")
             if replica.get("stale"):
-                st.caption(f"stale: not scraped since {replica['last_scrape_at']}")
+                last = _at(replica["last_scrape_at"])
+                st.caption(f"stale: not scraped since {clock(last, now)} ({ago(last, now)})")
             elif replica["up"] is False and replica["last_error"]:
                 st.caption(replica["last_error"])
             # Side by side where they fit, wrapping (not one per line) on a phone.
@@ -219,11 +236,13 @@ def tiles() -> None:
                 help="GPU busy (DCGM): the share of time the replica's GPUs ran a kernel, mean "
                 "over its GPUs; not load vs knee.",
             )
-    st.caption(f"{GPU_BUSY_VS_LOAD} As of {report['generated_at']}.")
+    st.caption(f"{GPU_BUSY_VS_LOAD} As of {clock(_at(report['generated_at']), now)}.")
     if report.get("gone"):  # discovery no longer finds them (or taken out of targets:)
         st.caption(
             "Gone, their history kept: "
-            + ", ".join(f"{g['name']} since {g['gone_since']}" for g in report["gone"])
+            + ", ".join(
+                f"{g['name']} since {clock(_at(g['gone_since']), now)}" for g in report["gone"]
+            )
         )
 
 

@@ -25,10 +25,10 @@ from kneepoint.causes import (
     LOAD,
     LOOKBACK,
     SOFTWARE,
-    WINDOW,
-    Onset,
     UNKNOWN,
     UPSTREAM,
+    WINDOW,
+    Onset,
     ReplicaSignals,
     Signals,
     classify,
@@ -366,7 +366,7 @@ def test_a_page_s_message_carries_its_likely_cause_and_runbook_link(
 def test_a_message_s_cause_weighs_only_changes_before_its_alert_went_pending(
     scenarios: tuple[Config, sessionmaker[Session]],
 ) -> None:
-    """"changed" changed its cache dtype a minute before AT: the cause of an alert that went
+    """ "changed" changed its cache dtype a minute before AT: the cause of an alert that went
     pending after it, never of one pending since ten minutes before."""
     config, sessions = scenarios
     with sessions.begin() as session:
