@@ -8,7 +8,11 @@ from streamlit.navigation.page import StreamlitPage
 from app import auth, changes, chrome, data, filters
 from app.registry import PAGES, PAGES_DIR, SECTIONS, section
 from kneepoint.config import ConfigError
+from kneepoint.secrets import scrub_log_records
 
+# No log line of this process shows a secret of the config, Streamlit's own included (the
+# app started by `kneepoint serve` does this before Streamlit starts; `streamlit run` here).
+scrub_log_records()
 st.set_page_config(page_title="kneepoint", page_icon=":material/monitoring:", layout="wide")
 chrome.style()
 

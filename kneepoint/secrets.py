@@ -272,10 +272,49 @@ class ScrubbingFormatter(logging.Formatter):
         return scrub(super().format(record))
 
 
+class _ScrubbedRecord(logging.LogRecord):
+    """A log record whose message goes through `scrub` however a handler formats it."""
+
+    def getMessage(self) -> str:
+        return scrub(super().getMessage())
+
+
+_records_scrubbed = False
+
+
+def scrub_log_records() -> None:
+    """Make every log record this process makes from now on carry its message, traceback and
+    stack scrubbed, whichever logger, handler or formatter writes it. A formatter on the
+    root logger is not enough where libraries log through handlers of their own that do not
+    propagate (Streamlit gives each of its loggers, uvicorn's too, its own stderr handler).
+    Idempotent: the app's script calls it on every run."""
+    global _records_scrubbed
+    with _known_lock:
+        if _records_scrubbed:
+            return
+        _records_scrubbed = True
+    made = logging.getLogRecordFactory()
+
+    def scrubbed(*args: Any, **kwargs: Any) -> logging.LogRecord:
+        record = made(*args, **kwargs)
+        if type(record) is logging.LogRecord:
+            record.__class__ = _ScrubbedRecord
+        if record.exc_info and not record.exc_text:
+            # Formatters format a traceback only when exc_text is empty: give them it scrubbed.
+            record.exc_text = scrub(logging.Formatter().formatException(record.exc_info))
+        if record.stack_info:
+            record.stack_info = scrub(record.stack_info)
+        return record
+
+    logging.setLogRecordFactory(scrubbed)
+
+
 def guard_logging() -> None:
-    """Make the process's log lines go through `scrub`: when the root logger has no handler
-    (a command line process), a stderr handler at WARNING, which prints what Python prints
-    without any logging set up, scrubbed. A process that set up its own logging keeps it."""
+    """Make the process's log lines go through `scrub`: every record (`scrub_log_records`),
+    and when the root logger has no handler (a command line process), a stderr handler at
+    WARNING, which prints what Python prints without any logging set up, scrubbed. A
+    process that set up its own logging keeps its handlers."""
+    scrub_log_records()
     root = logging.getLogger()
     if root.handlers:
         return

@@ -142,7 +142,7 @@ def app_process(
     command = [
         sys.executable,
         "-m",
-        "streamlit",
+        "kneepoint.appserver",  # Streamlit, its log lines scrubbed from the first
         "run",
         str(APP_ENTRY),
         "--server.address",
