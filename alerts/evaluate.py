@@ -211,7 +211,7 @@ def evaluate_once(session: Session, config: Config, now: float) -> list[Transiti
         }
     # When each replica's engine was first seen: an alert whose metric a new engine does not
     # expose follows its rule's `no_data` for the rule's `for` before it ends for that reason.
-    stored = dict(session.execute(select(TargetRow.name, TargetRow.engine_since)).tuples().all())
+    stored = dict(session.execute(select(TargetRow.name, TargetRow.engine_since)).all())
     since = engine_since(view.status, stored)
     states, transitions = evaluate(rules, watched, current, now, not_exposed(view.status), since)
     notified = dict(session.execute(select(AlertRow.fingerprint, AlertRow.notified_at)).all())

@@ -153,7 +153,7 @@ def store_fetched(fetched: list[Fetched], sessions: sessionmaker[Session]) -> li
 
 def stored_engines(session: Session) -> Engines:
     """Each target's stored engine, by id, in one query."""
-    return dict(session.execute(select(_TARGETS.c.id, _TARGETS.c.engine)).tuples().all())
+    return dict(session.execute(select(_TARGETS.c.id, _TARGETS.c.engine)).all())
 
 
 def _store_all(

@@ -219,7 +219,9 @@ def test_a_metric_the_engine_does_not_expose_never_pends_or_fires(no_data: str) 
 
 
 def test_an_alert_whose_metric_stops_being_exposed_ends_with_the_reason() -> None:
-    # An `auto` target that now runs another engine: its firing alert ends, saying why.
+    # A metric the replica's engine does not expose, where the engine is not new (no
+    # engine_since given: long ago): its firing alert ends at once, saying why. A new engine
+    # holds it first, by `no_data` (tests/alerts/test_engine_change.py).
     the_rule = rule(**{"for": 0})
     alerts, _ = evaluate([the_rule], {"r": {"kv_cache_occupancy": 0.95}}, {}, 0.0)
     assert next(iter(alerts.values())).state == FIRING

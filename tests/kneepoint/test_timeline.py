@@ -165,6 +165,18 @@ def test_a_configuration_change_and_an_upgrade_are_told_apart() -> None:
     assert config_changes("r", configs[:1]) == []  # the first configuration is no change
 
 
+def test_another_engine_is_an_engine_change_in_words_not_an_upgrade() -> None:
+    # An `auto` target that served vLLM now serves SGLang: its generation and cache change
+    # with it, told as one engine change (and the cache's keys as a config change).
+    vllm = {"engine": "vllm", "generation": "v1", "block_size": 16, "model_names": ["m"]}
+    sglang = {"engine": "sglang", "generation": "0.5.23", "block_size": None, "model_names": ["m"]}
+    found = config_changes("r", [(0.0, vllm), (60.0, sglang), (120.0, {**sglang})])
+    assert [(e.at, e.kind, e.detail) for e in found] == [
+        (60.0, "engine_change", "engine changed from vLLM to SGLang"),
+        (60.0, "config_change", "block_size 16 → none"),
+    ]
+
+
 def test_an_xid_is_one_event_while_its_code_is_held() -> None:
     found = gpu_xids("GPU 0", "r", [0, 15, 30, 45, 60, 75], [None, 79, 79, None, 79, 48])
     assert [(e.at, e.detail) for e in found] == [(15, "XID 79 on GPU 0"), (75, "XID 48 on GPU 0")]
