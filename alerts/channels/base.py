@@ -92,7 +92,7 @@ class Notice:
         else:
             values = _value(self.value)
         word = "values" if self.members else "value"
-        detail = f"{word} {values} (threshold {self.op} {self.threshold:g}), since {since}"
+        detail = f"{word} {values} (threshold {self.op} {_number(self.threshold)}), since {since}"
         lines = [self.title(), detail, self.link]
         if self.runbook and self.status == "firing":
             lines.append(f"runbook: {self.runbook}")
@@ -108,7 +108,16 @@ class Notice:
 
 
 def _value(value: float | None) -> str:
-    return "no data" if value is None else f"{value:.4g}"
+    return "no data" if value is None else _number(value)
+
+
+def _number(value: float) -> str:
+    """A number as people write it: 0.9, 12.5, 3,400, 1,869,330,000; never 1.869e+09."""
+    if value == 0 or 1e-3 <= abs(value) < 1e3:
+        return f"{value:.4g}"
+    if abs(value) >= 1e3:  # .4g would say 1e+04 for 9,999.5
+        return f"{value:,.0f}"
+    return f"{value:.6f}".rstrip("0").rstrip(".") or "0"  # tiny: 0.000123
 
 
 @dataclass(frozen=True)

@@ -3,6 +3,7 @@ against what was measured) and under one change (kneepoint.whatif), before and a
 
 from __future__ import annotations
 
+from datetime import datetime
 from typing import Any
 
 import pandas as pd
@@ -10,6 +11,8 @@ import plotly.graph_objects as go
 import streamlit as st
 
 from app import actions, auth, data, filters
+from app import tables as t
+from app.format import utc
 from app.plots import chart
 from dashboards.charts import LAYOUT, axis_title
 from kneepoint.auth import Refused
@@ -198,12 +201,15 @@ def calibration(profile: dict[str, Any]) -> None:
     points = pd.DataFrame(fit.get("points") or [])
     if not points.empty:
         with st.expander("Fitted points: measured against the fit"):
-            st.dataframe(
-                points[["source", "metric", "load", "measured", "fitted", "relative_error"]],
-                hide_index=True,
-                width="stretch",
-                column_config={
-                    "relative_error": st.column_config.NumberColumn("error", format="percent")
+            t.people_table(
+                points,
+                {
+                    "metric": t.text("Number", pinned=True),
+                    "load": t.number("Load", digits=0),
+                    "measured": t.number("Measured", digits=4),
+                    "fitted": t.number("Fitted", digits=4),
+                    "relative_error": t.percent("Error", help="(fitted − measured) ÷ measured."),
+                    "source": t.text("Source", help="The sweep or stored window measured."),
                 },
             )
 
@@ -223,7 +229,13 @@ def before_after(result: dict[str, Any]) -> None:
             help=f"Predicted under the change; measured {value(before, unit)}"
             + ("" if error is None else f", ± {error:.0%} from the calibration's error"),
         )
-    st.dataframe(table(result), hide_index=True, width="stretch")
+    # The row's name pinned: on a phone the numbers scroll under it, never off with it.
+    st.dataframe(
+        table(result),
+        hide_index=True,
+        width="stretch",
+        column_config={WHAT: st.column_config.TextColumn(WHAT, pinned=True)},
+    )
     st.caption(
         "Baseline vs measured: how closely the unchanged replay reproduces the window (its "
         "relative error); the predicted range adds it to the calibration's error."
@@ -261,6 +273,17 @@ def unit_of(key: str) -> str:
     return "tokens" if key.endswith("_tokens") else ""
 
 
+# The before-and-after table's headers, as people read them.
+WHAT, MEASURED, BASELINE, BASELINE_ERROR, PREDICTED, RANGE = (
+    "Number",
+    "Measured",
+    "Baseline (twin, unchanged)",
+    "Baseline vs measured",
+    "Predicted (twin, changed)",
+    "Predicted range",
+)
+
+
 def table(result: dict[str, Any]) -> pd.DataFrame:
     """Every number of the result: measured, baseline, predicted with its range, and how
     closely the baseline reproduced what was measured."""
@@ -283,12 +306,12 @@ def table(result: dict[str, Any]) -> pd.DataFrame:
         error = number((result.get("baseline_error") or {}).get(key))
         rows.append(
             {
-                "": label,
-                "measured": value(at("measured"), unit),
-                "baseline (twin, unchanged)": value(at("baseline"), unit),
-                "baseline vs measured": "–" if error is None else f"{error:+.0%}",
-                "predicted (twin, changed)": value(at("predicted"), unit),
-                "predicted range": "–"
+                WHAT: label,
+                MEASURED: value(at("measured"), unit),
+                BASELINE: value(at("baseline"), unit),
+                BASELINE_ERROR: "–" if error is None else f"{error:+.0%}",
+                PREDICTED: value(at("predicted"), unit),
+                RANGE: "–"
                 if low is None or high is None
                 else f"{value(low * scale, unit)} – {value(high * scale, unit)}",
             }
@@ -298,20 +321,27 @@ def table(result: dict[str, Any]) -> pd.DataFrame:
     ):
         rows.append(
             {
-                "": f"SLO {name}: compliance",
+                WHAT: f"SLO {name}: compliance",
                 **{
                     column: value(number((sides[side].get("slo_compliance") or {}).get(name)), "%")
                     for column, side in (
-                        ("measured", "measured"),
-                        ("baseline (twin, unchanged)", "baseline"),
-                        ("predicted (twin, changed)", "predicted"),
+                        (MEASURED, "measured"),
+                        (BASELINE, "baseline"),
+                        (PREDICTED, "predicted"),
                     )
                 },
-                "baseline vs measured": "–",
-                "predicted range": "–",
+                BASELINE_ERROR: "–",
+                RANGE: "–",
             }
         )
     return pd.DataFrame(rows)
+
+
+def _when(iso: Any) -> str:
+    """The replayed window's ISO bound as the app writes times: "2026-12-01 14:03:05 UTC"."""
+    if not iso:
+        return "–"
+    return utc(datetime.fromisoformat(str(iso).replace("Z", "+00:00")).timestamp())
 
 
 def figure(result: dict[str, Any], key: str, label: str, unit: str) -> go.Figure:
@@ -427,5 +457,5 @@ except WhatIfError as error:
 
 st.subheader(f"Before and after: {flags(change)}")
 window = result.get("window") or {}
-st.caption(f"Replayed {window.get('start')} → {window.get('end')} (UTC).")
+st.caption(f"Replayed {_when(window.get('start'))} → {_when(window.get('end'))}.")
 before_after(result)

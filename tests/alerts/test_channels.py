@@ -484,3 +484,37 @@ def test_every_channel_delivers_its_platforms_payload(
         "alertmanager": f"/{kind}/api/v2/alerts",
     }.get(kind, f"/{kind}")
     assert got.path == expected_path
+
+
+RAW = r"\d\.\d+e[+-]\d+|\d{4}-\d{2}-\d{2}T\d"  # exponent floats, ISO times
+
+
+@pytest.mark.parametrize(
+    ("value", "threshold", "shown"),
+    [
+        (1.86933e9, 1e6, "value 1,869,330,000 (threshold > 1,000,000)"),
+        (9999.5, 5000.0, "value 10,000 (threshold > 5,000)"),
+        (0.000123, 0.0001, "value 0.000123 (threshold > 0.0001)"),
+        (0.97, 0.9, "value 0.97 (threshold > 0.9)"),
+    ],
+)
+def test_a_message_says_numbers_as_people_write_them(
+    value: float, threshold: float, shown: str
+) -> None:
+    import re
+
+    notice = Notice(
+        fingerprint="f",
+        rule="big-counter",
+        replica="qwen-a",
+        status=FIRING,
+        severity="page",
+        value=value,
+        threshold=threshold,
+        op=">",
+        since=NOW - 60,
+        at=NOW,
+    )
+    text = notice.text()
+    assert shown in text
+    assert not re.search(RAW, text), text

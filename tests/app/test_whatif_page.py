@@ -12,7 +12,7 @@ import shutil
 import time
 from collections.abc import Callable, Iterator
 from dataclasses import replace
-from datetime import datetime
+from datetime import UTC, datetime
 from pathlib import Path
 
 import pytest
@@ -158,33 +158,40 @@ def test_an_operator_calibrates_and_replays_the_day(store: Callable[[str], Path]
     for label in ("Preemptions", "Throughput", "TTFT p99", "P95 KV occupancy", "$/1M tokens"):
         assert label in metrics, metrics
     assert metrics["Throughput"].endswith("tok/s")
-    table = app.dataframe[-1].value.set_index("")
+    table = app.dataframe[-1].value.set_index("Number")
+    assert list(table.columns) == [
+        "Measured",
+        "Baseline (twin, unchanged)",
+        "Baseline vs measured",
+        "Predicted (twin, changed)",
+        "Predicted range",
+    ]  # people's names, not the result's keys
     # The measured column is the stored day's own numbers (what the replay is held to).
     replayed = next(c.value for c in app.caption if c.value.startswith("Replayed "))
     start, end = (
-        datetime.fromisoformat(text).timestamp()
-        for text in re.findall(r"\d{4}-\d\d-\d\dT[\d:]+Z", replayed)
+        datetime.strptime(text, "%Y-%m-%d %H:%M:%S %Z").replace(tzinfo=UTC).timestamp()
+        for text in re.findall(r"\d{4}-\d\d-\d\d [\d:]+ UTC", replayed)
     )
     assert end - start == DAY
     with sessions() as session:
         measured = load_history(session, REPLICA, start, end).measured()
-    assert table.loc["throughput", "measured"] == value(
+    assert table.loc["throughput", "Measured"] == value(
         measured["generation_tokens_per_second"], "tok/s"
     )
-    assert table.loc["preemptions", "measured"] == value(measured["preemptions"], "")
-    for column in ("measured", "baseline (twin, unchanged)", "predicted (twin, changed)"):
+    assert table.loc["preemptions", "Measured"] == value(measured["preemptions"], "")
+    for column in ("Measured", "Baseline (twin, unchanged)", "Predicted (twin, changed)"):
         for row in ("throughput", "TTFT p99", "p95 KV occupancy"):
             assert table.loc[row, column] != "–", (row, column)
-    assert table.loc["throughput", "predicted range"] != "–"
-    assert table.loc["throughput", "baseline vs measured"] != "–"
+    assert table.loc["throughput", "Predicted range"] != "–"
+    assert table.loc["throughput", "Baseline vs measured"] != "–"
 
     # fp8 halves the bytes per token: the same traffic fills less of the cache.
     def share(text: str) -> float:
         return float(text.rstrip("%")) / 100
 
     occupancy = table.loc["p95 KV occupancy"]
-    assert share(occupancy["predicted (twin, changed)"]) < share(
-        occupancy["baseline (twin, unchanged)"]
+    assert share(occupancy["Predicted (twin, changed)"]) < share(
+        occupancy["Baseline (twin, unchanged)"]
     )
     charts = app.get("plotly_chart")
     assert len(charts) == 5
@@ -194,6 +201,16 @@ def test_an_operator_calibrates_and_replays_the_day(store: Callable[[str], Path]
         assert re.search(r"\S \(.+\)$", layout["yaxis"]["title"]["text"]), layout["yaxis"]
     assert len([b for b in app.get("download_button") if b.proto.label == "CSV"]) == 5
     no_missing_markers(shown(app))
+    no_raw_values(app)
+
+
+def no_raw_values(app: AppTest) -> None:
+    """No ISO time or exponent float in what the page says, no snake_case key as a table's
+    header (the fitted points' and the before-and-after table's)."""
+    assert not re.search(r"\d{4}-\d{2}-\d{2}T\d|\d\.\d+e[+-]\d+", shown(app))
+    headers = [str(c) for frame in app.dataframe for c in frame.value.columns]
+    assert len(app.dataframe) >= 2 and "Error" in headers, headers  # the fitted points too
+    assert not [h for h in headers if re.fullmatch(r"[a-z0-9]+(_[a-z0-9]+)+", h)], headers
 
 
 def test_an_untrusted_calibration_says_so_and_predicts_nothing(
