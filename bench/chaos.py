@@ -48,6 +48,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import math
 import os
 import random
 import re
@@ -98,6 +99,7 @@ FLEET = {
 GPUS_PER_NODE = 2
 TARGET_FAULTS = ("503", "close", "hang", "garbage")
 RECEIVER_FAULTS = ("500", "429", "hang", "trickle", "close")
+RULE = "chaos-target-down"  # the run's rule, to the receiver; built-in rules have no channel
 EPISODES = ("kill", "lock", "disk", "clock-back", "clock-forward")
 TRACER_BASE = 1_000_000_000
 TARGET_TIMEOUT = 10.0  # generous: a loaded machine's slow answer is not a fault of ours
@@ -472,7 +474,7 @@ def write_config(
         "channels": [{"name": "chaos", "type": "webhook", "url": hook}],
         "rules": [
             {
-                "name": "chaos-target-down",
+                "name": RULE,
                 "metric": "up",
                 "op": "<",
                 "threshold": 1,
@@ -573,7 +575,10 @@ def chaos(
             if now >= next_episode:
                 kind = plan.pop(0) if plan else rng.choice(EPISODES)
                 episodes.append(episode(kind, rng, interval, collector, clock, store))
-                next_episode = time.monotonic() + interval * rng.uniform(4, 12)
+                gap = interval * rng.uniform(4, 12)
+                if plan:  # room left for every kind not made yet
+                    gap = min(gap, (end - time.monotonic()) / (len(plan) + 1))
+                next_episode = time.monotonic() + gap
             if now >= next_flap:
                 name = rng.choice(list(fronts))
                 fronts[name].fault = rng.choice(TARGET_FAULTS)
@@ -592,6 +597,29 @@ def chaos(
                 receiver.outage, outage_over = None, None
                 next_outage = now + interval * rng.uniform(12, 36)
             time.sleep(0.2)
+        # A machine so loaded that a kind was not made in time: made now, so that every run
+        # has every kind of fault.
+        for kind in plan:
+            episodes.append(episode(kind, rng, interval, collector, clock, store))
+        if not flaps:
+            name = rng.choice(list(fronts))
+            fronts[name].fault = "503"
+            flaps["503"] += 1
+            time.sleep(3 * interval)
+        if not outages:
+            receiver.outage = "500"
+            outages["500"] += 1
+            time.sleep(3 * interval)
+        # No alert fired in a short run (its flaps fell on the node, or on faults of the
+        # collector): a replica down until one does, so that every run judges news.
+        if not fired(sessions):
+            name = next(n for n, f in fronts.items() if f.kind != "dcgm")
+            fronts[name].fault = "503"
+            flaps["503"] += 1
+            waited = time.monotonic() + 120
+            while not fired(sessions) and time.monotonic() < waited:
+                collector.check()
+                time.sleep(interval)
         # The faults stop; the collector runs on until its outbox is empty (or 10 minutes).
         for front in fronts.values():
             front.fault = None
@@ -617,6 +645,21 @@ def chaos(
         watch.stop.set()
         watcher.join()
         collector.stop()
+        # The raw records, to count again by other rules later.
+        records = {
+            "requests": {
+                name: [(r.serial, r.generation, r.at, r.outcome, r.took) for r in f.requests]
+                for name, f in fronts.items()
+            },
+            "episodes": [(e.kind, e.start, e.end, e.size, e.detail) for e in episodes],
+            "generation_ends": collector.ends,
+            "receiver": {
+                "acknowledged": receiver.acknowledged,
+                "history": receiver.history,
+                "statuses": receiver.statuses,
+            },
+        }
+        (folder / "records.json").write_text(json.dumps(records))
         figures = report(
             sessions, fronts, receiver, collector, watch, episodes, flaps, outages, minutes
         )
@@ -631,6 +674,21 @@ def chaos(
         fleet.stop()
         sessions.kw["bind"].dispose()
         store.unmount(folder)
+
+
+def fired(sessions: sessionmaker[Session]) -> bool:
+    """Whether the run's rule has fired yet (False while the database cannot be read)."""
+    try:
+        with sessions() as session:
+            return bool(
+                session.scalar(
+                    select(func.count())
+                    .select_from(AlertHistoryRow)
+                    .where(AlertHistoryRow.rule == RULE, AlertHistoryRow.after == "firing")
+                )
+            )
+    except Exception:
+        return False
 
 
 def episode(
@@ -694,6 +752,26 @@ def stored_serials(session: Session) -> dict[str, Counter[int]]:
     return found
 
 
+def refusal_windows(episodes: list[Episode]) -> list[tuple[float, float]]:
+    """When the collector's clock may have refused samples (read a time not above the
+    highest it had read before), on the run's clock: from a step back's start until the
+    highest clock value reached before it, less the offset after it. Each step took effect
+    between its episode's start and end (the collector's acknowledgement), so the highest
+    value before step i is at most max over earlier pieces j of (the end of the step that
+    closed piece j + piece j's offset): an upper bound, so a window never ends too early."""
+    windows: list[tuple[float, float]] = []
+    offset = 0.0
+    highest = -math.inf
+    for one in episodes:
+        if not one.kind.startswith("clock"):
+            continue
+        highest = max(highest, one.end + offset)
+        offset += one.size
+        if highest - offset > one.start:
+            windows.append((one.start, highest - offset))
+    return windows
+
+
 def account_rows(
     fronts: dict[str, Front],
     stored: dict[str, Counter[int]],
@@ -702,7 +780,7 @@ def account_rows(
 ) -> dict[str, Any]:
     """Every served body: stored whole, excused by a recorded cause, or lost."""
     storage = [e for e in episodes if e.kind in ("lock", "disk")]
-    refusals = [(e.start, e.end - e.size) for e in episodes if e.size < 0]
+    refusals = refusal_windows(episodes)
     expected = stored_rows = 0
     excused: Counter[str] = Counter()
     refused_serials = 0
@@ -770,7 +848,10 @@ def account_notifications(
     session: Session, receiver: Receiver, threshold: float
 ) -> dict[str, Any]:
     rows = session.scalars(select(NotificationRow).order_by(NotificationRow.id)).all()
-    history = session.scalars(select(AlertHistoryRow).order_by(AlertHistoryRow.id)).all()
+    everything = session.scalars(select(AlertHistoryRow).order_by(AlertHistoryRow.id)).all()
+    # The built-in rules (collector-stale, …) send to no channel: shown, not judged.
+    others = Counter(f"{c.rule}: {c.after}" for c in everything if c.rule != RULE)
+    history = [change for change in everything if change.rule == RULE]
     states = Counter(row.state for row in rows)
     due = [row for row in rows if row.state != "muted"]
     delivered = [row for row in due if receiver.acknowledged.get(_key(row), 0) > 0]
@@ -847,6 +928,7 @@ def account_notifications(
         ][:20],
         "deliveries_of_unknown_rows": len([k for k in receiver.acknowledged if k not in keys]),
         "firing_transitions": sum(firing_transitions.values()),
+        "built_in_rule_transitions": dict(others),
         "firing_alerts_without_news": no_news,
         "silent_resolves": len(resolved_without_value),
         "resolved_sent_without_recovery": resolved_unexplained,
