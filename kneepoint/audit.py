@@ -185,6 +185,8 @@ ACTION_NAMES = {
     "silence.expire": "Expiring a silence",
     "channel.test": "Sending a test message",
     "run.import": "Importing knee runs",
+    "run.sweep": "Storing a sweep",
+    "whatif.calibrate": "Calibrating a replica",
     "run.delete": "Deleting a knee run",
     "report.send": "Sending the weekly review",
     "audit.read": "Reading the audit trail",

@@ -645,14 +645,26 @@ def calibrate(
     settings = load_settings(config)
     sessions = open_sessions(settings)
     from collectors.discovery import current
+    from kneepoint import audit
+    from kneepoint.auth import local_identity
     from kneepoint.whatif import WhatIfError
     from kneepoint.whatif.predict import calibrate_replica
     from kneepoint.whatif.profile import cost_dict
     from kneepoint.whatif.store import save_profile
+    from review.effects import number
 
     now = moment(at, system_clock())
     try:
-        with sessions.begin() as session:
+        # Audited as the app's calibration is: the entry commits with the profile, and a
+        # calibration that fails is recorded as failed with why.
+        with audit.mutation(
+            sessions.begin,
+            local_identity(),
+            "operator",
+            "whatif.calibrate",
+            f"replica {replica}",
+            system_clock(),
+        ) as (session, change):
             profile = calibrate_replica(
                 session,
                 current(settings),
@@ -666,6 +678,11 @@ def calibrate(
                 max_num_batched_tokens,
             )
             stored = save_profile(session, profile)
+            change.after = {
+                "run": profile.run_label,
+                "trusted": profile.fit.trusted,
+                "rms_relative_error": number(profile.fit.rms),
+            }
     except (WhatIfError, ValueError) as error:  # ValueError: the twin refuses the shape
         fail(str(error), 2)
     if as_json:

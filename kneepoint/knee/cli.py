@@ -130,8 +130,16 @@ def sweep(
     if total == 0:
         said = next((p.first_error for p in run.points if p.first_error), None)
         fail(f"every request to {options.completions_url} failed ({said}); nothing stored", 1)
-    with sessions.begin() as session:
+    from kneepoint import audit
+    from kneepoint.auth import local_identity
+
+    with sessions.begin() as session:  # the run and its audit entry commit together
         save_run(session, run, time.time())
+        change = audit.Change(
+            f"run {run.label}",
+            after={"model": run.model, "concurrency": [p.concurrency for p in run.points]},
+        )
+        audit.record(session, local_identity(), "run.sweep", "done", change, time.time())
     assessment = assess(run, settings.slos)
     if as_json:
         typer.echo(json.dumps(assessment.as_dict(), indent=2))
