@@ -244,7 +244,7 @@ def label_index(
     if text is None or not _INDEX.fullmatch(text) or int(text) >= limit:
         shown = text if text is None or len(text) <= 40 else text[:40] + "..."
         raise ScrapeFormatError(
-            f"{name} has {label}={shown!r}: not {what} from 0 to {limit - 1} ({limit_name})"
+            f"{name}: {label}={shown!r} is not {what} from 0 to {limit - 1} ({limit_name})"
         )
     return int(text)
 
