@@ -18,7 +18,8 @@ def _words(kind: str) -> str:
 chosen = filters.current(data.replica_names())
 st.title("Timeline")
 st.caption(
-    "Restarts, configuration changes and upgrades, GPU events (XID, throttling, power "
+    "Restarts, configuration changes, upgrades and engine changes, GPU events (XID, "
+    "throttling, power "
     "capping, a GPU gone), scrape outages, hit-rate drops, prefill storms, alerts, silences "
     "and annotations, newest first. Post a deploy with `kneepoint annotate --replica R "
     '--text "prompt v42"` or the annotation API (README, Timeline).'
