@@ -9,9 +9,14 @@ The config uses every channel type, each at a loopback receiver (some answer err
 echo what they were sent back, so stored errors are made of what a platform wrote), a
 channel whose receiver is gone, targets with `user:canary@` and `?token=canary` in their
 URLs and canary headers (one up, one refusing connections, one answering 503), a heartbeat,
-a Prometheus source, and a PostgreSQL database whose password is a canary. Each canary is
-also shown to have been used: the platforms got their tokens and valid signatures, the
-targets their credentials, and the database refuses any other password."""
+a Prometheus source, a PostgreSQL database whose password is a canary, and an `auth:`
+section with every secret it has: an OIDC client secret and cookie secret (in mode none,
+as the Streamlit app's secrets file carries them without a provider to sign in at) and an
+API token. Each canary but the two OIDC ones is also shown to have been used: the
+platforms got their tokens and valid signatures, the targets their credentials, the
+annotation API took the token, and the database refuses any other password. Also searched:
+the Grafana dashboards and Prometheus rules `kneepoint export grafana` / `alerts export`
+write, and the log of `kneepoint serve`, which holds the Streamlit process's log too."""
 
 from __future__ import annotations
 
@@ -32,6 +37,7 @@ from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 from urllib.parse import parse_qs, urlsplit
 
+import httpx
 import pytest
 
 from alerts.channels.dingtalk import dingtalk_sign
@@ -97,6 +103,9 @@ FIELDS = (
     "prometheus_password",
     "prometheus_header",
     "wrong_db_password",
+    "oidc_client_secret",
+    "oidc_cookie_secret",
+    "api_token",
 )
 
 
@@ -241,6 +250,13 @@ rules:
      channels: [{", ".join(channels)}]}}
 heartbeat: {{url: "http://{local}/hb/{c["heartbeat"]}", interval: 2s}}
 report: {{output_dir: "{folder / "reports"}"}}
+auth:
+  mode: none
+  anonymous_role: admin
+  oidc: {{issuer: "http://127.0.0.1:{closed}/idp", client_id: kneepoint,
+         client_secret: "{c["oidc_client_secret"]}", cookie_secret: "{c["oidc_cookie_secret"]}",
+         redirect_uri: "http://127.0.0.1:{closed}/oauth2callback"}}
+  api_tokens: [{{name: ci, token: "{c["api_token"]}", role: operator}}]
 """
     )
     return config
@@ -333,6 +349,8 @@ def test_no_canary_appears_anywhere(tmp_path: Path) -> None:
         }.items():
             run(label, *args, config=config)
         run("report", "report", "--out", str(tmp_path / "reports"), config=config)
+        run("export grafana", "export", "grafana", "--out", str(tmp_path / "grafana"),
+            config=config)  # fmt: skip
 
         # The scheduled collector, until the heartbeat has been tried: its log is stderr.
         log = tmp_path / "collect.log"
@@ -372,19 +390,30 @@ def test_no_canary_appears_anywhere(tmp_path: Path) -> None:
             assert "password authentication failed" in said, said
 
         # Every page in Chromium as the local admin, with the app's own collectors running.
-        port = free_port()
+        port, api_port = free_port(), free_port()
         serve_log = tmp_path / "serve.log"
         pages: dict[str, str] = {}
         with serve_log.open("w") as sink:
             server = subprocess.Popen(
                 [sys.executable, "-m", "kneepoint.cli", "serve", "--config", str(config),
-                 "--port", str(port), "--no-browser"],
+                 "--port", str(port), "--no-browser", "--api-port", str(api_port)],
                 stdout=sink,
                 stderr=subprocess.STDOUT,
             )  # fmt: skip
             try:
                 url = f"http://127.0.0.1:{port}"
                 wait_until_healthy(server, f"{url}/_stcore/health", 90, serve_log.read_text)
+                annotations = f"http://127.0.0.1:{api_port}/api/v1/annotations"
+                for token in (c["api_token"], "not-the-token-" + c["api_token"][::-1]):
+                    posted = httpx.post(
+                        annotations,
+                        json={"text": "canary deploy"},
+                        headers={"Authorization": f"Bearer {token}"},
+                        timeout=30,
+                    )
+                    assert posted.status_code == (201 if token == c["api_token"] else 401), (
+                        posted.text
+                    )
                 pages = read_pages(url)
             finally:
                 server.terminate()
@@ -398,14 +427,18 @@ def test_no_canary_appears_anywhere(tmp_path: Path) -> None:
             found += leaks(f"output of `kneepoint {label}`", text, c)
         for label, text in pages.items():
             found += leaks(label, text, c)
-        for path in sorted((tmp_path / "reports").rglob("*")):
-            if path.is_file():
-                found += leaks(f"report file {path.name}", path.read_text(errors="replace"), c)
+        for folder in ("reports", "grafana"):
+            for path in sorted((tmp_path / folder).rglob("*")):
+                if path.is_file():
+                    text = path.read_text(errors="replace")
+                    found += leaks(f"{folder} file {path.name}", text, c)
         found += database_leaks(database, c)
         found += message_leaks(hub, c)
 
     assert not found, "canaries leaked:\n" + "\n".join(found)
     assert any(p.endswith(".html") for p in map(str, (tmp_path / "reports").rglob("*")))
+    assert any((tmp_path / "grafana").glob("*.json"))
+    assert "groups:" in outputs["alerts export"]  # the Prometheus rules were printed
     # What collect says it writes into: the database, its user info masked.
     assert "into postgresql+psycopg://***@127.0.0.1:" in outputs["collect (scheduled)"]
 
