@@ -52,6 +52,7 @@ OIDC = {
         "cookie_secret": "${KNEEPOINT_COOKIE_SECRET}",
         "redirect_uri": "https://kneepoint.example.com/oauth2callback",
     },
+    "allowed_domains": ["example.com"],
 }
 
 
