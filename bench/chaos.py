@@ -102,6 +102,7 @@ RECEIVER_FAULTS = ("500", "429", "hang", "trickle", "close")
 RULE = "chaos-target-down"  # the run's rule, to the receiver; built-in rules have no channel
 EPISODES = ("kill", "lock", "disk", "clock-back", "clock-forward")
 TRACER_BASE = 1_000_000_000
+FIRE = "firing"
 TARGET_TIMEOUT = 10.0  # generous: a loaded machine's slow answer is not a fault of ours
 HANG = 15.0  # a hanging front or receiver: past the target's timeout and the send deadline
 XID = re.compile(rb"^# TYPE DCGM_FI_DEV_XID_ERRORS gauge\n", re.M)
@@ -868,30 +869,32 @@ def account_notifications(
     for row in due:
         for fingerprint in (row.alert_keys or row.fingerprint).split():
             carrying[fingerprint].append(row)
-    firing_transitions: Counter[str] = Counter()
-    for change in history:
-        if change.after == "firing":
-            firing_transitions[change.fingerprint] += 1
-    firing_rows = Counter(
-        fingerprint
-        for fingerprint, carried in carrying.items()
-        for row in carried
-        if json.loads(row.notice).get("status") == "firing"
-    )
-    # A firing alert with no news: fewer firing rows than firing transitions (one never
-    # enqueued), or its newest row not delivered (its news never reached the receiver).
-    no_news = sorted(
-        {
-            fingerprint
-            for fingerprint, count in firing_transitions.items()
-            if firing_rows[fingerprint] < count
-        }
-        | {
-            fingerprint
-            for fingerprint, carried in carrying.items()
-            if receiver.acknowledged.get(_key(carried[-1]), 0) == 0
-        }
-    )
+    firing_transitions: Counter[str] = Counter(c.fingerprint for c in history if c.after == FIRE)
+    by_id = {row.id: row for row in rows}
+    episodes = firing_episodes(history)
+    news: Counter[str] = Counter()
+    no_news: list[tuple[str, float, list[tuple[int, str, str | None]]]] = []
+    for fingerprint, replica, began, ended in episodes:
+        mine = [
+            row
+            for row in rows
+            if fingerprint in (row.alert_keys or row.fingerprint).split()
+            and began <= row.created_at <= ended
+        ]
+        firing = [row for row in mine if json.loads(row.notice).get("status") == FIRE]
+        if any(receiver.acknowledged.get(_key(row), 0) for row in firing):
+            news["firing delivered"] += 1
+        elif firing and all(_dropped_by_design(row, by_id) for row in firing):
+            news["superseded by its resolution, or muted when made"] += 1
+        else:  # its firing never reached the receiver, and not by design
+            no_news.append(
+                (replica, began, [(row.id, row.state, row.last_error) for row in mine])
+            )
+    # The newest news of each alert must have reached the receiver.
+    for fingerprint, carried in carrying.items():
+        if receiver.acknowledged.get(_key(carried[-1]), 0) == 0:
+            newest = carried[-1]
+            no_news.append((fingerprint, newest.created_at, [(newest.id, "newest", None)]))
     resolved_without_value = [
         (change.replica, change.ts)
         for change in history
@@ -929,10 +932,42 @@ def account_notifications(
         "deliveries_of_unknown_rows": len([k for k in receiver.acknowledged if k not in keys]),
         "firing_transitions": sum(firing_transitions.values()),
         "built_in_rule_transitions": dict(others),
-        "firing_alerts_without_news": no_news,
+        "firing_episodes": len(episodes),
+        "firing_episodes_by_news": dict(news),
+        "firing_alerts_without_news": no_news[:20],
         "silent_resolves": len(resolved_without_value),
         "resolved_sent_without_recovery": resolved_unexplained,
     }
+
+
+def firing_episodes(history: list[AlertHistoryRow]) -> list[tuple[str, str, float, float]]:
+    """(fingerprint, replica, start, end) of each time an alert began firing (from anything
+    but firing) until it resolved (or the run's end)."""
+    open_: dict[str, tuple[str, float]] = {}
+    found: list[tuple[str, str, float, float]] = []
+    for change in history:
+        if change.after == FIRE and change.before != FIRE:
+            open_[change.fingerprint] = (change.replica, change.ts)
+        elif change.after != FIRE and change.fingerprint in open_:
+            replica, began = open_.pop(change.fingerprint)
+            found.append((change.fingerprint, replica, began, change.ts))
+    found += [(fp, replica, began, math.inf) for fp, (replica, began) in open_.items()]
+    return found
+
+
+def _dropped_by_design(row: NotificationRow, by_id: dict[int, NotificationRow]) -> bool:
+    """A firing row not sent by design: muted when it was made (silenced or inhibited), or
+    superseded by a newer row that is not itself muted (its resolution, or a newer firing)
+    and was itself delivered or dropped by design. A firing superseded by a muted row was
+    news that nobody got."""
+    if row.state == "muted":
+        return True
+    if row.state != "superseded" or not (row.last_error or "").startswith("superseded by #"):
+        return False
+    newer = by_id.get(int((row.last_error or "").removeprefix("superseded by #")))
+    if newer is None or newer.state not in ("sent", "superseded"):
+        return False
+    return newer.state == "sent" or _dropped_by_design(newer, by_id)
 
 
 def recovery(
@@ -1001,6 +1036,20 @@ def report(
     }
 
 
+def recount(folder: Path) -> dict[str, Any]:
+    """A kept run's notifications judged again by the rules above, from its database and
+    the receiver's records in records.json."""
+    records = json.loads((folder / "records.json").read_text())["receiver"]
+    receiver = Receiver(random.Random(0))
+    receiver.acknowledged.update(records["acknowledged"])
+    receiver.statuses.update(records["statuses"])
+    sessions = connect_store(f"sqlite:///{folder / 'chaos.db'}")
+    with sessions() as session:
+        for row in session.scalars(select(NotificationRow)):
+            receiver.fingerprints[_key(row)] = (row.alert_keys or row.fingerprint).split()
+        return account_notifications(session, receiver, 1.0)
+
+
 def _key(row: NotificationRow) -> str:
     return f"kneepoint-{row.id}-{int(row.created_at * 1000)}"  # as alerts/outbox.py keys it
 
@@ -1013,7 +1062,11 @@ def main() -> None:
     parser.add_argument("--disk", choices=("auto", "tmpfs", "rlimit"), default="auto")
     parser.add_argument("--out", type=Path)
     parser.add_argument("--dir", type=Path, help="keep the database and logs here")
+    parser.add_argument("--recount", type=Path, help="judge a kept run's notifications again")
     args = parser.parse_args()
+    if args.recount:
+        print(json.dumps(recount(args.recount), indent=2, default=str))
+        return
     folder = args.dir or Path(tempfile.mkdtemp(prefix="kneepoint-chaos-"))
     folder.mkdir(parents=True, exist_ok=True)
     figures = chaos(args.minutes, args.seed, folder, args.interval, args.disk)

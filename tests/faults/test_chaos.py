@@ -149,3 +149,26 @@ def test_only_a_trickled_200_is_sent_for_the_outbox_while_its_body_never_finishe
     assert body_finished == (fault is None), history
     if fault == "trickle":
         assert history == ["trickle", "trickle, cut"]  # the 2xx went out, the body never did
+
+
+def _row(id_: int, state: str, error: str | None = None) -> NotificationRow:
+    return NotificationRow(id=id_, state=state, last_error=error)
+
+
+def test_a_firing_superseded_by_a_muted_row_is_news_nobody_got() -> None:
+    """The judge of firing news: a firing superseded by its sent resolution (or by a newer
+    firing that was sent) was dropped by design; one superseded by a muted (inhibited) row
+    never reached anyone while the alert still fired (the 20-minute run's one finding)."""
+    rows = {
+        1: _row(1, "superseded", "superseded by #2"),
+        2: _row(2, "sent"),  # its resolution
+        3: _row(3, "superseded", "superseded by #4"),
+        4: _row(4, "superseded", "superseded by #5"),
+        5: _row(5, "muted", "inhibited: replica-a is down"),
+        6: _row(6, "pending"),
+    }
+    assert chaos._dropped_by_design(rows[1], rows)
+    assert chaos._dropped_by_design(rows[5], rows)  # muted when made: by design
+    assert not chaos._dropped_by_design(rows[4], rows)
+    assert not chaos._dropped_by_design(rows[3], rows)  # its chain ends in a muted row
+    assert not chaos._dropped_by_design(rows[6], rows)
