@@ -15,10 +15,16 @@ A page names the columns it shows, in order, with what each is:
 `prepare` does the work without Streamlit (tests use it): it returns the frame as shown and
 its column_config. Numbers and times stay numbers and datetimes, so clicking a header sorts
 them as such; their missing values show the dataframe's placeholder, "–".
+
+On a phone (390 px) a table shows what it is for first: every table names its `identity`
+(the row's name, pinned) and the one or two columns that `matter`; `phone_layout` puts them
+first with widths that fit their header and every value, all of them together within
+PHONE_WIDTH; the other columns follow and scroll sideways under the pinned name.
 """
 
 from __future__ import annotations
 
+import math
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any, Literal
@@ -44,6 +50,9 @@ class Column:
     compact: bool = False  # numbers: 459k, 1.2M (the dataframe's compact format)
     absolute: bool = True  # times: also an exact "<label> (UTC)" column beside it
     pinned: bool = False
+    # A shorter header the grid shows (a phone's narrow column); the frame keeps `header`,
+    # and the header's tooltip starts with it.
+    short: str | None = None
     to_text: Callable[[Any], str] | None = field(default=None, compare=False)
 
     @property
@@ -123,7 +132,8 @@ def prepare(
 ) -> tuple[pd.DataFrame, dict[str, Any]]:
     """The frame as people read it (only `columns`, in their order, under their headers)
     and the st.column_config for it. Text cells are never None/NaN ("–"); numbers and
-    times keep their types (sortable), their missing values left to the placeholder."""
+    times keep their types (sortable), their missing values left to the placeholder.
+    The order people see on a phone is phone_layout's (people_table)."""
     source = frame if isinstance(frame, pd.DataFrame) else pd.DataFrame(list(frame))
     missing = [name for name in columns if name not in source.columns and len(source)]
     if missing:
@@ -165,7 +175,10 @@ def prepare(
                 numbers = numbers * 100
             out[header] = numbers
             config[header] = cc.NumberColumn(
-                header, format=_number_format(column), help=column.help, pinned=pinned
+                column.short or header,
+                format=_number_format(column),
+                help=_shortened(column),
+                pinned=pinned,
             )
         else:
             to_text = column.to_text or {
@@ -175,7 +188,9 @@ def prepare(
             out[header] = pd.Series(
                 [fmt.EMPTY if fmt.is_empty(v) else to_text(v) for v in values], dtype=object
             )
-            config[header] = cc.TextColumn(header, help=column.help, pinned=pinned)
+            config[header] = cc.TextColumn(
+                column.short or header, help=_shortened(column), pinned=pinned
+            )
     return pd.DataFrame(out), config
 
 
@@ -189,6 +204,13 @@ def _number_format(column: Column) -> str:
     if column.kind == "ratio":
         return f"%.{column.digits}f×"
     return f"%.{column.digits}f"
+
+
+def _shortened(column: Column) -> str | None:
+    """The header's tooltip: what a `short` header stands for, then its `help`."""
+    if not column.short:
+        return column.help
+    return _joined(f"{column.header}:" if column.help else f"{column.header}.", column.help)
 
 
 def _joined(*parts: str | None) -> str:
@@ -208,20 +230,158 @@ def styled(shown: pd.DataFrame, columns: Mapping[str, Column]) -> pd.DataFrame |
     return shown.style.map(_tone_css, subset=badges)
 
 
+# --- A phone's view ---------------------------------------------------------------------
+
+# The visible width of a table in the main area at a 390 px viewport: 390 − 2 × 12 px of page
+# padding − 2 px of border = 364 px (measured in Chromium), less 4 px to spare.
+PHONE_WIDTH = 360
+# Inside an expander its own padding and border take about 34 px more.
+PHONE_WIDTH_IN_EXPANDER = 326
+# glide-data-grid draws a cell's text 8 px in from each edge; 4 px to spare.
+CELL_PADDING = 20
+MIN_WIDTH = 50  # the dataframe's narrowest column
+# Advance widths (px) of the table font, 14 px Source Sans, measured in Chromium with
+# measureText; any other character counts as 14 px (1 em), wider than all but a few here.
+_GLYPH_WIDTHS = {
+    **dict.fromkeys("0123456789#$+<=>^~×±÷≥≤", 7.0),
+    **dict.fromkeys(" ", 2.8),
+    **dict.fromkeys("',.:;·’", 3.5),
+    **dict.fromkeys("!", 4.1),
+    **dict.fromkeys("()[]{}", 4.3),
+    **dict.fromkeys("-", 4.4),
+    **dict.fromkeys("/\\", 4.9),
+    **dict.fromkeys("°", 4.7),
+    **dict.fromkeys("*\"?", 6.0),
+    **dict.fromkeys("%", 11.6),
+    **dict.fromkeys("&", 8.6),
+    **dict.fromkeys("@", 11.9),
+    **dict.fromkeys("_`", 7.6),
+    **dict.fromkeys("|", 3.4),
+    "A": 7.7, "B": 8.3, "C": 8.0, "D": 8.7, "E": 7.4, "F": 7.0, "G": 8.7, "H": 9.2,
+    "I": 3.7, "J": 6.8, "K": 8.2, "L": 6.9, "M": 10.2, "N": 9.1, "O": 9.3, "P": 8.0,
+    "Q": 9.3, "R": 8.0, "S": 7.5, "T": 7.6, "U": 9.1, "V": 7.3, "W": 11.1, "X": 7.2,
+    "Y": 6.7, "Z": 7.6,
+    "a": 7.1, "b": 7.8, "c": 6.4, "d": 7.8, "e": 7.0, "f": 4.1, "g": 7.1, "h": 7.7,
+    "i": 3.5, "j": 3.5, "k": 7.0, "l": 3.6, "m": 11.7, "n": 7.7, "o": 7.6, "p": 7.8,
+    "q": 7.8, "r": 4.9, "s": 5.9, "t": 4.8, "u": 7.7, "v": 6.6, "w": 10.1, "x": 6.3,
+    "y": 6.6, "z": 6.0,
+    "●": 8.4, "–": 6.8, "—": 11.2, "…": 13.3, "µ": 7.9, "→": 8.7,
+}  # fmt: skip
+# What a "distance" time may read (dayjs's relative time), the widest first.
+DISTANCE_TEXTS = ("a few seconds ago", "in a few seconds", "44 minutes ago", "11 months ago")
+ABSOLUTE_TEXT = "2026-12-31 23:59:59"
+
+
+def text_width(text: str) -> float:
+    """How wide `text` is drawn in a table cell or header, in px (no padding)."""
+    return sum(_GLYPH_WIDTHS.get(char, 14.0) for char in text)
+
+
+def _printf(template: str, value: float) -> str:
+    try:
+        return template % value
+    except (TypeError, ValueError):
+        return f"{value:,.4f}"
+
+
+def cell_texts(values: pd.Series, config: Mapping[str, Any] | None) -> list[str]:
+    """What the dataframe draws for `values` under their column `config` (a column_config
+    entry), as near as the server can tell: for sizing, not for showing."""
+    kind = (config or {}).get("type_config") or {}
+    template = kind.get("format")
+    if pd.api.types.is_datetime64_any_dtype(values):
+        return list(DISTANCE_TEXTS) if template == "distance" else [ABSOLUTE_TEXT]
+    if pd.api.types.is_numeric_dtype(values) and not pd.api.types.is_bool_dtype(values):
+        texts = []
+        for value in values:
+            if fmt.is_empty(value):
+                texts.append(fmt.EMPTY)
+            elif template == "compact":
+                texts.append(fmt.compact(float(value)).upper())  # the grid writes 459K
+            elif template == "dollar":
+                texts.append(f"${float(value):,.2f}")
+            elif template:
+                texts.append(_printf(template, float(value)))
+            elif float(value).is_integer():
+                texts.append(f"{int(value)}")
+            else:
+                texts.append(f"{float(value):.4f}".rstrip("0"))
+        return texts
+    return [fmt.EMPTY if fmt.is_empty(v) else str(v) for v in values]
+
+
+def fitted_width(header: str, values: pd.Series, config: Mapping[str, Any] | None) -> int:
+    """A column's width in px that shows its header and every value whole."""
+    texts = [header, *cell_texts(values, config)]
+    return max(MIN_WIDTH, math.ceil(max(text_width(t) for t in texts) + CELL_PADDING))
+
+
+def phone_layout(
+    shown: pd.DataFrame,
+    identity: str,
+    matters: Sequence[str] = (),
+    config: Mapping[str, Any] | None = None,
+    *,
+    budget: int = PHONE_WIDTH,
+) -> tuple[list[str], dict[str, Any]]:
+    """column_order and column_config for `shown` (columns as displayed) on any screen, a
+    phone's first: `identity` first and pinned, then `matters` in their order, then the rest.
+    The identity and the columns that matter get widths that fit their header and values;
+    when those add up to more than `budget` px each gives up the same share (not below
+    MIN_WIDTH), so together they still fit a phone's table without scrolling."""
+    config = dict(config or {})
+    leading = [identity, *(m for m in matters if m != identity)]
+    missing = [name for name in leading if name not in shown.columns]
+    if missing:
+        raise KeyError(f"no column {missing} in {list(shown.columns)}")
+    order = [*leading, *(c for c in shown.columns if c not in leading)]
+
+    def entry(name: str) -> dict[str, Any]:
+        found = config.get(name)
+        return dict(found) if isinstance(found, Mapping) else {}
+
+    widths = {
+        name: fitted_width(str(entry(name).get("label") or name), shown[name], entry(name))
+        for name in leading
+    }
+    total = sum(widths.values())
+    if total > budget:
+        share = budget / total
+        widths = {name: max(MIN_WIDTH, math.floor(w * share)) for name, w in widths.items()}
+    for name in leading:
+        config[name] = {**entry(name), "width": widths[name]}
+    config[identity]["pinned"] = True
+    return order, config
+
+
 def people_table(
     frame: pd.DataFrame | Sequence[Mapping[str, Any]],
     columns: Mapping[str, Column],
     *,
+    identity: str,
+    matters: Sequence[str] = (),
     key: str | None = None,
     height: int | Literal["auto"] = "auto",
+    budget: int = PHONE_WIDTH,
 ) -> None:
-    """Show `frame` for people (prepare): full width, no index, "–" for what is missing."""
+    """Show `frame` for people (prepare): full width, no index, "–" for what is missing;
+    `identity` (a key of `columns`: the row's name) pinned first, then `matters` (the one
+    or two columns the table is for), whole on a phone (phone_layout); `budget`: the table's
+    width on a phone, less inside an expander (PHONE_WIDTH_IN_EXPANDER)."""
     shown, config = prepare(frame, columns)
+    order, config = phone_layout(
+        shown,
+        columns[identity].header,
+        [columns[name].header for name in matters],
+        config,
+        budget=budget,
+    )
     st.dataframe(
         styled(shown, columns),
         hide_index=True,
         width="stretch",
         height=height,
+        column_order=order,
         column_config=config,
         placeholder=fmt.EMPTY,
         key=key,

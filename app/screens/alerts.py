@@ -73,6 +73,8 @@ else:
             "threshold": t.text("Threshold", help="The rule's condition."),
             "since": t.time("Since", help="Firing: when it fired. Pending: when it began."),
         },
+        identity="rule",
+        matters=("state", "value"),
     )
     st.subheader("Likely causes")
     st.caption(
@@ -106,6 +108,8 @@ else:
             "after": t.badge("To"),
             "value": t.text("Value", help="The rule's number at the change, in its unit."),
         },
+        identity="rule",
+        matters=("after", "ts"),
     )
 
 log, health = data.deliveries(end - view.range_seconds, end)
@@ -140,6 +144,8 @@ else:
             "last_error": t.text("Last error"),
             "fingerprint": t.text("Alert fingerprint", help="Which alert (rule and replica)."),
         },
+        identity="channel",
+        matters=("state", "created_at"),
     )
 
 st.subheader("Runbooks")
@@ -215,4 +221,6 @@ if ended:
                 "comment": t.text("Comment"),
                 "ended": t.time("Ended"),
             },
+            identity="id",
+            matters=("ended", "matchers"),
         )

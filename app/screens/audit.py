@@ -35,4 +35,6 @@ else:
             "after": t.text("After"),
             "detail": t.text("Detail"),
         },
+        identity="action",
+        matters=("outcome", "ts"),
     )

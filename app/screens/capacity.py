@@ -154,6 +154,8 @@ else:
             "latest": t.text("Latest"),
             "note": t.text("Why no date"),
         },
+        identity="replica",
+        matters=("crossing", "knee"),
     )
     shown = [o for o in outlooks if o.peaks]
     for column, o in zip(st.columns(2) * len(shown), shown, strict=False):
@@ -191,6 +193,8 @@ t.people_table(
         "kv_tokens": t.number("KV capacity", "tokens", compact=True),
         "max_sequences": t.number("Sequences that fit", digits=2),
     },
+    identity="variant",
+    matters=("max_sequences",),
 )
 st.caption(
     "Bytes per token = 2 × layers × KV heads × head dim × dtype bytes; KV tokens = "

@@ -41,6 +41,8 @@ else:
             "last error": t.text("Last error"),
             "url": t.text("URL"),
         },
+        identity="target",
+        matters=("state", "failures in a row"),
     )
 
 st.subheader("Collectors")
@@ -69,6 +71,8 @@ else:
             "leader_since": t.time("Leader since", absolute=False),
             "targets": t.number("Targets", digits=0, help="Targets it held at its last round."),
         },
+        identity="id",
+        matters=("state", "last_seen_at"),
     )
 
 st.subheader("Scheduled jobs")
@@ -84,6 +88,8 @@ else:
             "last run": t.time("Last run"),
             "last error": t.text("Last error"),
         },
+        identity="job",
+        matters=("failures", "last run"),
     )
 
 st.subheader(f"Scrape errors, last {view.range_label}")
@@ -93,4 +99,6 @@ else:
     t.people_table(
         errors.iloc[::-1],  # newest first
         {"time": t.time("Time"), "target": t.text("Target"), "error": t.text("Error")},
+        identity="target",
+        matters=("time",),
     )

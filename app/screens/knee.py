@@ -73,23 +73,43 @@ else:
         )
         if scale == "share" and curve is not None:
             st.caption("The production curve is on the shared tok/s axis; here, its peak's line.")
+        summary = tables.summary(shown, curve)
+        # The run pinned, then its knee and what to run at (tables.phone_layout); people's
+        # headers as labels, the frame's own names kept.
+        order, config = t.phone_layout(
+            summary,
+            "run",
+            ["knee", "recommended"],
+            {
+                "run": st.column_config.TextColumn("Run"),
+                "source": st.column_config.TextColumn("Source"),
+                "model": st.column_config.TextColumn("Model"),
+                "steps": st.column_config.NumberColumn("Steps"),
+                "knee": st.column_config.NumberColumn(
+                    "Knee", help="Where the curve bends (Kneedle)."
+                ),
+                "recommended": st.column_config.NumberColumn(
+                    "Recommended",
+                    help="Highest step meeting every latency SLO and not past the knee.",
+                ),
+                "limiting SLO": st.column_config.TextColumn("Limiting SLO"),
+                "production peak": st.column_config.NumberColumn(
+                    "Production peak",
+                    help="Most running requests the replica had in the time range.",
+                ),
+                "headroom to knee": st.column_config.NumberColumn(
+                    "Headroom",
+                    help="Knee − production peak: concurrency left (negative: past the knee).",
+                ),
+            },
+        )
         st.dataframe(
-            tables.summary(shown, curve),
+            summary,
             hide_index=True,
             width="stretch",
             placeholder=EMPTY,  # not "None" where a run has no production peak
-            column_config={
-                "knee": st.column_config.NumberColumn(help="Where the curve bends (Kneedle)."),
-                "recommended": st.column_config.NumberColumn(
-                    help="Highest step meeting every latency SLO and not past the knee."
-                ),
-                "production peak": st.column_config.NumberColumn(
-                    help="Most running requests the replica had in the time range."
-                ),
-                "headroom to knee": st.column_config.NumberColumn(
-                    help="Knee − production peak: concurrency left (negative: past the knee)."
-                ),
-            },
+            column_order=order,
+            column_config=config,
         )
 
     st.subheader("Compare two runs")
@@ -112,7 +132,7 @@ else:
         people_table(
             pd.DataFrame([s.as_dict() for s in result.steps]),
             {
-                "concurrency": t.number("Concurrency", "requests", digits=0),
+                "concurrency": t.number("Concurrency", "requests", digits=0, short="Concurrency"),
                 "baseline_output_tokens_per_second": t.number("Baseline", "tok/s", digits=0),
                 "candidate_output_tokens_per_second": t.number("Candidate", "tok/s", digits=0),
                 "ratio": t.ratio("Throughput", "baseline"),
@@ -120,6 +140,8 @@ else:
                 "itl_change": t.percent("ITL change", help="p99 (mean where no p99)."),
                 "verdict": t.text("Verdict"),
             },
+            identity="concurrency",
+            matters=("ratio", "verdict"),
         )
 
     with st.expander("Delete a run"):

@@ -97,4 +97,6 @@ if found:
             "value": t.text("Value", help="Hit rate, or computed prompt tokens per second."),
             "was": t.text("Baseline", help="Its 1-hour trailing mean (storms: median)."),
         },
+        identity="kind",
+        matters=("at", "value"),
     )

@@ -77,7 +77,7 @@ for r in reports:
     t.people_table(
         rows,
         {
-            "alert window": t.text("Alert window", help="Long window / short window."),
+            "alert window": t.text("Window", help="The alert's long window / short window."),
             "severity": t.badge("Severity"),
             "factor": t.ratio(
                 "Fires above", "budget", help="Both burn rates must exceed this factor."
@@ -88,6 +88,8 @@ for r in reports:
             "short burn rate": t.ratio("Short-window burn", "budget"),
             "firing": t.yes_no("Firing"),
         },
+        identity="alert window",
+        matters=("firing", "long burn rate"),
     )
 
 
@@ -135,6 +137,8 @@ if windows:
             "window": t.text("Window"),
             "when": t.text("When"),
             "replicas": t.text("Replicas"),
-            "now": t.yes_no("In maintenance now"),
+            "now": t.yes_no("Now", help="In maintenance now."),
         },
+        identity="window",
+        matters=("now", "when"),
     )

@@ -44,4 +44,6 @@ else:
             "kind": t.formatted("Kind", _words),
             "detail": t.text("Detail"),
         },
+        identity="kind",
+        matters=("at", "replica"),
     )

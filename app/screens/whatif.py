@@ -204,13 +204,16 @@ def calibration(profile: dict[str, Any]) -> None:
             t.people_table(
                 points,
                 {
-                    "metric": t.text("Number", pinned=True),
+                    "metric": t.text("Number"),
                     "load": t.number("Load", digits=0),
                     "measured": t.number("Measured", digits=4),
                     "fitted": t.number("Fitted", digits=4),
                     "relative_error": t.percent("Error", help="(fitted − measured) ÷ measured."),
                     "source": t.text("Source", help="The sweep or stored window measured."),
                 },
+                identity="metric",
+                matters=("relative_error", "measured"),
+                budget=t.PHONE_WIDTH_IN_EXPANDER,
             )
 
 
@@ -229,13 +232,19 @@ def before_after(result: dict[str, Any]) -> None:
             help=f"Predicted under the change; measured {value(before, unit)}"
             + ("" if error is None else f", ± {error:.0%} from the calibration's error"),
         )
-    # The row's name pinned: on a phone the numbers scroll under it, never off with it.
-    st.dataframe(
-        table(result),
-        hide_index=True,
-        width="stretch",
-        column_config={WHAT: st.column_config.TextColumn(WHAT, pinned=True)},
+    # The row's name pinned, then what it will be and what it is: on a phone the other
+    # numbers scroll under the name, never off with it (tables.phone_layout).
+    shown = table(result)
+    order, config = t.phone_layout(
+        shown,
+        WHAT,
+        [PREDICTED, MEASURED],
+        {
+            PREDICTED: st.column_config.TextColumn("Predicted", help=PREDICTED + "."),
+            BASELINE: st.column_config.TextColumn("Baseline", help=BASELINE + "."),
+        },
     )
+    st.dataframe(shown, hide_index=True, width="stretch", column_order=order, column_config=config)
     st.caption(
         "Baseline vs measured: how closely the unchanged replay reproduces the window (its "
         "relative error); the predicted range adds it to the calibration's error."

@@ -4,6 +4,7 @@ human headers; and the pages that show tables render none of None/NaN/NaT."""
 
 from __future__ import annotations
 
+import json
 import math
 import time
 from datetime import UTC, datetime
@@ -333,7 +334,7 @@ def test_an_slo_burn_reads_in_multiples_of_the_budget(
     slos = AppTest.from_file(str(PAGES_DIR / "slos.py"), default_timeout=120).run()
     (burn,) = readable(slos)
     assert list(burn.columns) == [
-        "Alert window",
+        "Window",
         "Severity",
         "Fires above (× budget)",
         "Long-window burn (× budget)",
@@ -341,3 +342,120 @@ def test_an_slo_burn_reads_in_multiples_of_the_budget(
         "Firing",
     ]
     assert set(burn["Firing"]) <= {"yes", "no"} and "yes" in set(burn["Firing"])
+
+
+# --- On a phone -----------------------------------------------------------------------------
+
+# Drawn widths (px) of the table font in Chromium (canvas measureText, 14 px Source Sans).
+MEASURED = {
+    "interactive-ttft-burn-3d": 134.49,
+    "1.56× budget": 75.65,
+    "2026-12-02 02:25:06": 115.89,
+    "a few seconds ago": 105.77,
+    "State": 29.93,
+    "Severity": 47.49,
+}
+
+
+@pytest.mark.parametrize(("text", "drawn"), MEASURED.items())
+def test_text_widths_are_never_less_than_drawn(text: str, drawn: float) -> None:
+    # Never less (a column sized by it cuts nothing), at most 5% more (it stays compact).
+    assert drawn <= tables.text_width(text) <= drawn * 1.05
+
+
+def test_phone_layout_leads_with_the_name_pinned_then_what_matters() -> None:
+    frame = pd.DataFrame(
+        {
+            "Detail": ["a long explanation that a phone scrolls to read " * 3],
+            "Value": ["1.56× budget"],
+            "Rule": ["interactive-ttft-burn-3d"],
+            "Replica": ["qwen3-4b-sglang"],
+        }
+    )
+    order, config = tables.phone_layout(
+        frame, "Rule", ["Value"], {"Value": {"label": "Value", "help": "The number now."}}
+    )
+    assert order == ["Rule", "Value", "Detail", "Replica"]
+    assert config["Rule"]["pinned"] is True
+    assert "pinned" not in config["Value"] and config["Value"]["help"] == "The number now."
+    # Each leading column holds its widest text and the grid's padding; the rest are left
+    # to the grid (they scroll).
+    assert config["Rule"]["width"] >= MEASURED["interactive-ttft-burn-3d"] + 16
+    assert config["Value"]["width"] >= MEASURED["1.56× budget"] + 16
+    assert config["Rule"]["width"] + config["Value"]["width"] <= tables.PHONE_WIDTH
+    assert "Detail" not in config and "Replica" not in config
+
+
+def test_what_matters_shares_a_phone_when_it_is_too_wide() -> None:
+    frame = pd.DataFrame({name: ["x" * 80] for name in ("A", "B", "C", "D")})
+    order, config = tables.phone_layout(frame, "C", ["A", "B"])
+    assert order == ["C", "A", "B", "D"]
+    widths = [config[name]["width"] for name in ("C", "A", "B")]
+    assert sum(widths) <= tables.PHONE_WIDTH and min(widths) >= tables.MIN_WIDTH
+    assert len(set(widths)) == 1  # each gave up the same share
+
+
+def test_phone_layout_sizes_numbers_and_times_as_the_grid_writes_them() -> None:
+    shown, config = tables.prepare(
+        pd.DataFrame({"at": [time.time()], "burn": [2.1636], "kv": [459_088.0], "who": ["x"]}),
+        {
+            "who": tables.text("Who"),
+            "at": tables.time("Fired"),
+            "burn": tables.ratio("Burn", "budget"),
+            "kv": tables.number("KV", compact=True),
+        },
+    )
+    assert tables.cell_texts(shown["Burn (× budget)"], config["Burn (× budget)"]) == ["2.16×"]
+    assert tables.cell_texts(shown["KV"], config["KV"]) == ["459K"]
+    assert tables.cell_texts(shown["Fired"], config["Fired"]) == list(tables.DISTANCE_TEXTS)
+    _, laid = tables.phone_layout(shown, "Who", ["Fired"], config)
+    assert laid["Fired"]["width"] >= MEASURED["a few seconds ago"] + 16
+    with pytest.raises(KeyError, match="Nope"):
+        tables.phone_layout(shown, "Who", ["Nope"], config)
+
+
+def test_a_short_header_says_what_it_stands_for() -> None:
+    shown, config = tables.prepare(
+        pd.DataFrame({"c": [4]}), {"c": tables.number("Concurrency", "requests", short="Conc.")}
+    )
+    assert list(shown.columns) == ["Concurrency (requests)"]  # the frame keeps its header
+    assert config["Concurrency (requests)"]["label"] == "Conc."
+    assert config["Concurrency (requests)"]["help"] == "Concurrency (requests)."
+
+
+@pytest.mark.parametrize(
+    ("page", "least"),
+    [
+        ("alerts.py", 2),
+        ("health.py", 2),
+        ("capacity.py", 2),
+        ("timeline.py", 1),
+        ("slos.py", 0),
+        ("prefix_cache.py", 0),
+        ("audit.py", 0),
+    ],
+)
+def test_every_table_leads_with_its_name_pinned_and_what_matters_fits_a_phone(
+    alerting: Path, page: str, least: int
+) -> None:
+    app = AppTest.from_file(str(PAGES_DIR / page), default_timeout=120).run()
+    assert not app.exception, [e.value for e in app.exception]
+    assert len(app.dataframe) >= least
+    for element in app.dataframe:
+        order = list(element.proto.column_order)
+        config = json.loads(element.proto.columns)
+        shown = element.value
+        assert sorted(order) == sorted(shown.columns)  # every column, in a phone's order
+        pinned = [name for name in order if config.get(name, {}).get("pinned")]
+        assert pinned == order[:1], (page, order, pinned)
+        # The columns sized to fit (the name and what matters) come first, at least one
+        # besides the name, and fit a phone's table together.
+        sized = [name for name in order if "width" in config.get(name, {})]
+        assert len(sized) >= 2 and sized == order[: len(sized)], (page, order, sized)
+        total = sum(config[name]["width"] for name in sized)
+        assert total <= tables.PHONE_WIDTH, (page, sized, total)
+        for name in sized:
+            label = config[name].get("label") or name
+            widest = max(tables.text_width(t) for t in [label, *map(str, shown[name])])
+            if pd.api.types.is_object_dtype(shown[name]):  # text: as it is drawn
+                assert config[name]["width"] >= widest + 16, (page, name)

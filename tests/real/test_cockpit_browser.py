@@ -7,7 +7,9 @@ burn-rate alerts fire on the backfilled week at the first evaluation):
   draws is recorded as it is drawn, its missing-value placeholder included, while its rows
   are scrolled through; its accessible table and every HTML table are read as well);
 - no page has Streamlit's "Deploy" button;
-- at a 390 × 844 phone viewport the Overview and Alerts pages do not scroll sideways;
+- at a 390 × 844 phone viewport the Overview and Alerts pages do not scroll sideways, and on
+  every page with tables each table fits the screen and shows, without scrolling, its row's
+  name and the columns it is for, none of their headers or cells cut (PHONE_TABLES);
 - every chart has a title, and each axis a title, with a unit where it shows numbers.
 
 Pages are read once each (PageReading) and the checks run on what was read. Waits are hang
@@ -16,6 +18,8 @@ guards (bench/screenshots.py settle), never timings the tests depend on."""
 from __future__ import annotations
 
 import re
+import subprocess
+import sys
 from collections.abc import Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -25,9 +29,12 @@ import pytest
 
 from app.registry import PAGES, PageSpec
 from bench.screenshots import (
+    CANVAS_HOOK,
     DESKTOP,
+    PAGE_NEVER_MS,
     PAINTED_JS,
     PHONE,
+    ROOT,
     close_view,
     firing,
     open_view,
@@ -247,3 +254,190 @@ def test_no_sideways_scroll_on_a_phone(browser, demo, path: str) -> None:  # typ
     # The document, and Streamlit's main area (it scrolls itself, not the document).
     assert widths["document"] <= widths["viewport"], widths
     assert widths["main"] <= widths["mainVisible"], widths
+
+
+# Each table a page may show at 390 px: the headers it must show first, whole, without
+# scrolling (its row's name, pinned, then the columns it is for; app/tables.phone_layout).
+# A page's first entries (REQUIRED_TABLES of them) are tables the demo always shows.
+PHONE_TABLES: dict[str, list[tuple[str, ...]]] = {
+    "overview": [],
+    "alerts": [
+        ("Rule", "State", "Value"),
+        ("Rule", "To", "Time"),
+        ("Channel", "State", "Created"),
+        ("Silence", "Ended", "Matchers"),
+    ],
+    "timeline": [("Kind", "Time", "Replica")],
+    "slos": [("Window", "Firing", "Long-window burn (× budget)"), ("Window", "Now", "When")],
+    "capacity": [
+        ("Replica", "Reaches the knee", "Knee (seqs)"),
+        ("Plan", "Sequences that fit"),
+    ],
+    "prefix-cache": [("Event", "From", "Value")],
+    "knee": [("Run", "Knee", "Recommended"), ("Concurrency", "Throughput (× baseline)", "Verdict")],
+    "cost": [],
+    "what-if": [("Number", "Predicted", "Measured"), ("Number", "Error", "Measured")],
+    "gpus": [],
+    "health": [
+        ("Target", "State", "Failures in a row"),
+        ("Collector", "State", "Last seen"),
+        ("Job", "Failures", "Last run"),
+        ("Target", "Time"),
+    ],
+    "audit": [("Action", "Outcome", "Time")],
+}
+REQUIRED_TABLES = {"alerts": 2, "timeline": 1, "slos": 1, "capacity": 2, "knee": 2, "health": 3}
+REQUIRED_TABLES["audit"] = 1  # the test posts an annotation first (audited)
+# Installed before the page's scripts, after CANVAS_HOOK: records each text drawn on a canvas
+# with where it is drawn (its left and right edge, from measureText and the text alignment)
+# and the clip it is drawn in (glide-data-grid clips each column to its own bounds: a text
+# wider than its column, or a column past the grid's edge, is cut there, with no ellipsis).
+CLIP_HOOK = """(() => {
+    const log = window.__kneepointTexts = [];
+    const proto = CanvasRenderingContext2D.prototype;
+    const states = new WeakMap();
+    const state = ctx => {
+        let s = states.get(ctx);
+        if (!s) states.set(ctx, s = {clip: null, stack: [], rect: null});
+        return s;
+    };
+    const {save, restore, beginPath, rect, clip, fillText} = proto;
+    const x = (ctx, at) => { const t = ctx.getTransform(); return t.a * at + t.e; };
+    proto.save = function () { const s = state(this); s.stack.push(s.clip);
+                               return save.call(this); };
+    proto.restore = function () { const s = state(this); s.clip = s.stack.pop() || null;
+                                  return restore.call(this); };
+    proto.beginPath = function () { state(this).rect = null; return beginPath.call(this); };
+    proto.rect = function (left, top, width, height) {
+        state(this).rect = [x(this, left), x(this, left + width)];
+        return rect.call(this, left, top, width, height);
+    };
+    proto.clip = function (...args) {
+        const s = state(this), r = s.rect;
+        if (r) s.clip = s.clip ? [Math.max(s.clip[0], r[0]), Math.min(s.clip[1], r[1])] : r;
+        return clip.apply(this, args);
+    };
+    proto.fillText = function (text, at, ...rest) {
+        const width = this.measureText(text).width * this.getTransform().a;
+        const anchor = x(this, at), align = this.textAlign;
+        const left = align === 'right' || align === 'end' ? anchor - width
+            : align === 'center' ? anchor - width / 2 : anchor;
+        log.push({canvas: this.canvas, text: String(text), left, right: left + width,
+                  clip: state(this).clip});
+        return fillText.call(this, text, at, ...rest);
+    };
+})()"""
+# Each dataframe scrolled down a screen at a time (not across: what shows without scrolling
+# sideways), each step painted, so every row's cells are drawn; then what was drawn in it.
+# A frame's header canvas is its shorter one.
+PHONE_GRIDS_JS = """async () => {
+    const paint = () => new Promise(done =>
+        requestAnimationFrame(() => requestAnimationFrame(() => done(true))));
+    const frames = [...document.querySelectorAll('[data-testid="stDataFrame"]')];
+    for (const frame of frames) {
+        const scroller = frame.querySelector('.dvn-scroller');
+        if (!scroller) continue;
+        scroller.scrollLeft = 0;
+        for (let y = 0, step = 0; step < 200; y += scroller.clientHeight, step++) {
+            scroller.scrollTop = y;
+            await paint();
+            if (y + scroller.clientHeight >= scroller.scrollHeight) break;
+        }
+    }
+    return frames.map(frame => {
+        const canvases = [...frame.querySelectorAll('canvas')]
+            .sort((a, b) => b.clientHeight - a.clientHeight);
+        const [cells, header] = canvases;
+        const box = frame.getBoundingClientRect();
+        const drawn = c => window.__kneepointTexts.filter(t => t.canvas === c)
+            .map(({text, left, right, clip}) => ({text, left, right, clip}));
+        return {right: box.right, left: box.left, visible: cells ? cells.clientWidth : 0,
+                header: header ? drawn(header) : [], cells: cells ? drawn(cells) : []};
+    });
+}"""
+
+
+def open_phone_view(browser, url: str):  # type: ignore[no-untyped-def]  # noqa: F811
+    """open_view at PHONE size with CLIP_HOOK installed as well."""
+    context = browser.new_context(viewport=PHONE)
+    context.add_init_script(CANVAS_HOOK)
+    context.add_init_script(CLIP_HOOK)
+    page = context.new_page()
+    page.goto(url, timeout=PAGE_NEVER_MS)
+    settle(page)
+    return page
+
+
+def columns_shown(frame: dict[str, Any]) -> list[tuple[str, float, float]]:
+    """The frame's columns as last drawn, left to right: (header, left, right) of its clip."""
+    last: dict[str, tuple[float, float]] = {}
+    for text in frame["header"]:
+        if text["clip"]:
+            last[text["text"]] = (text["clip"][0], text["clip"][1])
+    return sorted(((h, a, b) for h, (a, b) in last.items()), key=lambda c: c[1])
+
+
+def cut_in(frame: dict[str, Any], header: str, left: float, right: float) -> list[str]:
+    """What of one column is not whole on screen: the column past the grid's visible edge, or
+    its header or a cell's text past the column's bounds (cut there), or ellipsised."""
+    problems = []
+    if left < -0.5 or right > frame["visible"] + 1:  # 1 px: the grid's border
+        problems.append(f"{header!r} spans {left:.0f}..{right:.0f} px of {frame['visible']}")
+    texts = [t for t in frame["header"] if t["text"] == header]
+    cells = [
+        t
+        for t in frame["cells"]
+        if t["clip"] and abs(t["clip"][0] - left) < 0.5 and abs(t["clip"][1] - right) < 0.5
+    ]
+    for text in [texts[-1], *cells]:
+        if text["left"] < left - 0.5 or text["right"] > right + 0.5 or text["text"].endswith("…"):
+            problems.append(
+                f"{header!r}: {text['text']!r} drawn at {text['left']:.0f}..{text['right']:.0f}"
+                f" in {left:.0f}..{right:.0f}"
+            )
+    return problems
+
+
+@pytest.mark.parametrize("path", list(PHONE_TABLES))
+def test_tables_on_a_phone_show_what_matters_whole(browser, demo, path: str) -> None:  # type: ignore[no-untyped-def]  # noqa: F811
+    spec = next(s for s in PAGES if s.url_path == path)
+    url, config = demo
+    if path == "audit":  # an audited change, so that the Audit page has a table to show
+        subprocess.run(
+            [
+                *(sys.executable, "-m", "kneepoint.cli", "annotate"),
+                *("--config", str(config), "--text", "phone table check"),
+            ],
+            check=True,
+            capture_output=True,
+            timeout=120,
+            cwd=ROOT,
+        )
+    page = open_phone_view(browser, page_url(url, spec))
+    try:
+        assert page.locator("h1").first.inner_text().strip() == spec.title
+        assert page.locator(ERROR_BOXES).count() == 0, page.locator(ERROR_BOXES).all_inner_texts()
+        frames = page.evaluate(PHONE_GRIDS_JS)
+        widths = page.evaluate(WIDTHS_JS)
+    finally:
+        close_view(page)
+    assert widths["document"] <= widths["viewport"] == PHONE["width"], widths
+    expected = PHONE_TABLES[path]
+    found: set[tuple[str, ...]] = set()
+    problems: list[str] = []
+    for index, frame in enumerate(frames):
+        name = f"table {index + 1}"
+        if frame["left"] < 0 or frame["right"] > PHONE["width"]:
+            problems.append(f"{name} spans {frame['left']}..{frame['right']} px")
+        shown = columns_shown(frame)
+        headers = [h for h, _, _ in shown]
+        leading = next((e for e in expected if tuple(headers[: len(e)]) == e), None)
+        if leading is None:
+            problems.append(f"{name} leads with {headers}, none of {expected}")
+            continue
+        found.add(leading)
+        for header, left, right in shown[: len(leading)]:
+            problems.extend(f"{name}: {p}" for p in cut_in(frame, header, left, right))
+    required = expected[: REQUIRED_TABLES.get(path, 0)]
+    problems.extend(f"no table leads with {e}" for e in required if e not in found)
+    assert not problems, problems
