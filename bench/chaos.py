@@ -14,7 +14,8 @@ How each fault is made:
 - receiver faults: three requests in ten at random (500, 429, hang, a trickled 200, a dropped
   connection), plus whole outages;
 - database locked: another connection holds `BEGIN EXCLUSIVE` for longer than the
-  collector's busy timeout (twice the scrape interval);
+  collector's busy timeout (twice the scrape interval) and than a round can take (the
+  target timeout plus two intervals);
 - disk full: as root, the database lives on a 64 MiB tmpfs that is filled to the last byte
   (ENOSPC, as tests/faults/test_storage.py does) and freed; otherwise the collector's
   RLIMIT_FSIZE soft limit is set to one byte with prlimit(2) (every write fails with EFBIG)
@@ -711,7 +712,9 @@ def episode(
         size = interval * rng.uniform(5, 15) * (-1 if kind == "clock-back" else 1)
         applied = clock.step(size, collector)
         return Episode(kind, start, applied, size)
-    held = interval * rng.uniform(3, 6)  # longer than the busy timeout (2 intervals)
+    # Longer than the busy timeout (2 intervals) and than a round can take (a hanging
+    # target holds one for its timeout), so that some round's write meets the fault.
+    held = max(interval * rng.uniform(3, 6), TARGET_TIMEOUT + 2 * interval)
     if kind == "lock":
         holder = sqlite3.connect(disk.folder / "chaos.db", isolation_level=None, timeout=60)
         try:
