@@ -231,7 +231,7 @@ def evaluate_once(session: Session, config: Config, now: float) -> list[Transiti
     # The messages' reads first: the writes below hold SQLite's write lock until commit.
     ahead = read_ahead(session, config, rules, transitions + reminders, now)
     muted, unmuted = _maintenance(
-        session, config, rules, transitions + reminders, states, notified, lasting, now
+        session, config, rules, transitions + reminders, states, notified, lasting, now, since
     )
     news = (news - muted) | {u.alert.fingerprint for u in unmuted}
     for key in set(current) - set(states):  # pending that recovered before firing
@@ -240,7 +240,8 @@ def evaluate_once(session: Session, config: Config, now: float) -> list[Transiti
         sent = now if key in news else notified.get(key)
         session.merge(AlertRow(**asdict(alert), updated_at=now, notified_at=sent))
     outgoing = [c for c in transitions + reminders if c.alert.fingerprint not in muted]
-    enqueue(session, config, rules, outgoing + unmuted, now, states, ahead)
+    # `since`: an alert ended because its engine changed says when (the message's why).
+    enqueue(session, config, rules, outgoing + unmuted, now, states, ahead, since)
     for change in transitions:
         session.add(
             AlertHistoryRow(
@@ -287,6 +288,7 @@ def _maintenance(
     notified: dict[str, float | None],
     lasting: list[maintenance.Occurrence],
     now: float,
+    engine_since: dict[str, float] | None = None,
 ) -> tuple[set[str], list[Transition]]:
     """Mute the news of alerts a maintenance window covers now (logged in the outbox as
     `muted`, naming the window); return their fingerprints, and the firing alerts whose news
@@ -308,7 +310,7 @@ def _maintenance(
         else:
             continue
         muted.add(change.alert.fingerprint)
-        notice = notice_for(change, rule, config, now)
+        notice = notice_for(change, rule, config, now, engine_since)  # an ending's why too
         for name in rule.channels:  # kept, so the log says why nothing was sent
             row = put(session, name, notice, now)
             row.state, row.last_error = "muted", why

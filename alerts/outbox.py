@@ -111,8 +111,23 @@ def view_of(metric: str) -> tuple[str, str]:
     return PAGES.get(metric, "overview"), ""
 
 
-def notice_for(change: Transition, rule: Rule, config: Config, now: float) -> Notice:
+def notice_for(
+    change: Transition,
+    rule: Rule,
+    config: Config,
+    now: float,
+    engine_since: dict[str, float] | None = None,
+) -> Notice:
+    """The news of one transition. An ending with a note (the replica's engine no longer
+    exposes the rule's metric) carries the note, and when that engine was first seen
+    (`engine_since`: replica -> epoch seconds, alerts.values.engine_since) where that was
+    after the alert began: an engine seen before it is no change that ended it."""
     alert = change.alert
+    note = (change.note or "") if change.after == RESOLVED else ""
+    began = alert.pending_since if alert.pending_since is not None else alert.fired_at
+    changed = (engine_since or {}).get(alert.replica) if note else None
+    if changed is not None and (began is None or changed <= began):
+        changed = None
     return Notice(
         fingerprint=alert.fingerprint,
         rule=rule.name,
@@ -129,6 +144,8 @@ def notice_for(change: Transition, rule: Rule, config: Config, now: float) -> No
         page=view_of(rule.metric)[0],
         slo=view_of(rule.metric)[1],
         labels=dict(rule.labels),
+        note=note,
+        engine_since=changed,
     )
 
 
@@ -140,16 +157,20 @@ def enqueue(
     now: float,
     states: dict[str, Alert] | None = None,
     ahead: ReadAhead | None = None,
+    engine_since: dict[str, float] | None = None,
 ) -> int:
     """Put every firing and every resolution (of an alert that fired) in the outbox, once
     per channel of its rule; a silenced or inhibited one is logged as such and not sent.
     Return how many rows will be sent. `ahead`: the messages' reads done before the caller
-    wrote anything (read_ahead)."""
+    wrote anything (read_ahead). An ending without a recovery carries its transition's note
+    (and `engine_since`: notice_for), and is grouped only with endings of the same why."""
     by_name = {rule.name: rule for rule in rules}
     configs = {c.name: c for c in config.channels}
     active = silences.load(session)
     added = 0
-    groups: dict[tuple[str, str], list[Notice]] = {}  # (rule, status) -> notices to send
+    # (rule, status, note, engine first seen) -> notices to send: one message never mixes
+    # recoveries with endings that are none, nor endings for different reasons.
+    groups: dict[tuple[str, str, str, float | None], list[Notice]] = {}
     ahead = ahead or ReadAhead()
     seen, known = ahead.seen, ahead.known
     for change in changes:
@@ -158,7 +179,7 @@ def enqueue(
         rule = by_name.get(change.alert.rule)
         if not news or rule is None:
             continue
-        notice = notice_for(change, rule, config, now)
+        notice = notice_for(change, rule, config, now, engine_since)
         if notice.status == FIRING:
             notice = replace(notice, changes=changes_before(session, config, notice, seen))
             if rule.severity == "page" or rule.metric.startswith("slo_burn:"):
@@ -168,12 +189,13 @@ def enqueue(
         labels = silences.labels_of(rule.name, notice.replica, rule.severity, dict(rule.labels))
         why = silences.muted(labels, active, states or {}, now)
         if why is None:
-            groups.setdefault((rule.name, notice.status), []).append(notice)
+            key = (rule.name, notice.status, notice.note, notice.engine_since)
+            groups.setdefault(key, []).append(notice)
             continue
         for name in rule.channels:  # kept, so the log says why nothing was sent
             row = put(session, name, notice, now)
             row.state, row.last_error = "muted", why
-    for (rule_name, _status), notices in groups.items():
+    for (rule_name, *_), notices in groups.items():
         for name in by_name[rule_name].channels:
             spec = configs.get(name)
             grouped = spec is not None and channel(spec).groups and len(notices) > 1

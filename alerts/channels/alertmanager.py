@@ -1,4 +1,8 @@
-"""Forwarding to an existing Alertmanager: `POST /api/v2/alerts` with a list of alerts."""
+"""Forwarding to an existing Alertmanager: `POST /api/v2/alerts` with a list of alerts.
+
+An alert that ended without a recovery (no longer measured: Notice.ended) is posted with its
+`endsAt`, which is how Alertmanager learns it is over, and with the why in its `note` and
+`summary` annotations (alerts/channels/webhook.py alert_object)."""
 
 from __future__ import annotations
 

@@ -40,6 +40,13 @@ class Notice:
     # the likely cause with its evidence (kneepoint/causes.py): shown on every channel.
     changes: tuple[str, ...] = ()
     cause: str = ""
+    # An ending that is no recovery: why kneepoint can no longer measure the alert
+    # (alerts.engine.Transition.note: the replica's engine does not expose the rule's
+    # metric), and when the engine that took over was first seen (epoch seconds; None: not
+    # known, or not after the alert began). Its status stays "resolved", which is what closes
+    # it on PagerDuty and Alertmanager, but no message calls it resolved: "ENDED", and why.
+    note: str = ""
+    engine_since: float | None = None
 
     def __post_init__(self) -> None:
         if not isinstance(self.changes, tuple):  # a list, as stored in the outbox's JSON
@@ -61,6 +68,11 @@ class Notice:
         ]
 
     @property
+    def ended(self) -> bool:
+        """Did the alert end without a recovery (no longer measured, not fixed)?"""
+        return self.status == "resolved" and bool(self.note)
+
+    @property
     def where(self) -> str:
         return self.replica or "the fleet"
 
@@ -77,7 +89,10 @@ class Notice:
     def title(self) -> str:
         if self.status == REPORT:
             return f"[REPORT] {self.rule}"
-        mark = "RESOLVED" if self.status == "resolved" else self.severity.upper()
+        if self.ended:
+            mark = "ENDED"
+        else:
+            mark = "RESOLVED" if self.status == "resolved" else self.severity.upper()
         where = f"{len(self.members)} replicas" if self.members else self.where
         return f"[{mark}] {self.rule} on {where}"
 
@@ -85,18 +100,36 @@ class Notice:
         if self.status == REPORT:  # a scheduled report: its summary and the page's link
             return "\n".join([self.title(), self.runbook, self.link])
         since = datetime.fromtimestamp(self.since, UTC).strftime("%Y-%m-%d %H:%M UTC")
+        # An ended alert has no value because it is no longer measured, not for a gap.
+        missing = "not measured" if self.ended else "no data"
         if self.members:
             values = ", ".join(
-                f"{m['replica'] or 'fleet'} {_value(m['value'])}" for m in self.members
+                f"{m['replica'] or 'fleet'} {_value(m['value'], missing)}" for m in self.members
             )
         else:
-            values = _value(self.value)
+            values = _value(self.value, missing)
         word = "values" if self.members else "value"
         detail = f"{word} {values} (threshold {self.op} {_number(self.threshold)}), since {since}"
-        lines = [self.title(), detail, self.link]
+        # The why of an ending comes right after the title: the line a short view shows.
+        lines = [self.title(), *([self.ending()] if self.ended else []), detail, self.link]
         if self.runbook and self.status == "firing":
             lines.append(f"runbook: {self.runbook}")
         return "\n".join(lines + self.context())
+
+    def ending(self) -> str:
+        """The line that says an alert ended without a recovery, and why ("" otherwise)."""
+        if not self.ended:
+            return ""
+        changed = ""
+        if self.engine_since is not None:
+            at = datetime.fromtimestamp(self.engine_since, UTC).strftime("%Y-%m-%d %H:%M UTC")
+            # A fleet alert's time is its latest replica's change (alerts.values.engine_since).
+            whose = "the replica's engine" if self.replica else "the last replica's engine"
+            changed = f" ({whose} changed at {at})"
+        return (
+            "Ended without a recovery: kneepoint can no longer measure it, "
+            f"{self.note}{changed}. The problem may still be there."
+        )
 
     def context(self) -> list[str]:
         """The likely cause and the changes before it fired, as lines of the message."""
@@ -107,8 +140,8 @@ class Notice:
         return lines
 
 
-def _value(value: float | None) -> str:
-    return "no data" if value is None else _number(value)
+def _value(value: float | None, missing: str = "no data") -> str:
+    return missing if value is None else _number(value)
 
 
 def _number(value: float) -> str:

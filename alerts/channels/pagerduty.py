@@ -1,4 +1,9 @@
-"""PagerDuty Events API v2: trigger and resolve share the alert's fingerprint as dedup_key."""
+"""PagerDuty Events API v2: trigger and resolve share the alert's fingerprint as dedup_key.
+
+An alert that ended without a recovery (no longer measured: Notice.ended) is still sent as a
+resolve, the only event that closes the incident, but with a payload whose summary says it
+ended and why, and the why in custom_details.note, so the incident's log does not read as
+fixed."""
 
 from __future__ import annotations
 
@@ -33,5 +38,12 @@ class PagerDuty(Channel):
                 },
             }
             body["links"] = [{"href": notice.link, "text": "kneepoint"}]
+        elif notice.ended:
+            body["payload"] = {
+                "summary": f"{notice.title()}: {notice.ending()}"[: self.max_chars],
+                "source": notice.replica or "fleet",
+                "severity": SEVERITY.get(notice.severity, "warning"),
+                "custom_details": {"note": notice.note},
+            }
         url = self.config.url.reveal() if self.config.url else EVENTS
         return Outgoing(url, body, self.headers)

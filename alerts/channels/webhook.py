@@ -1,5 +1,11 @@
 """A generic webhook carrying Alertmanager's v4 payload, optionally signed: the header
-`X-Kneepoint-Signature: sha256=<hex HMAC-SHA256 of the body keyed with the secret>`."""
+`X-Kneepoint-Signature: sha256=<hex HMAC-SHA256 of the body keyed with the secret>`.
+
+Beyond Alertmanager's fields, the body has `note`: null, or why an alert ended without a
+recovery (kneepoint can no longer measure it: the replica's engine does not expose the rule's
+metric). Such an ending keeps `status: "resolved"` (the v4 payload knows only firing and
+resolved, and receivers close the alert on it); the note says it is not a recovery, and each
+such alert carries it in its `note` annotation too, its `summary` annotation saying so."""
 
 from __future__ import annotations
 
@@ -34,6 +40,8 @@ def alert_object(notice: Notice) -> dict[str, object]:
         annotations["cause"] = notice.cause
     if notice.changes:
         annotations["changes"] = "\n".join(notice.changes)
+    if notice.ended:  # the summary (the line after the title) is the ending's why
+        annotations["note"] = notice.note
     return {
         "status": notice.status,
         "labels": labels,
@@ -62,6 +70,7 @@ class Webhook(Channel):
             "groupKey": notice.fingerprint,
             "truncatedAlerts": 0,
             "status": notice.status,
+            "note": notice.note if notice.ended else None,  # not Alertmanager's: see above
             "receiver": self.config.name,
             "groupLabels": {"alertname": notice.rule},
             "commonLabels": common,

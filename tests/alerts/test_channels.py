@@ -518,3 +518,116 @@ def test_a_message_says_numbers_as_people_write_them(
     text = notice.text()
     assert shown in text
     assert not re.search(RAW, text), text
+
+
+# --- an ending that is no recovery (the replica's engine no longer exposes the metric) ---
+
+GONE = "not exposed by SGLang before 0.5.10: retractions were only a per-interval gauge"
+SWITCHED = NOW - 120  # when SGLang was first seen: after the alert began (NOW - 360)
+SWITCHED_SHOWN = "the replica's engine changed at 2026-11-18 11:04 UTC"
+# What each platform shows people (chat), or the field that carries the why (machines).
+ENDED_SHOWN = {
+    **{kind: text_of for kind, (_, text_of) in SHAPES.items()},
+    "teams": lambda body: "\n".join(
+        block["text"] for block in body["attachments"][0]["content"]["body"]
+    ),
+    "pagerduty": lambda body: body["payload"]["summary"],
+    "webhook": lambda body: body["alerts"][0]["annotations"]["summary"],
+    "alertmanager": lambda body: body[0]["annotations"]["summary"],
+}
+
+
+def end(sessions: sessionmaker[Session], config: Config, rule: Rule, note: str | None) -> None:
+    """The alert on qwen-a, firing since NOW - 300, ends now: with `note`, because SGLang,
+    first seen at SWITCHED, does not expose its metric (alerts.engine.evaluate); without,
+    a recovery."""
+    alert = Alert("f1ngerpr1nt", rule.name, "qwen-a", RESOLVED, None, 0.9, NOW - 360, NOW - 300)
+    change = Transition(alert, FIRING, RESOLVED, note=note)
+    with sessions.begin() as session:
+        enqueue(session, config, [rule], [change], NOW, engine_since={"qwen-a": SWITCHED})
+
+
+@pytest.mark.parametrize("kind", SHAPES)
+def test_an_ending_without_a_recovery_is_never_called_resolved(
+    kind: str, tmp_path: Path, receiver: Receiver
+) -> None:
+    extra, _ = SHAPES[kind]
+    config, rule = setup(tmp_path, receiver, kind, **extra)
+    if kind == "telegram":
+        api = config.channels[0].model_copy(update={"url": HookURL(receiver.url(""))})
+        config = config.model_copy(update={"channels": [api]})
+    sessions = open_store(config.database)
+    end(sessions, config, rule, GONE)
+    assert deliver(sessions, config, NOW)["sent"] == 1
+    (got,) = receiver.received
+    body = json.loads(got.body)
+    shown = ENDED_SHOWN[kind](body)
+    assert "Ended without a recovery" in shown and GONE in shown, shown
+    assert "RESOLVED" not in got.body.decode() and "no data" not in got.body.decode()
+    if kind not in ("webhook", "alertmanager"):  # their summary annotation is the why alone
+        assert "[ENDED] kv-cache-saturated on qwen-a" in shown
+    if kind in ("pagerduty", "webhook", "alertmanager"):
+        assert SWITCHED_SHOWN in shown
+    else:  # chat: the title, the why with when the engine changed, then the rest
+        lines = shown.split("\n")
+        assert lines[0] == "[ENDED] kv-cache-saturated on qwen-a"
+        assert lines[1].startswith("Ended without a recovery") and SWITCHED_SHOWN in lines[1]
+        assert "value not measured (threshold > 0.9)" in shown
+    # The machines still close it: only a resolve (endsAt) ends the incident there.
+    if kind == "pagerduty":
+        assert body["event_action"] == "resolve" and body["payload"]["custom_details"] == {
+            "note": GONE
+        }
+    if kind == "webhook":
+        assert (body["status"], body["note"]) == (RESOLVED, GONE)
+        assert body["alerts"][0]["annotations"]["note"] == GONE
+        assert body["alerts"][0]["endsAt"] != "0001-01-01T00:00:00Z"
+    if kind == "alertmanager":
+        assert body[0]["annotations"]["note"] == GONE and "endsAt" in body[0]
+
+
+@pytest.mark.parametrize("kind", ["slack", "webhook", "pagerduty"])
+def test_a_recovery_is_still_resolved_with_no_note(
+    kind: str, tmp_path: Path, receiver: Receiver
+) -> None:
+    # The same ending without a note: a plain resolution, as before (the engine change time
+    # is no part of it either).
+    extra, _ = SHAPES[kind]
+    config, rule = setup(tmp_path, receiver, kind, **extra)
+    sessions = open_store(config.database)
+    end(sessions, config, rule, None)
+    assert deliver(sessions, config, NOW)["sent"] == 1
+    (got,) = receiver.received
+    body = json.loads(got.body)
+    assert "Ended" not in got.body.decode() and "engine changed" not in got.body.decode()
+    if kind == "slack":
+        assert body["text"].startswith("[RESOLVED] kv-cache-saturated on qwen-a\nvalue no data")
+    if kind == "webhook":
+        assert (body["status"], body["note"]) == (RESOLVED, None)
+        assert "note" not in body["alerts"][0]["annotations"]
+    if kind == "pagerduty":
+        assert body["event_action"] == "resolve" and "payload" not in body
+
+
+def test_an_engine_seen_before_the_alert_began_is_not_named_as_its_change(
+    tmp_path: Path, receiver: Receiver
+) -> None:
+    # A metric gone with no engine change (an upgrade of the same engine): the why, but no
+    # "engine changed at" from an engine first seen long before the alert.
+    config, rule = setup(tmp_path, receiver, "slack")
+    sessions = open_store(config.database)
+    alert = Alert("f1ngerpr1nt", rule.name, "qwen-a", RESOLVED, None, 0.9, NOW - 360, NOW - 300)
+    with sessions.begin() as session:
+        enqueue(
+            session,
+            config,
+            [rule],
+            [Transition(alert, FIRING, RESOLVED, note=GONE)],
+            NOW,
+            engine_since={"qwen-a": NOW - 86_400},
+        )
+    deliver(sessions, config, NOW)
+    (got,) = receiver.received
+    text = json.loads(got.body)["text"]
+    assert text.startswith("[ENDED] kv-cache-saturated on qwen-a\nEnded without a recovery")
+    assert GONE in text and "engine changed" not in text

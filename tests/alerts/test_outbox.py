@@ -256,3 +256,91 @@ def test_evaluation_and_delivery_are_separate_jobs(sink: Sink, tmp_path: Path) -
     assert stored(sessions) and not sink.got  # evaluation wrote the news, sent nothing
     deliver_job(config, sessions, lambda: NOW)
     assert {r.state for r in stored(sessions)} == {"sent"} and sink.got
+
+
+# --- an ending that is no recovery (alerts.engine: the engine no longer exposes the metric)
+
+GONE = "not exposed by llama.cpp since its KV gauges were removed"
+
+
+def hook(tmp_path: Path, sink: Sink, **extra: object) -> Config:
+    return Config.model_validate(
+        {
+            "database": f"sqlite:///{tmp_path / 'k.db'}",
+            "targets": [
+                {"name": name, "kind": "vllm", "url": "http://127.0.0.1:9/metrics"}
+                for name in "abc"
+            ],
+            "channels": [{"name": "hook", "type": "webhook", "url": sink.url("/hook")}],
+            **extra,
+        }
+    )
+
+
+def ended(replica: str, note: str | None) -> Transition:
+    """The alert of rule kv on `replica`, firing since NOW - 300, resolved now: with `note`,
+    ended because its engine no longer exposes the metric; without, recovered (0.5)."""
+    value = None if note else 0.5
+    alert = Alert(f"fp-{replica}", "kv", replica, RESOLVED, value, 0.9, NOW - 360, NOW - 300, NOW)
+    return Transition(alert, FIRING, RESOLVED, note=note)
+
+
+def test_endings_are_never_grouped_with_recoveries(sink: Sink, tmp_path: Path) -> None:
+    # One evaluation: a recovered, b and c ended (their engine, first seen at NOW - 120, does
+    # not expose the metric). A group per kind of news, so no recovery reads "ended" and no
+    # ending reads "resolved".
+    config = hook(tmp_path, sink)
+    sessions = open_store(config.database)
+    changes = [ended("a", None), ended("b", GONE), ended("c", GONE)]
+    since = dict.fromkeys("abc", NOW - 120)
+    with sessions.begin() as session:
+        assert enqueue(session, config, [rule_to("hook")], changes, NOW, engine_since=since) == 2
+    assert deliver(sessions, config, NOW)["sent"] == 2
+    bodies = sorted((json.loads(g.body) for g in sink.got), key=lambda b: b["note"] or "")
+    shown = [
+        (b["status"], b["note"], [a["labels"]["replica"] for a in b["alerts"]]) for b in bodies
+    ]
+    assert shown == [(RESOLVED, None, ["a"]), (RESOLVED, GONE, ["b", "c"])]
+    summary = bodies[1]["commonAnnotations"]["summary"]
+    assert summary.startswith("Ended without a recovery") and GONE in summary
+    # The notice as stored (the outbox's JSON column): the why and when, no new column.
+    notices = [json.loads(row.notice) for row in stored(sessions)]
+    assert [(n["note"], n["engine_since"]) for n in notices] == [("", None), (GONE, NOW - 120)]
+
+
+def test_an_ending_in_a_maintenance_window_is_muted_as_before_and_keeps_its_why(
+    sink: Sink, tmp_path: Path
+) -> None:
+    from datetime import UTC, datetime
+
+    from alerts import maintenance
+    from alerts.channels import Notice
+    from alerts.evaluate import MUTED_BY, _maintenance
+
+    def iso(ts: float) -> str:
+        return datetime.fromtimestamp(ts, UTC).isoformat()
+
+    window = {"name": "upgrade", "start": iso(NOW - 600), "end": iso(NOW + 600), "replicas": ["a"]}
+    config = hook(tmp_path, sink, maintenance=[window])
+    sessions = open_store(config.database)
+    change = ended("a", GONE)
+    lasting = maintenance.active(config.maintenance, NOW)
+    with sessions.begin() as session:
+        muted, unmuted = _maintenance(
+            session,
+            config,
+            [rule_to("hook")],
+            [change],
+            {"fp-a": change.alert},
+            {"fp-a": NOW - 300},
+            lasting,
+            NOW,
+            {"a": NOW - 120},
+        )
+    # Muted as any resolution in a window (nothing to send once it ends: it is not firing).
+    assert (muted, unmuted) == ({"fp-a"}, [])
+    (row,) = stored(sessions)
+    assert row.state == "muted" and (row.last_error or "").startswith(f"{MUTED_BY} 'upgrade'")
+    notice = Notice(**json.loads(row.notice))  # the delivery log shows what it would have said
+    assert notice.title() == "[ENDED] kv on a" and GONE in notice.text()
+    assert deliver(sessions, config, NOW + 700)["sent"] == 0 and sink.got == []
