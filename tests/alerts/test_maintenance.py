@@ -391,5 +391,5 @@ def test_the_slos_page_shows_the_windows_and_says_budgets_leave_them_out(
     table = page.dataframe[-1].value  # headers for people, yes/no (app/tables.py)
     assert list(table["Window"]) == ["upgrade", "nightly"]
     nightly_now = any(o.name == "nightly" for o in maintenance.active(config.maintenance, now))
-    assert list(table["In maintenance now"]) == ["yes", "yes" if nightly_now else "no"]
+    assert list(table["Now"]) == ["yes", "yes" if nightly_now else "no"]
     assert table["When"][1] == "cron 30 23 * * * (UTC) for 2h"
