@@ -7,12 +7,14 @@ from __future__ import annotations
 
 import json
 import re
+import time
 from collections.abc import Callable
 from pathlib import Path
 
 import pytest
 from typer.testing import CliRunner
 
+from kneepoint import clock
 from kneepoint.cli import app
 from tests.conftest import OWN_FIXTURES, VLLM_032, MetricsServer, Route, migrated, read
 
@@ -175,10 +177,11 @@ def test_a_rule_over_a_number_an_engine_does_not_expose_never_fires_and_says_why
 
 
 def test_an_alert_ends_with_the_reason_when_an_auto_target_changes_engine(
-    metrics_server: MetricsServer, tmp_path: Path
+    metrics_server: MetricsServer, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     # An `auto` target that served vLLM (3 sequences waiting for KV capacity: the rule fires)
-    # and now serves SGLang, which has no such number: the alert ends, and its history says why.
+    # and now serves SGLang, which has no such number: the alert is held by its `no_data`
+    # (keep) while the new engine is new, then ends, and its history says why.
     bodies = {"now": read(OWN_FIXTURES / "vllm-0.10.2-dp2.prom")}
     metrics_server.routes["/r"] = Route(lambda: bodies["now"].encode())
     config = tmp_path / "kneepoint.yaml"
@@ -204,6 +207,17 @@ def test_an_alert_ends_with_the_reason_when_an_auto_target_changes_engine(
     assert states["capacity-wait"] == "firing"
     bodies["now"] = read(OWN_FIXTURES / "sglang-0.5.23-priority.prom")
     round_()
+    listed = json.loads(
+        runner.invoke(app, ["alerts", "list", "--json", "--config", str(config)]).stdout
+    )
+    held = {a["rule"]: a["state"] for a in listed["alerts"]}
+    assert held["capacity-wait"] == "firing"  # the engine change alone ends nothing
+    # Once the new engine has been seen for each rule's settle time (its `for`, at least
+    # alerts.engine.ENGINE_SETTLE; an hour is past both), both alerts end with the reason.
+    later = time.time() + 3600
+    monkeypatch.setattr(clock, "system_clock", lambda: later)
+    result = runner.invoke(app, ["alerts", "eval", "--once", "--config", str(config)])
+    assert result.exit_code == 0, result.output
     listed = json.loads(
         runner.invoke(app, ["alerts", "list", "--json", "--config", str(config)]).stdout
     )
