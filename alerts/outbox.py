@@ -26,7 +26,9 @@ What it promises, exactly:
   chat platforms have no such key and would show a duplicate.
 - Order per (channel, alert): a row is sent only when no earlier row carrying one of its
   alerts is still pending on that channel; a newer row supersedes an older unsent one, so an
-  alert's resolution never goes out before, or without replacing, its unsent firing.
+  alert's resolution never goes out before, or without replacing, its unsent firing. A
+  muted firing (silenced or inhibited when it was made) supersedes nothing: the unsent
+  firing before it is still sent.
 - Bounded: one send takes at most its deadline (alerts/channels/send.py); channels are sent
   at the same time (each channel's rows one after another); a channel that does not answer
   gives up its other rows for the round, and no send starts after two deadlines, so a round
@@ -491,16 +493,23 @@ def _claim_due(
     for row_id, name, fingerprint, keys in waiting:
         for key in _keys(fingerprint, keys):
             holding.setdefault((name, key), []).append(row_id)
-    # The newest row of each (channel, alert) since the oldest of mine, whatever its state.
+    # The newest row of each (channel, alert) since the oldest of mine, whatever its state,
+    # but for a muted firing: it carries no news to the channel, so it must not take the
+    # place of an unsent firing (that news was due when it was made). A muted resolution
+    # does: the alert is over, and its end is muted.
     newest: dict[tuple[str, str], int] = {}
-    for row_id, name, fingerprint, keys in session.execute(
+    for row_id, name, fingerprint, keys, state, notice in session.execute(
         select(
             NotificationRow.id,
             NotificationRow.channel,
             NotificationRow.fingerprint,
             NotificationRow.alert_keys,
+            NotificationRow.state,
+            NotificationRow.notice,
         ).where(NotificationRow.id > first, NotificationRow.channel.in_({r.channel for r in mine}))
     ):
+        if state == "muted" and json.loads(notice).get("status") == FIRING:
+            continue
         for key in _keys(fingerprint, keys):
             newest[(name, key)] = max(newest.get((name, key), 0), row_id)
 

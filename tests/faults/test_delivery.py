@@ -23,7 +23,7 @@ import pytest
 from sqlalchemy import select
 from sqlalchemy.orm import Session, sessionmaker
 
-from alerts.engine import FIRING, PENDING, Alert, Transition
+from alerts.engine import FIRING, PENDING, RESOLVED, Alert, Transition
 from alerts.outbox import COUNTS, channel_health, deliver_due, enqueue, http_sender
 from kneepoint.config import Config, ConfigError, Rule, parse_config
 from kneepoint.secrets import HookURL
@@ -470,3 +470,36 @@ def test_a_sender_killed_mid_send_is_taken_over_and_the_duplicate_counted(
     keys = sink.keys()
     assert len(keys) == 2 and len(set(keys)) == 1  # one duplicate, with the same key
     assert json.loads(sink.got[0].body)["alerts"][0]["fingerprint"] == "fp"
+
+
+@pytest.mark.parametrize("then", [FIRING, RESOLVED])
+def test_a_muted_firing_never_takes_the_place_of_an_unsent_one(
+    then: str, sink: Sink, tmp_path: Path
+) -> None:
+    # Found by bench/chaos.py: a firing row left pending by a 500, then the same alert's
+    # firing → firing news muted (inhibited: its replica's target-down fires): the muted row
+    # superseded the unsent one, and the receiver never heard of the alert. A muted
+    # resolution still supersedes it: the alert is over, and its end is muted.
+    sink.modes["/hook"] = 500
+    config = outbox(tmp_path, {"hook": sink.url("/hook")})
+    sessions = open_store(config.database)
+    rule = rule_to("hook")
+    fire(sessions, config, rule, fingerprint="replica-a")
+    assert deliver(sessions, config, NOW)["retry"] == 1
+    down = Alert("down", "target-down", "replica-a", FIRING, 0.0, 0.0, NOW, NOW)
+    again = Alert("replica-a", rule.name, "replica-a", then, None, 0.9, NOW - 60, NOW - 30)
+    with sessions.begin() as session:
+        enqueue(
+            session, config, [rule], [Transition(again, FIRING, then)], NOW + 20, {"down": down}
+        )
+    sink.modes["/hook"] = "ok"
+    deliver(sessions, config, NOW + 3600)
+    with sessions() as session:
+        states = [
+            r.state for r in session.scalars(select(NotificationRow).order_by(NotificationRow.id))
+        ]
+    if then == FIRING:
+        assert states == ["sent", "muted"]
+        assert [json.loads(g.body)["status"] for g in sink.got if g.path == "/hook"][-1] == "firing"
+    else:
+        assert states == ["superseded", "muted"]
