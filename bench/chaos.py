@@ -63,7 +63,7 @@ import tempfile
 import threading
 import time
 from collections import Counter, defaultdict
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
@@ -848,9 +848,7 @@ def account_rows(
     }
 
 
-def account_notifications(
-    session: Session, receiver: Receiver, threshold: float
-) -> dict[str, Any]:
+def account_notifications(session: Session, receiver: Receiver, threshold: float) -> dict[str, Any]:
     rows = session.scalars(select(NotificationRow).order_by(NotificationRow.id)).all()
     everything = session.scalars(select(AlertHistoryRow).order_by(AlertHistoryRow.id)).all()
     # The built-in rules (collector-stale, …) send to no channel: shown, not judged.
@@ -878,21 +876,14 @@ def account_notifications(
     news: Counter[str] = Counter()
     no_news: list[tuple[str, float, list[tuple[int, str, str | None]]]] = []
     for fingerprint, replica, began, ended in episodes:
-        mine = [
-            row
-            for row in rows
-            if fingerprint in (row.alert_keys or row.fingerprint).split()
-            and began <= row.created_at <= ended
-        ]
+        mine = episode_rows(rows, fingerprint, began, ended)
         firing = [row for row in mine if json.loads(row.notice).get("status") == FIRE]
         if any(receiver.acknowledged.get(_key(row), 0) for row in firing):
             news["firing delivered"] += 1
         elif firing and all(_dropped_by_design(row, by_id) for row in firing):
             news["superseded by its resolution, or muted when made"] += 1
         else:  # its firing never reached the receiver, and not by design
-            no_news.append(
-                (replica, began, [(row.id, row.state, row.last_error) for row in mine])
-            )
+            no_news.append((replica, began, [(row.id, row.state, row.last_error) for row in mine]))
     # The newest news of each alert must have reached the receiver.
     for fingerprint, carried in carrying.items():
         if receiver.acknowledged.get(_key(carried[-1]), 0) == 0:
@@ -929,8 +920,7 @@ def account_notifications(
         "dropped_superseded_or_expired": len(dropped),
         "lost": len(lost),
         "lost_rows": [
-            (row.id, row.state, row.last_error, receiver.history.get(_key(row), []))
-            for row in lost
+            (row.id, row.state, row.last_error, receiver.history.get(_key(row), [])) for row in lost
         ][:20],
         "deliveries_of_unknown_rows": len([k for k in receiver.acknowledged if k not in keys]),
         "firing_transitions": sum(firing_transitions.values()),
@@ -958,6 +948,21 @@ def firing_episodes(history: list[AlertHistoryRow]) -> list[tuple[str, str, floa
     return found
 
 
+def episode_rows(
+    rows: Sequence[NotificationRow], fingerprint: str, began: float, ended: float
+) -> list[NotificationRow]:
+    """The rows carrying an alert's news from when it began firing until it ended. A clock
+    stepped back between the two gives the end an earlier time than the start (history is
+    read in commit order, by id): the window never closes before it opens, so it always
+    holds the firing row, made at `began`."""
+    return [
+        row
+        for row in rows
+        if fingerprint in (row.alert_keys or row.fingerprint).split()
+        and began <= row.created_at <= max(began, ended)
+    ]
+
+
 def _dropped_by_design(row: NotificationRow, by_id: dict[int, NotificationRow]) -> bool:
     """A firing row not sent by design: muted when it was made (silenced or inhibited), or
     superseded by a newer row that is not itself muted (its resolution, or a newer firing)
@@ -979,10 +984,7 @@ def recovery(
     """Per kind of episode, the longest time from its end to the first request after it
     whose body was stored (the collector storing again)."""
     stored_at = sorted(
-        r.at
-        for name, front in fronts.items()
-        for r in front.served
-        if stored[name].get(r.serial)
+        r.at for name, front in fronts.items() for r in front.served if stored[name].get(r.serial)
     )
     longest: dict[str, float] = {}
     for one in episodes:
@@ -1027,9 +1029,7 @@ def report(
         ],
         "collector_exits_unasked": collector.exits,
         "scrapes_served": sum(len(f.served) for f in fronts.values()),
-        "scrapes_failed_by_fault": sum(
-            len(f.requests) - len(f.served) for f in fronts.values()
-        ),
+        "scrapes_failed_by_fault": sum(len(f.requests) - len(f.served) for f in fronts.values()),
         **account_rows(fronts, stored, episodes, collector.ends),
         "samples_refused_recorded": refused,
         "integrity_check": integrity,

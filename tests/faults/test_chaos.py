@@ -172,3 +172,19 @@ def test_a_firing_superseded_by_a_muted_row_is_news_nobody_got() -> None:
     assert not chaos._dropped_by_design(rows[4], rows)
     assert not chaos._dropped_by_design(rows[3], rows)  # its chain ends in a muted row
     assert not chaos._dropped_by_design(rows[6], rows)
+
+
+def test_an_episode_whose_end_a_clock_step_made_earlier_still_holds_its_firing() -> None:
+    """The 20-minute run at af61712: an alert fired at t=771.6, then the clock stepped back
+    and it resolved at t=762.2 (by commit order, after). Its rows: the firing (#4, made at
+    its start), a firing → firing (#5, at 776.6), both superseded by the resolution (#6, at
+    762.2). A window from start to end held no row, and the judge called it a firing
+    without news."""
+
+    def made(id_: int, at: float) -> NotificationRow:
+        return NotificationRow(id=id_, fingerprint="fp", alert_keys=None, created_at=at)
+
+    rows = [made(4, 771.6), made(5, 776.6), made(6, 762.2), made(7, 900.0)]
+    assert [r.id for r in chaos.episode_rows(rows, "fp", 771.6, 762.2)] == [4]
+    assert [r.id for r in chaos.episode_rows(rows, "fp", 771.6, 800.0)] == [4, 5]
+    assert chaos.episode_rows(rows, "other", 771.6, 800.0) == []
