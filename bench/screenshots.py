@@ -33,6 +33,7 @@ from pathlib import Path
 from typing import Any
 
 import httpx
+import yaml
 
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
@@ -140,13 +141,35 @@ def demo_ready(config: Path) -> bool:
     return bool(replicas) and flowing and bool(firing(config))
 
 
+# A watchdog (as kube-prometheus ships one): fires on every replica that answers its scrapes,
+# so the demo has a firing alert from its first evaluation. The demo's own rules fire only at
+# some points of its live load shape (a day every 30 minutes of wall-clock time) or under a
+# loaded collector: a page that must show firing alerts cannot wait on that.
+WATCHDOG = {
+    "rules": [
+        {
+            "name": "watchdog",
+            "metric": "up",
+            "op": "==",
+            "threshold": 1,
+            "for": "0s",
+            "severity": "ticket",
+            "runbook": "Always firing while a replica answers: proves the alert pipeline works.",
+        }
+    ]
+}
+
+
 @contextmanager
 def running_demo(folder: Path, never: float = NEVER) -> Iterator[tuple[str, Path]]:
-    """`kneepoint demo` on a free loopback port with its config and database in `folder`;
-    yields (app URL, config file) once it is ready (demo_ready), stops it with Ctrl-C after."""
+    """`kneepoint demo` on a free loopback port with its config and database in `folder`,
+    WATCHDOG added to its rules; yields (app URL, config file) once it is ready (demo_ready),
+    stops it with Ctrl-C after."""
     folder.mkdir(parents=True, exist_ok=True)
     port = free_port()
     log = folder / "demo.log"
+    rules = folder / "watchdog.yaml"
+    rules.write_text(yaml.safe_dump(WATCHDOG))
     url = f"http://127.0.0.1:{port}"
     config = folder / "demo" / "kneepoint.yaml"
     with log.open("w") as output:
@@ -161,6 +184,8 @@ def running_demo(folder: Path, never: float = NEVER) -> Iterator[tuple[str, Path
                 "--port",
                 str(port),
                 "--no-browser",
+                "--rules",
+                str(rules),
             ],
             stdout=output,
             stderr=subprocess.STDOUT,

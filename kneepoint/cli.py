@@ -548,15 +548,37 @@ def demo(
     host: HostOption = "127.0.0.1",
     port: Annotated[int, typer.Option(help="Port of the web app.")] = 8501,
     no_browser: Annotated[bool, typer.Option("--no-browser")] = False,
+    rules_file: Annotated[
+        str | None,
+        typer.Option(
+            "--rules",
+            help="A YAML file whose `rules:` (as in kneepoint.yaml) are added to the demo's.",
+        ),
+    ] = None,
 ) -> None:
     """The embedded default: a simulated fleet with a week of history, traffic and the app."""
+    import yaml
+
     from kneepoint.demo import run_demo
     from kneepoint.webapp import ListenRefused
 
+    rules = None
+    if rules_file is not None:
+        try:
+            loaded = yaml.safe_load(Path(rules_file).read_text(encoding="utf-8"))
+        except (OSError, yaml.YAMLError) as error:
+            fail(f"--rules {rules_file}: cannot be read as YAML ({type(error).__name__})", 2)
+        if not isinstance(loaded, dict) or not isinstance(loaded.get("rules"), list):
+            fail(f"--rules {rules_file}: expected a `rules:` list, as in kneepoint.yaml", 2)
+        rules = loaded["rules"]
     try:
-        status = run_demo(Path(folder) if folder else None, host, port, not no_browser, typer.echo)
+        status = run_demo(
+            Path(folder) if folder else None, host, port, not no_browser, typer.echo, rules
+        )
     except ListenRefused as refused:
         fail(str(refused), 2)
+    except ConfigError as error:  # a rule from --rules that does not validate
+        fail(str(error), 2)
     raise typer.Exit(status)
 
 

@@ -12,6 +12,7 @@ import time
 from collections.abc import Callable
 from dataclasses import replace
 from pathlib import Path
+from typing import Any
 
 import yaml
 
@@ -68,8 +69,10 @@ LIVE_PEAKS = {"meta-llama/Llama-3.1-8B-Instruct": 10.0, "Qwen/Qwen3-4B": 12.0}
 LIVE_DAY_SECONDS = 1800.0  # one day of the daily load shape every 30 minutes
 
 
-def write_config(folder: Path, fleet: Fleet) -> Path:
-    config = {
+def write_config(folder: Path, fleet: Fleet, rules: list[Any] | None = None) -> Path:
+    """The demo's kneepoint.yaml; `rules` (the `rules:` of a config) are added as given and
+    validated with the rest when the file is loaded."""
+    config: dict[str, Any] = {
         "database": f"sqlite:///{folder / 'kneepoint.db'}",
         "scrape_interval": "5s",
         "evaluation_interval": "15s",
@@ -99,6 +102,8 @@ def write_config(folder: Path, fleet: Fleet) -> Path:
             },
         ],
     }
+    if rules:
+        config["rules"] = rules
     path = folder / "kneepoint.yaml"
     path.write_text(
         "# Written by `kneepoint demo`: the twin fleet it runs.\n"
@@ -144,8 +149,10 @@ def run_demo(
     port: int,
     open_browser: bool,
     say: Callable[[str], None] = print,
+    rules: list[Any] | None = None,
 ) -> int:
-    """Run until Ctrl-C or SIGTERM; return the exit status."""
+    """Run until Ctrl-C or SIGTERM; return the exit status. `rules` are added to the demo's
+    config (`kneepoint demo --rules FILE`)."""
     from collectors.schedule import install, standard_jobs
     from collectors.scheduler import StepSafeBackgroundScheduler
     from kneepoint.webapp import app_process, check_listen
@@ -162,7 +169,7 @@ def run_demo(
     for signum in (signal.SIGINT, signal.SIGTERM):  # Ctrl-C, or a service manager's stop
         signal.signal(signum, lambda *_: stop.set())
     try:
-        config_file = write_config(folder, fleet)
+        config_file = write_config(folder, fleet, rules)
         config = load_config(config_file)
         check_listen(host, config)  # before the backfill: refused at once, with why
         say(f"config:   {config_file}\ndatabase: {str(config.database).removeprefix('sqlite:///')}")

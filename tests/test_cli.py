@@ -343,3 +343,22 @@ def test_health_this_host_judges_only_this_hosts_collector(config_file: Path) ->
     assert probe("--this-host")[0] == 0
     code, output = probe()
     assert code == 1 and "alerts" in output, "the cluster's own check still sees the failure"
+
+
+def test_demo_rules_file_that_is_not_a_rules_list_is_refused_with_a_sentence(
+    tmp_path: Path,
+) -> None:
+    # `kneepoint demo --rules FILE` adds FILE's `rules:` to the demo's: refused before
+    # anything starts when the file is missing, not YAML, or has no `rules:` list.
+    not_yaml = tmp_path / "bad.yaml"
+    not_yaml.write_text("rules: [unclosed\n")
+    no_list = tmp_path / "no-list.yaml"
+    no_list.write_text("rules: {name: x}\n")
+    for path, said in (
+        (tmp_path / "missing.yaml", "cannot be read as YAML"),
+        (not_yaml, "cannot be read as YAML"),
+        (no_list, "expected a `rules:` list"),
+    ):
+        result = CliRunner().invoke(app, ["demo", "--rules", str(path), "--no-browser"])
+        assert result.exit_code == 2, result.output
+        assert said in result.output and "Traceback" not in result.output
