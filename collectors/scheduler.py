@@ -18,6 +18,8 @@ from apscheduler.schedulers.base import BaseScheduler
 from apscheduler.schedulers.blocking import BlockingScheduler
 from apscheduler.triggers.interval import IntervalTrigger
 
+from kneepoint.malloc import cap_arenas
+
 log = logging.getLogger(__name__)
 SLACK = timedelta(seconds=1)
 
@@ -39,6 +41,13 @@ def pull_back_stepped_jobs(scheduler: BaseScheduler, now: datetime) -> list[str]
 
 
 class _StepSafe:
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        # Every collector (`kneepoint collect`, `serve`, the demo `./scripts/run` starts)
+        # makes one of these before any job thread: cap malloc's arenas now, so its memory
+        # stays flat however it was launched, not only in the image (kneepoint/malloc.py).
+        cap_arenas()
+        super().__init__(*args, **kwargs)
+
     def _process_jobs(self) -> Any:
         scheduler: BaseScheduler = self  # type: ignore[assignment]
         pull_back_stepped_jobs(scheduler, datetime.now(scheduler.timezone))
