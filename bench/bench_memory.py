@@ -1,0 +1,145 @@
+"""The collector's resident memory over time, by launch path, against the twin fleet.
+
+    .venv/bin/python bench/bench_memory.py [--minutes 60] [--targets 100] [--interval 5]
+        [--every 60] [--source LABEL=DIR ...] [--image] [--demo]
+
+Each collector is `kneepoint collect` of a source tree (`--source LABEL=DIR`, repeatable;
+default: this checkout, labelled "collect") run without MALLOC_ARENA_MAX, as `kneepoint
+collect`, compose and Helm run it; `--image` adds one with MALLOC_ARENA_MAX=2, as the
+Dockerfile sets it; `--demo` adds `kneepoint demo --no-browser` (what ./scripts/run starts
+after its setup: its own four-replica twin, backfill, collector and app; its main process
+is measured, which holds the twin and the collector, not the app's child process). All the
+collectors scrape one shared twin (`--targets`, as bench/bench_prometheus.py builds it, in a
+child process), each into its own SQLite database, at the same time.
+
+Every `--every` seconds it prints each collector's VmRSS; at the end, per collector: RSS at
+the first sample, the last and the largest, the peak (VmHWM), and the slope of a
+least-squares line through the samples from the fifth minute on (MiB per hour; the first
+minutes hold the start-up's growth: tables, caches, the first rollup).
+"""
+
+from __future__ import annotations
+
+import argparse
+import multiprocessing
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+sys.path[:0] = [str(Path(__file__).resolve().parent), str(Path(__file__).resolve().parents[1])]
+
+from bench_prometheus import serve_twin  # noqa: E402
+from collector_process import (  # noqa: E402
+    ROOT,
+    environment,
+    kneepoint,
+    rss_mib,
+    start_collector,
+    stop_collector,
+    wait_for_rows,
+    write_config,
+)
+
+from tests.conftest import free_port  # noqa: E402
+
+
+def slope_per_hour(points: list[tuple[float, float]]) -> float:
+    """Least-squares slope of (seconds, MiB), in MiB per hour (0 with under two points)."""
+    if len(points) < 2:
+        return 0.0
+    xs, ys = [p[0] for p in points], [p[1] for p in points]
+    mx, my = sum(xs) / len(xs), sum(ys) / len(ys)
+    var = sum((x - mx) ** 2 for x in xs)
+    if var == 0:
+        return 0.0
+    return sum((x - mx) * (y - my) for x, y in points) / var * 3600
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser()
+    parser.add_argument("--minutes", type=float, default=60.0)
+    parser.add_argument("--targets", type=int, default=100)
+    parser.add_argument("--interval", type=float, default=5.0)
+    parser.add_argument("--every", type=float, default=60.0, help="seconds between samples")
+    parser.add_argument("--sessions", type=float, default=10.0)
+    parser.add_argument("--source", action="append", default=[], help="LABEL=DIR")
+    parser.add_argument("--image", action="store_true", help="also with MALLOC_ARENA_MAX=2")
+    parser.add_argument("--demo", action="store_true", help="also `kneepoint demo`")
+    args = parser.parse_args()
+    sources = [
+        (label, Path(folder).resolve())
+        for label, folder in (s.split("=", 1) for s in args.source or [f"collect={ROOT}"])
+    ]
+    ours_end, twin_end = multiprocessing.get_context("fork").Pipe()
+    twin = multiprocessing.get_context("fork").Process(
+        target=serve_twin, args=(args.targets, args.sessions, twin_end), daemon=True
+    )
+    twin.start()
+    targets = ours_end.recv()
+    folder = Path(tempfile.mkdtemp(prefix="kneepoint-bench-memory-"))
+    runs: list[tuple[str, subprocess.Popen[bytes], Path]] = []
+    plans: list[tuple[str, Path, str | None]] = [(label, src, None) for label, src in sources]
+    if args.image:
+        plans.append(("image (MALLOC_ARENA_MAX=2)", sources[0][1], "2"))
+    try:
+        for index, (label, source, arena_max) in enumerate(plans):
+            place = folder / f"c{index}"
+            place.mkdir()
+            config = write_config(place, targets, args.interval)
+            kneepoint(source, "migrate", "--config", str(config))
+            runs.append((label, start_collector(source, config, place / "jobs.json", arena_max),
+                         place))  # fmt: skip
+            wait_for_rows(place / "k.db", 1)
+        if args.demo:
+            place = folder / "demo"
+            demo = subprocess.Popen(
+                [sys.executable, "-m", "kneepoint.cli", "demo", "--no-browser", "--dir",
+                 str(place), "--port", str(free_port())],
+                cwd=ROOT, env=environment(ROOT),
+                stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
+            )  # fmt: skip
+            runs.append(("demo (./scripts/run)", demo, place))
+        print(
+            f"{args.targets} targets every {args.interval:g}s, {len(runs)} collectors at once, "
+            f"VmRSS every {args.every:g}s for {args.minutes:g} min",
+            flush=True,
+        )
+        began = time.monotonic()
+        samples: dict[str, list[tuple[float, float]]] = {label: [] for label, _, _ in runs}
+        peaks: dict[str, float] = {}
+        while True:
+            now = time.monotonic() - began
+            shown = []
+            for label, process, _ in runs:
+                if process.poll() is not None:
+                    shown.append(f"{label}: exited {process.returncode}")
+                    continue
+                rss, hwm = rss_mib(process.pid)
+                samples[label].append((now, rss))
+                peaks[label] = hwm
+                shown.append(f"{label} {rss:.0f}")
+            print(f"  min {now / 60:5.1f}: " + ", ".join(shown) + " MiB", flush=True)
+            if now >= args.minutes * 60:
+                break
+            time.sleep(max(0.0, min(args.every, args.minutes * 60 - now)))
+    finally:
+        for _label, process, place in runs:
+            stop_collector(process, place / "jobs.json")
+        ours_end.send("stop")
+        twin.join(timeout=30)
+    for label, points in samples.items():
+        if not points:
+            continue
+        settled = [p for p in points if p[0] >= 300] or points
+        sizes = [p[1] for p in points]
+        print(
+            f"{label}: RSS first {sizes[0]:.0f} MiB, last {sizes[-1]:.0f}, max {max(sizes):.0f}, "
+            f"peak (VmHWM) {peaks.get(label, 0):.0f} MiB; slope from minute 5: "
+            f"{slope_per_hour(settled):+.1f} MiB/h ({len(points)} samples)"
+        )
+
+
+if __name__ == "__main__":
+    main()
