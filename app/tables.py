@@ -25,6 +25,7 @@ PHONE_WIDTH; the other columns follow and scroll sideways under the pinned name.
 from __future__ import annotations
 
 import math
+import zlib
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any, Literal
@@ -354,6 +355,92 @@ def phone_layout(
     return order, config
 
 
+# --- Long tables: a page of rows at a time ------------------------------------------------
+
+# The most rows a table sends to the browser at once; longer tables get a text filter and a
+# page selector (a fleet of 1,000 replicas is 20 pages, not 1,000 rows drawn at once).
+PAGE_ROWS = 50
+
+
+@dataclass(frozen=True)
+class Page:
+    """The rows of one page (`rows`), which they are (`first`..`last`, 1-based, of the
+    `matched` rows that pass the filter) and how many there are in all (`total`)."""
+
+    rows: pd.DataFrame
+    first: int
+    last: int
+    matched: int
+    total: int
+    pages: int
+    number: int  # the page shown (1-based), clamped to 1..pages
+
+    def caption(self, query: str = "") -> str:
+        """"rows 1–50 of 1,000"; with a filter, how many match and how many there are."""
+        if not self.matched:
+            return f"no rows match “{query}” ({self.total:,} in all)"
+        shown = f"rows {self.first:,}–{self.last:,} of {self.matched:,}"
+        if self.matched != self.total:
+            shown += f" matching “{query}” ({self.total:,} in all)"
+        return shown
+
+
+def page_rows(
+    shown: pd.DataFrame,
+    *,
+    query: str = "",
+    number: int = 1,
+    size: int = PAGE_ROWS,
+    searched: Sequence[str] | None = None,
+) -> Page:
+    """Page `number` (1-based, clamped) of `size` rows of `shown`, keeping only rows where a
+    `searched` column (every text column by default) contains `query`, ignoring case; rows
+    keep their order (a page sorts worst first before it shows a table)."""
+    total = len(shown)
+    kept = shown
+    needle = query.strip().lower()
+    if needle:
+        columns = [
+            c for c in (searched if searched is not None else shown.columns)
+            if c in shown and shown[c].dtype == object
+        ]  # fmt: skip
+        hit = pd.Series(False, index=shown.index)
+        for column in columns:
+            hit |= shown[column].astype(str).str.lower().str.contains(needle, regex=False)
+        kept = shown[hit]
+    matched = len(kept)
+    pages = max(1, math.ceil(matched / size))
+    number = min(max(1, number), pages)
+    start = (number - 1) * size
+    rows = kept.iloc[start : start + size]
+    return Page(rows, start + 1 if matched else 0, start + len(rows), matched, total, pages, number)
+
+
+def _pager(shown: pd.DataFrame, key: str, size: int) -> Page:
+    """A text filter and a page selector above a long table, and the page they choose."""
+    filter_key, page_key = f"{key}-filter", f"{key}-page"
+    left, right = st.columns([3, 1])
+    query = left.text_input(
+        "Filter rows",
+        key=filter_key,
+        placeholder="Text in any column, e.g. a replica's name",
+    )
+    pages = page_rows(shown, query=query, size=size).pages
+    # A narrower filter can leave fewer pages than the one chosen: start over at its last.
+    if st.session_state.get(page_key, 1) > pages:
+        st.session_state[page_key] = pages
+    number = right.number_input("Page", min_value=1, max_value=pages, step=1, key=page_key)
+    page = page_rows(shown, query=query, number=int(number), size=size)
+    st.caption(page.caption(query))
+    return page
+
+
+def _table_key(columns: Mapping[str, Column], identity: str) -> str:
+    """A stable key for a table's widgets: its columns' headers."""
+    headers = "|".join(c.header for c in columns.values())
+    return f"table-{identity}-{zlib.crc32(headers.encode()):08x}"
+
+
 def people_table(
     frame: pd.DataFrame | Sequence[Mapping[str, Any]],
     columns: Mapping[str, Column],
@@ -363,12 +450,19 @@ def people_table(
     key: str | None = None,
     height: int | Literal["auto"] = "auto",
     budget: int = PHONE_WIDTH,
+    page_size: int | None = PAGE_ROWS,
 ) -> None:
     """Show `frame` for people (prepare): full width, no index, "–" for what is missing;
     `identity` (a key of `columns`: the row's name) pinned first, then `matters` (the one
     or two columns the table is for), whole on a phone (phone_layout); `budget`: the table's
-    width on a phone, less inside an expander (PHONE_WIDTH_IN_EXPANDER)."""
+    width on a phone, less inside an expander (PHONE_WIDTH_IN_EXPANDER).
+
+    Over `page_size` rows (None: never) only one page of rows is sent, chosen with a text
+    filter and a page selector, under a caption "rows 1–50 of 1,000" (page_rows)."""
     shown, config = prepare(frame, columns)
+    if page_size is not None and len(shown) > page_size:
+        shown = _pager(shown, key or _table_key(columns, identity), page_size).rows
+        shown = shown.reset_index(drop=True)
     order, config = phone_layout(
         shown,
         columns[identity].header,

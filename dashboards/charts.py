@@ -10,8 +10,9 @@ from __future__ import annotations
 
 import io
 import re
+from collections.abc import Callable, Sequence
 from contextvars import ContextVar
-from typing import TYPE_CHECKING, Any, NamedTuple
+from typing import TYPE_CHECKING, Any, Literal, NamedTuple
 
 import pandas as pd
 import plotly.express as px
@@ -45,7 +46,11 @@ class Marker(NamedTuple):
 
 
 # The changes every time-series chart marks, set once per page run (app/changes.py).
-MARKERS: ContextVar[tuple[Marker, ...]] = ContextVar("kneepoint_chart_markers", default=())
+# Or a function that reads them, called by the first chart that marks (a page without a
+# time-series chart never reads the timeline).
+MARKERS: ContextVar[tuple[Marker, ...] | Callable[[], tuple[Marker, ...]]] = ContextVar(
+    "kneepoint_chart_markers", default=()
+)
 # The page's time range (the sidebar's), set with MARKERS: every time series spans it.
 WINDOW: ContextVar[tuple[pd.Timestamp, pd.Timestamp] | None] = ContextVar(
     "kneepoint_chart_window", default=None
@@ -76,7 +81,8 @@ def over_time(figure: go.Figure, times: pd.Series | None = None) -> go.Figure:
 def marked(figure: go.Figure, start: pd.Timestamp | None = None) -> go.Figure:
     """Mark MARKERS (those from `start` on) with dotted vertical lines, and a triangle at the
     top of each whose hover shows what changed."""
-    shown = [m for m in MARKERS.get() if start is None or m.at >= start]
+    found = MARKERS.get()
+    shown = [m for m in (found() if callable(found) else found) if start is None or m.at >= start]
     if not shown:
         return figure
     for m in shown:
@@ -109,10 +115,22 @@ def lines(
     percent: bool = False,
     unit: str = "",
     y_title: str | None = None,
+    *,
+    worse: Worse = "higher",
+    chosen: Sequence[str] = (),
 ) -> go.Figure:
     """One line per `color` value of column `y` over time; the y axis is `y_title` (the
-    title by default) with `unit` ("%" when `percent`: values are shares, shown as %)."""
-    figure = px.line(frame, x="time", y=y, color=color, title=title)
+    title by default) with `unit` ("%" when `percent`: values are shares, shown as %).
+
+    Up to FLEET_THRESHOLD series, each is drawn (only those in `chosen`, when any are).
+    Above it, the fleet's distribution is drawn instead (fleet_figure): a browser draws a
+    few traces, not one per replica; `worse` says which way the number is bad."""
+    if color in frame and frame[color].nunique() > FLEET_THRESHOLD:
+        figure = fleet_figure(frame, y, title, color, worse=worse, chosen=chosen)
+    else:
+        if chosen and color in frame:
+            frame = frame[frame[color].isin(chosen)]
+        figure = px.line(frame, x="time", y=y, color=color, title=title)
     figure.update_layout(
         **LAYOUT,
         legend_title_text="",
@@ -123,6 +141,124 @@ def lines(
     times = frame["time"] if "time" in frame and len(frame) else None
     over_time(figure, times)
     return marked(figure, None if times is None else pd.Timestamp(times.min()))
+
+
+# --- The fleet's distribution ------------------------------------------------------------
+
+# Above this many series (replicas, GPUs) a chart draws the fleet's distribution, and pages
+# show one paged table instead of a block of tiles per replica (app/screens): at 300 replicas
+# one trace (and one tile block) per replica kept Chromium's renderer busy for minutes.
+FLEET_THRESHOLD = 8
+WORST = 3  # the worst series named in a fleet chart, by the metric's direction over the range
+CHOSEN_LIMIT = 12  # the sidebar's replicas drawn as their own lines, at most
+MAX_POINTS = 300  # time buckets of a fleet chart, at most
+# Bucket widths, the narrowest that keeps MAX_POINTS and holds a series' sample spacing.
+BUCKETS = tuple(
+    pd.Timedelta(w)
+    for w in ("1s", "5s", "15s", "30s", "1min", "5min", "15min", "30min", "1h", "3h", "6h", "1D")
+)
+MEDIAN = "fleet median"
+WORST_PREFIX = "worst: "
+
+Worse = Literal["higher", "lower"]
+
+
+def tail_name(worse: Worse) -> str:
+    """The quantile on the bad side: p95 where high is bad, p5 where low is."""
+    return "fleet p95" if worse == "higher" else "fleet p5"
+
+
+def bucket_width(frame: pd.DataFrame, color: str) -> pd.Timedelta:
+    """A width from BUCKETS: at most MAX_POINTS buckets over the frame's span, and no
+    narrower than one series' median sample spacing (replicas are scraped at different
+    instants; a bucket holds about one sample of each)."""
+    times = frame["time"]
+    span = pd.Timestamp(times.max()) - pd.Timestamp(times.min())
+    first = frame.loc[frame[color] == frame[color].iloc[0], "time"].sort_values()
+    spacing = first.diff().median()
+    least = span / MAX_POINTS
+    if pd.notna(spacing):
+        least = max(least, pd.Timedelta(spacing))
+    return next((w for w in BUCKETS if w >= least), BUCKETS[-1])
+
+
+def distribution(frame: pd.DataFrame, y: str, color: str, worse: Worse = "higher") -> pd.DataFrame:
+    """Per time bucket (bucket_width; `time` is the bucket's start): each series' mean in
+    it, then the median and the bad-side tail (tail_name) across series. Missing values are
+    left out, not counted as zero."""
+    tail = tail_name(worse)
+    values = frame[["time", color]].assign(value=pd.to_numeric(frame[y], errors="coerce"))
+    values = values.dropna(subset=["value"])
+    if values.empty:
+        return pd.DataFrame({"time": [], MEDIAN: [], tail: []})
+    width = bucket_width(values, color)
+    per = values.assign(time=values["time"].dt.floor(width)).groupby(["time", color])["value"]
+    across = per.mean().groupby(level="time")
+    out = pd.DataFrame(
+        {MEDIAN: across.quantile(0.5), tail: across.quantile(0.95 if worse == "higher" else 0.05)}
+    )
+    return out.reset_index()
+
+
+def worst(
+    frame: pd.DataFrame, y: str, color: str, worse: Worse = "higher", k: int = WORST
+) -> list[str]:
+    """The `k` series whose mean of `y` over the frame is worst (highest, or lowest where
+    `worse` is "lower"); ties by name. Series with no value are not ranked."""
+    means = pd.to_numeric(frame[y], errors="coerce").groupby(frame[color]).mean().dropna()
+    ranked = means.reset_index(name="mean").sort_values(
+        ["mean", color], ascending=[worse == "lower", True]
+    )
+    return [str(name) for name in ranked[color].head(k)]
+
+
+def fleet_figure(
+    frame: pd.DataFrame,
+    y: str,
+    title: str,
+    color: str = "replica",
+    *,
+    worse: Worse = "higher",
+    chosen: Sequence[str] = (),
+) -> go.Figure:
+    """The fleet's distribution of `y` over time (distribution: median and the bad-side
+    tail), its WORST series named ("worst: replica-17"), and the series in `chosen` (the
+    sidebar's, at most CHOSEN_LIMIT) as their own lines: a bounded number of traces at any
+    fleet size. The title says how many series it sums up."""
+    count = frame[color].nunique()
+    noun = {"replica": "replicas", "gpu": "GPUs"}.get(color, f"{color}s")
+    figure = go.Figure()
+    figure.update_layout(title=f"{title}: fleet of {count:,} {noun}")
+    spread = distribution(frame, y, color, worse)
+    tail = tail_name(worse)
+    figure.add_trace(
+        go.Scatter(
+            x=spread["time"], y=spread[MEDIAN], name=MEDIAN, mode="lines",
+            line={"color": "#1f77b4", "width": 2},
+        )
+    )  # fmt: skip
+    figure.add_trace(
+        go.Scatter(
+            x=spread["time"], y=spread[tail], name=tail, mode="lines",
+            line={"color": "#1f77b4", "width": 1, "dash": "dash"},
+        )
+    )  # fmt: skip
+    named = worst(frame, y, color, worse)
+    own = [c for c in dict.fromkeys(chosen) if c not in named][:CHOSEN_LIMIT]
+    reds = ("#b2182b", "#d6604d", "#f4a582")
+    for index, name in enumerate([*named, *own]):
+        rows = frame[frame[color] == name].sort_values("time")
+        is_worst = index < len(named)
+        figure.add_trace(
+            go.Scatter(
+                x=rows["time"],
+                y=rows[y],
+                name=f"{WORST_PREFIX}{name}" if is_worst else name,
+                mode="lines",
+                line={"color": reds[index % len(reds)], "width": 1} if is_worst else {"width": 2},
+            )
+        )
+    return figure
 
 
 def events(figure: go.Figure, starts: list[pd.Timestamp], label: str) -> go.Figure:

@@ -2,10 +2,12 @@
 
 from __future__ import annotations
 
+from collections.abc import Sequence
+
 import pandas as pd
 import plotly.graph_objects as go
 
-from dashboards.charts import lines
+from dashboards.charts import Worse, lines
 
 TITLES = {
     "kv_cache_occupancy": "KV-cache occupancy",
@@ -28,8 +30,18 @@ AXES = {
 }
 
 
-def replica_lines(series: pd.DataFrame, column: str) -> go.Figure:
-    """One line per replica of `column` over time."""
+# Which way each is bad, for a fleet chart's tail and worst replicas (charts.fleet_figure):
+# little generated or prompt throughput is the stalled replica; the rest are bad when high.
+WORSE: dict[str, Worse] = {
+    "generation_tokens_per_second": "lower",
+    "prompt_tokens_per_second": "lower",
+}
+
+
+def replica_lines(series: pd.DataFrame, column: str, chosen: Sequence[str] = ()) -> go.Figure:
+    """One line per replica of `column` over time (only `chosen`, when any are); above
+    charts.FLEET_THRESHOLD replicas the fleet's median, tail and worst replicas, with the
+    `chosen` ones as their own lines (charts.lines)."""
     name, unit = AXES.get(column, (column, ""))
     return lines(
         series,
@@ -38,4 +50,6 @@ def replica_lines(series: pd.DataFrame, column: str) -> go.Figure:
         percent=unit == "%",
         unit="" if unit == "%" else unit,
         y_title=name,
+        worse=WORSE.get(column, "higher"),
+        chosen=chosen,
     )

@@ -6,6 +6,7 @@ import streamlit as st
 
 from app import data, filters, insight
 from app import tables as t
+from app.fleet import at_fleet_size, worst_first
 from app.format import compact, engine_label, quantile, show, why
 from app.plots import chart
 from dashboards.charts import lines
@@ -23,8 +24,60 @@ chosen = [
     for r in view.status["replicas"]
     if not view_filter.replicas or r["name"] in view_filter.replicas
 ]
+# A fleet: one table, worst first and paged; tiles only for the replicas chosen in the sidebar.
+fleet = at_fleet_size(len(view.status["replicas"]))
+if fleet:
+    st.subheader(f"Replicas ({len(view.status['replicas']):,}), the most saturated first")
+    t.people_table(
+        worst_first(
+            [
+                {
+                    "replica": r["name"],
+                    "engine": engine_label(r),
+                    "kv_cache_occupancy": r["kv_cache_occupancy"],
+                    "kv_cache_capacity_tokens": r["kv_cache_capacity_tokens"],
+                    "preemptions_per_second": r["preemptions_per_second"],
+                    **{
+                        k: view.rows[r["name"]][k]
+                        for k in (
+                            "sequence_slots_left",
+                            "time_saturated",
+                            "peak_waiting",
+                            "mean_context_tokens",
+                            "recompute_share_of_prefill",
+                            "recompute_tokens_per_second",
+                        )
+                    },
+                    "queue_p99": (view.rows[r["name"]]["queue_seconds"] or {}).get("p99"),
+                }
+                for r in view.status["replicas"]
+            ],
+            [("time_saturated", "higher"), ("kv_cache_occupancy", "higher")],
+        ),
+        {
+            "replica": t.text("Replica"),
+            "time_saturated": t.percent(
+                "Time saturated",
+                help=f"Share of the window with KV occupancy above {SATURATION:.0%}.",
+            ),
+            "kv_cache_occupancy": t.percent("KV occupancy", help="Latest KV-cache usage."),
+            "sequence_slots_left": t.number("Slots left", "seqs", digits=1),
+            "peak_waiting": t.number("Peak waiting", "seqs", digits=0),
+            "queue_p99": t.seconds("Queue p99"),
+            "kv_cache_capacity_tokens": t.number("Capacity", "tokens", compact=True),
+            "mean_context_tokens": t.number("Live mean context", "tokens", compact=True),
+            "preemptions_per_second": t.number("Preemptions", "/s", digits=3),
+            "recompute_share_of_prefill": t.percent("Recompute share"),
+            "recompute_tokens_per_second": t.number("Recompute", "tok/s", compact=True),
+            "engine": t.text("Engine"),
+        },
+        identity="replica",
+        matters=("time_saturated", "kv_cache_occupancy"),
+    )
+    st.caption("Pick replicas in the sidebar for their own tiles and lines on the charts.")
+tiled = [r for r in chosen if r["name"] in view_filter.replicas] if fleet else chosen
 
-for replica in chosen:
+for replica in tiled:
     extra = view.rows[replica["name"]]
     st.subheader(replica["name"])
     st.caption(engine_label(replica))
@@ -105,20 +158,31 @@ if any(r["preemption_recompute_is_estimate"] for r in chosen):
     st.caption(f"Recompute on V1 engines is an estimate: {RECOMPUTE_FORMULA}")
 
 series = view.series
-if view_filter.replicas:
-    series = series[series.replica.isin(view_filter.replicas)]
-if series.empty:
+mine = view_filter.replicas
+# lines() draws only the chosen replicas of a small fleet, and a large fleet's distribution
+# with the chosen ones on top of it.
+if (series[series.replica.isin(mine)] if mine else series).empty:
     st.info("No samples in this time range yet.")
 else:
     left, right = st.columns(2)
-    chart(lines(series, "kv_cache_occupancy", "KV-cache occupancy", percent=True), left)
-    waiting = lines(series, "requests_waiting", "Waiting sequences", unit="seqs", y_title="waiting")
-    chart(waiting, right)
-    chart(
-        lines(series, "preemptions_per_second", "Preemptions", unit="1/s", y_title="preemptions"),
-        left,
+    occupancy = lines(series, "kv_cache_occupancy", "KV-cache occupancy", percent=True, chosen=mine)
+    chart(occupancy, left)
+    waiting = lines(
+        series, "requests_waiting", "Waiting sequences", unit="seqs", y_title="waiting", chosen=mine
     )
-    running = lines(series, "requests_running", "Running sequences", unit="seqs", y_title="running")
+    chart(waiting, right)
+    preemptions = lines(
+        series,
+        "preemptions_per_second",
+        "Preemptions",
+        unit="1/s",
+        y_title="preemptions",
+        chosen=mine,
+    )
+    chart(preemptions, left)
+    running = lines(
+        series, "requests_running", "Running sequences", unit="seqs", y_title="running", chosen=mine
+    )
     chart(running, right)
 
 st.subheader("Headroom forecast")
@@ -133,7 +197,7 @@ st.caption(
 outlooks = [
     o
     for o in insight.forecasts(data.now())
-    if not view_filter.replicas or o.replica in view_filter.replicas
+    if fleet or not view_filter.replicas or o.replica in view_filter.replicas
 ]
 if not outlooks:
     st.info("No replica has stored history yet.")
@@ -157,7 +221,8 @@ else:
         identity="replica",
         matters=("crossing", "knee"),
     )
-    shown = [o for o in outlooks if o.peaks]
+    # A fleet's table lists every replica; the charts are the chosen replicas' only.
+    shown = [o for o in outlooks if o.peaks and (not fleet or o.replica in view_filter.replicas)]
     for column, o in zip(st.columns(2) * len(shown), shown, strict=False):
         chart(headroom(o), column)
 

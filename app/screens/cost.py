@@ -5,6 +5,8 @@ from __future__ import annotations
 import streamlit as st
 
 from app import data, filters
+from app import tables as t
+from app.fleet import at_fleet_size, worst_first
 from app.format import GPU_BUSY_VS_LOAD, show, si
 
 view_filter = filters.current(data.replica_names())
@@ -24,9 +26,55 @@ b.metric(
     show(fleet["cost_per_million_tokens"], "$"),
     help="The same cost ÷ all tokens served (prompt + generated).",
 )
+# A fleet: one table, the dearest tokens first and paged; tiles only for the sidebar's replicas.
+fleet = at_fleet_size(len(view.status["replicas"]))
+if fleet:
+    st.subheader(f"Replicas ({len(view.status['replicas']):,}), the dearest tokens first")
+    t.people_table(
+        worst_first(
+            [
+                {
+                    "replica": r["name"],
+                    "cost_per_million_generated_tokens": r["cost_per_million_generated_tokens"],
+                    **{
+                        k: view.rows[r["name"]][k]
+                        for k in (
+                            "energy_kwh",
+                            "joules_per_million_tokens",
+                            "idle_gpu_hours",
+                            "nominal_cost_per_million_generated_tokens",
+                            "utilization",
+                            "true_over_nominal",
+                            "break_even_utilization",
+                        )
+                    },
+                }
+                for r in view.status["replicas"]
+            ],
+            [("cost_per_million_generated_tokens", "higher"), ("idle_gpu_hours", "higher")],
+        ),
+        {
+            "replica": t.text("Replica"),
+            "cost_per_million_generated_tokens": t.money(
+                "$ / 1M generated", help="Its GPU cost over the window ÷ its generated tokens."
+            ),
+            "idle_gpu_hours": t.number("Idle GPU-hours", "h", digits=2),
+            "utilization": t.percent("Load vs knee"),
+            "true_over_nominal": t.ratio("True ÷ nominal", digits=2),
+            "nominal_cost_per_million_generated_tokens": t.money("Nominal $ / 1M generated"),
+            "break_even_utilization": t.percent("Break-even load vs knee"),
+            "energy_kwh": t.number("Energy", "kWh", digits=3),
+            "joules_per_million_tokens": t.number("Energy / 1M tokens", "J", compact=True),
+        },
+        identity="replica",
+        matters=("cost_per_million_generated_tokens",),
+    )
+    st.caption("Pick replicas in the sidebar for their own tiles.")
 for replica in view.status["replicas"]:
     if view_filter.replicas and replica["name"] not in view_filter.replicas:
         continue
+    if fleet and not view_filter.replicas:
+        break  # the table above has them all
     extra = view.rows[replica["name"]]
     st.subheader(replica["name"])
     c, d, e, f = st.columns(4)

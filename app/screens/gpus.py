@@ -6,6 +6,8 @@ from __future__ import annotations
 import streamlit as st
 
 from app import data, filters
+from app import tables as t
+from app.fleet import at_fleet_size, worst_first
 from app.format import GPU_BUSY_VS_LOAD, show
 from app.plots import chart
 from dashboards.charts import lines
@@ -17,7 +19,49 @@ view = data.view(view_filter.range_seconds, data.now())
 gpus = view.status["gpus"]
 if not gpus:
     st.info("No dcgm-exporter data in this time range.")
-for gpu in gpus:
+# A fleet of GPUs: one table, XID errors then the hottest first, paged; tiles and own lines
+# only for the GPUs of the replicas chosen in the sidebar.
+fleet = at_fleet_size(len(gpus))
+mine = tuple(
+    f"{g['host']}/{g['index']}" for g in gpus if fleet and g["replica"] in view_filter.replicas
+)
+if fleet:
+    st.subheader(f"GPUs ({len(gpus):,}), XID errors and the hottest first")
+    t.people_table(
+        worst_first(
+            [
+                {
+                    **g,
+                    "gpu": f"{g['host']}/{g['index']}",
+                    "has_xid": 0.0 if g["xid_error"] is None else 1.0,
+                }
+                for g in gpus
+            ],
+            [("has_xid", "higher"), ("temperature_c", "higher"), ("utilization", "higher")],
+            name="gpu",
+        ),
+        {
+            "gpu": t.text("GPU", help="host/index"),
+            "replica": t.text("Replica"),
+            "xid_error": t.number("XID error", digits=0),
+            "temperature_c": t.number("Temperature", "°C", digits=0),
+            "utilization": t.percent("GPU busy", help="DCGM_FI_DEV_GPU_UTIL."),
+            "gr_engine_active": t.percent("Graphics active"),
+            "dram_active": t.percent("DRAM active"),
+            "power_watts": t.number("Power", "W", digits=0),
+            "model": t.text("Model"),
+        },
+        identity="gpu",
+        matters=("xid_error", "temperature_c"),
+    )
+    failing = [g for g in gpus if g["xid_error"] is not None]
+    if failing:
+        st.error(
+            f"XID errors on {len(failing):,} GPUs: "
+            + ", ".join(f"{g['host']}/{g['index']} ({g['xid_error']:.0f})" for g in failing[:5])
+            + (" and more (the table lists them first)" if len(failing) > 5 else "")
+        )
+for gpu in [g for g in gpus if f"{g['host']}/{g['index']}" in mine] if fleet else gpus:
     st.subheader(f"{gpu['host']}/{gpu['index']} {gpu['model'] or ''} → {gpu['replica'] or '–'}")
     a, b, c, d, e = st.columns(5)
     a.metric(
@@ -43,13 +87,13 @@ for gpu in gpus:
 frame = view.gpus
 if not frame.empty:
     left, right = st.columns(2)
+    busy = "GPU busy (GPU_UTIL)"
     chart(
-        lines(frame, "utilization", "GPU busy (GPU_UTIL)", "gpu", percent=True, y_title="busy"),
+        lines(frame, "utilization", busy, "gpu", percent=True, y_title="busy", chosen=mine),
         left,
     )
-    chart(
-        lines(frame, "gr_engine_active", "Graphics engine active", color="gpu", percent=True),
-        right,
-    )
-    chart(lines(frame, "dram_active", "DRAM active", color="gpu", percent=True), left)
-    chart(lines(frame, "power_watts", "Power", color="gpu", unit="W", y_title="power"), right)
+    active = "Graphics engine active"
+    chart(lines(frame, "gr_engine_active", active, "gpu", percent=True, chosen=mine), right)
+    chart(lines(frame, "dram_active", "DRAM active", "gpu", percent=True, chosen=mine), left)
+    power = lines(frame, "power_watts", "Power", "gpu", unit="W", y_title="power", chosen=mine)
+    chart(power, right)

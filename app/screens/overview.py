@@ -11,6 +11,8 @@ from urllib.parse import urlencode
 import streamlit as st
 
 from app import data, filters
+from app import tables as t
+from app.fleet import at_fleet_size, worst_first
 from app.format import (
     GPU_BUSY_VS_LOAD,
     ago,
@@ -191,7 +193,13 @@ def tiles() -> None:
         st.info("No engine targets are configured: add some under `targets:` in kneepoint.yaml.")
         return
     st.subheader("Replicas, last 5 minutes")
-    columns = st.columns(min(4, len(shown)))
+    if at_fleet_size(len(report["replicas"])):
+        # A fleet: one table, those in trouble first and paged; tiles for the sidebar's only.
+        fleet_table(report["replicas"])
+        shown = [r for r in report["replicas"] if r["name"] in view.replicas]
+        if not shown:
+            st.caption("Pick replicas in the sidebar for their own tiles and lines.")
+    columns = st.columns(min(4, len(shown))) if shown else []
     for index, replica in enumerate(shown):
         with columns[index % len(columns)].container(border=True):
             state = {True: ":green[● up]", False: ":red[● down]", None: ":gray[● never scraped]"}
@@ -246,6 +254,61 @@ def tiles() -> None:
         )
 
 
+def _state(replica: Mapping[str, object]) -> str:
+    """A replica's state as its tile says it, for a table's badge (app/format.tone)."""
+    if replica.get("up") is None:
+        return "never scraped"
+    if replica.get("up") is False:
+        return "down"
+    if replica.get("stale"):
+        return "stale"
+    return "stalled" if replica.get("stalled") else "up"
+
+
+# Worst first: down, then stale, then stalled, then up; never-scraped ones last.
+_STATE_ORDER = {"down": 4.0, "stale": 3.0, "stalled": 2.0, "up": 1.0}
+
+
+def fleet_table(replicas: list[dict[str, object]]) -> None:
+    """Every replica in one paged table, those in trouble first, then the fullest KV cache."""
+    rows = [
+        {
+            "replica": r["name"],
+            "state": _state(r),
+            "rank": _STATE_ORDER.get(_state(r)),
+            "engine": engine_label(r),
+            **{
+                k: r.get(k)
+                for k in (
+                    "kv_cache_occupancy",
+                    "requests_running",
+                    "requests_waiting",
+                    "generation_tokens_per_second",
+                    "prompt_tokens_per_second",
+                    "gpu_utilization",
+                )
+            },
+        }
+        for r in replicas
+    ]
+    t.people_table(
+        worst_first(rows, [("rank", "higher"), ("kv_cache_occupancy", "higher")]),
+        {
+            "replica": t.text("Replica"),
+            "state": t.badge("State"),
+            "kv_cache_occupancy": t.percent("KV occupancy", digits=0),
+            "requests_waiting": t.number("Waiting", digits=0),
+            "requests_running": t.number("Running", digits=0),
+            "generation_tokens_per_second": t.number("Gen", "tok/s", digits=0),
+            "prompt_tokens_per_second": t.number("Prompt", "tok/s", digits=0),
+            "gpu_utilization": t.percent("GPU busy", digits=0),
+            "engine": t.text("Engine"),
+        },
+        identity="replica",
+        matters=("state", "kv_cache_occupancy"),
+    )
+
+
 tiles()
 
 
@@ -253,10 +316,10 @@ tiles()
 def fleet_charts() -> None:
     end = data.now()
     series = data.series(end - view.range_seconds, end)
-    if view.replicas:
-        series = series[series.replica.isin(view.replicas)]
     st.subheader(f"Fleet, last {view.range_label}")
-    if series.empty:
+    # replica_lines draws a small fleet's chosen replicas only, a large fleet's distribution
+    # with the chosen ones on top.
+    if (series[series.replica.isin(view.replicas)] if view.replicas else series).empty:
         st.info("No samples in this time range yet.")
         return
     left, right = st.columns(2)
@@ -268,7 +331,8 @@ def fleet_charts() -> None:
             "generation_tokens_per_second",
         )
     ):
-        chart(replica_lines(series, column), left if index % 2 == 0 else right)
+        figure = replica_lines(series, column, chosen=view.replicas)
+        chart(figure, left if index % 2 == 0 else right)
 
 
 fleet_charts()

@@ -6,6 +6,7 @@ import streamlit as st
 
 from app import data, filters
 from app import tables as t
+from app.fleet import at_fleet_size, worst_first
 from app.format import compact, show, why
 from app.plots import chart
 from dashboards.charts import events, lines
@@ -37,9 +38,39 @@ d.metric(
     str(len(view.events["prefill_storms"])),
     help="Bursts of computed prompt tokens above 3× their 1-hour median (deploys).",
 )
+# A fleet: one table, the lowest hit rate first and paged; tiles for the sidebar's replicas.
+fleet = at_fleet_size(len(view.status["replicas"]))
+if fleet:
+    st.subheader(f"Replicas ({len(view.status['replicas']):,}), the lowest hit rate first")
+    t.people_table(
+        worst_first(
+            [
+                {
+                    "replica": r["name"],
+                    "prefix_cache_hit_rate": r["prefix_cache_hit_rate"],
+                    "prefix_cross_check": view.rows[r["name"]]["prefix_cross_check"],
+                }
+                for r in view.status["replicas"]
+            ],
+            [("prefix_cache_hit_rate", "lower")],
+        ),
+        {
+            "replica": t.text("Replica"),
+            "prefix_cache_hit_rate": t.percent(
+                "Hit rate", help="Δprefix_cache_hits ÷ Δprefix_cache_queries over the window."
+            ),
+            "prefix_cross_check": t.percent(
+                "Cross-check", help="Δprompt_tokens_by_source{local_cache_hit} ÷ Δprompt_tokens."
+            ),
+        },
+        identity="replica",
+        matters=("prefix_cache_hit_rate",),
+    )
 for replica in view.status["replicas"]:
     if view_filter.replicas and replica["name"] not in view_filter.replicas:
         continue
+    if fleet and not view_filter.replicas:
+        break  # the table above has them all
     extra = view.rows[replica["name"]]
     left, right = st.columns(2)
     left.metric(
@@ -61,7 +92,12 @@ coarse = view.coarse
 if coarse.empty:
     st.info("No samples in this time range yet.")
 else:
-    figure = lines(coarse, "hit_rate", "Prefix-cache hit rate", percent=True)
+    # A small fleet's charts draw every replica, as they always did; a large one's draw the
+    # distribution with the sidebar's replicas on top.
+    mine = view_filter.replicas if fleet else ()
+    figure = lines(
+        coarse, "hit_rate", "Prefix-cache hit rate", percent=True, worse="lower", chosen=mine
+    )
     chart(events(figure, [e.start for e in view.events["hit_rate_drops"]], "drop"))
     storms = lines(
         coarse,
@@ -69,6 +105,7 @@ else:
         "Computed prompt tokens / s",
         unit="tok/s",
         y_title="computed prompt tokens",
+        chosen=mine,
     )
     chart(events(storms, [e.start for e in view.events["prefill_storms"]], "storm"))
 found = [

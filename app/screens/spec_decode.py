@@ -5,6 +5,8 @@ from __future__ import annotations
 import streamlit as st
 
 from app import data, filters
+from app import tables as t
+from app.fleet import at_fleet_size, worst_first
 from app.format import show
 from app.plots import chart
 from dashboards.charts import bars, lines
@@ -12,15 +14,41 @@ from dashboards.charts import bars, lines
 view_filter = filters.current(data.replica_names())
 st.title("Speculative decoding")
 view = data.view(view_filter.range_seconds, data.now())
-drafting = [
-    r
-    for r in view.status["replicas"]
-    if r["spec_decode_acceptance_rate"] is not None
-    and (not view_filter.replicas or r["name"] in view_filter.replicas)
-]
+every = [r for r in view.status["replicas"] if r["spec_decode_acceptance_rate"] is not None]
+drafting = [r for r in every if not view_filter.replicas or r["name"] in view_filter.replicas]
 if not drafting:
     st.info("No replica ran speculative decoding in this time range.")
-for replica in drafting:
+# A fleet: one table, the least speedup first and paged; tiles for the sidebar's replicas.
+fleet = at_fleet_size(len(every))
+if fleet:
+    st.subheader(f"Drafting replicas ({len(every):,}), the least speedup first")
+    t.people_table(
+        worst_first(
+            [
+                {
+                    "replica": r["name"],
+                    "verdict": view.rows[r["name"]]["spec_verdict"],
+                    "spec_expected_speedup": view.rows[r["name"]]["spec_expected_speedup"],
+                    "spec_decode_acceptance_rate": r["spec_decode_acceptance_rate"],
+                    "spec_decode_mean_acceptance_length": r["spec_decode_mean_acceptance_length"],
+                }
+                for r in every
+            ],
+            [("spec_expected_speedup", "lower"), ("spec_decode_acceptance_rate", "lower")],
+        ),
+        {
+            "replica": t.text("Replica"),
+            "spec_expected_speedup": t.ratio("Expected speedup", digits=2),
+            "spec_decode_acceptance_rate": t.percent("Acceptance rate"),
+            "spec_decode_mean_acceptance_length": t.number(
+                "Mean acceptance length", "tok", digits=2
+            ),
+            "verdict": t.text("Verdict"),
+        },
+        identity="replica",
+        matters=("spec_expected_speedup",),
+    )
+for replica in drafting if not fleet or view_filter.replicas else ():
     extra = view.rows[replica["name"]]
     st.subheader(f"{replica['name']}: {extra['spec_verdict'] or 'no verdict'}")
     a, b, c = st.columns(3)
@@ -56,6 +84,12 @@ series = view.series.dropna(subset=["spec_acceptance"])
 if not series.empty:
     chart(
         lines(
-            series, "spec_acceptance", "Acceptance rate over time", percent=True, y_title="accepted"
+            series,
+            "spec_acceptance",
+            "Acceptance rate over time",
+            percent=True,
+            y_title="accepted",
+            worse="lower",
+            chosen=view_filter.replicas if fleet else (),  # a small fleet's: all, as before
         )
     )
