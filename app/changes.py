@@ -1,8 +1,10 @@
 """The timeline's events for the app: the Timeline page's list, and the markers every
 time-series chart draws (dashboards/charts.py MARKERS, set once per page run by app/main.py
-for the sidebar's range and replicas)."""
+for the sidebar's range and replicas, read only when a chart draws)."""
 
 from __future__ import annotations
+
+from collections.abc import Callable
 
 import pandas as pd
 import streamlit as st
@@ -10,20 +12,22 @@ import streamlit as st
 from app import data
 from app.filters import Filters
 from dashboards.charts import MARKERS, WINDOW, Marker
-from kneepoint.config import config_path
 from kneepoint.timeline import Event
 
 
 def events(since: float, until: float, replicas: tuple[str, ...] = ()) -> list[Event]:
     """Events in [since, until]: of `replicas` and the fleet's, or all when empty."""
-    found = _events(str(config_path().resolve()), since, until)
+    path = data.config_file()
+    found = _events(path, since, until, data.known(path).key)
     if not replicas:
         return found
     return [e for e in found if e.replica is None or e.replica in replicas]
 
 
-@st.cache_data(ttl=10, show_spinner=False)
-def _events(path: str, since: float, until: float) -> list[Event]:
+# Keyed on the data version (samples and mutations: the timeline shows both), shared by
+# every session; never on the wall clock.
+@st.cache_data(max_entries=data.KEPT, show_spinner=False)
+def _events(path: str, since: float, until: float, version: data.Key) -> list[Event]:
     from kneepoint.timeline import events as timeline_events
 
     config, sessions = data._open(path)
@@ -33,10 +37,10 @@ def _events(path: str, since: float, until: float) -> list[Event]:
 
 def mark_charts(chosen: Filters) -> None:
     """Every time-series chart of this page run marks the events of its range and replicas
-    (a vertical line each, the detail on hover), and spans that range (charts line up)."""
+    (a vertical line each, the detail on hover), and spans that range (charts line up).
+    The events are read when the first chart marks them: a page without one never does."""
     until = data.now()
-    found = events(until - chosen.range_seconds, until, chosen.replicas)
-    MARKERS.set(tuple(Marker.of(e) for e in found))
+    MARKERS.set(_markers(until - chosen.range_seconds, until, chosen.replicas))
     WINDOW.set(
         (
             pd.Timestamp(until - chosen.range_seconds, unit="s", tz="UTC"),
@@ -45,3 +49,15 @@ def mark_charts(chosen: Filters) -> None:
     )
 
 
+def _markers(
+    since: float, until: float, replicas: tuple[str, ...]
+) -> Callable[[], tuple[Marker, ...]]:
+    """The markers of [since, until], read on the first call and kept for the page run."""
+    kept: list[tuple[Marker, ...]] = []
+
+    def read() -> tuple[Marker, ...]:
+        if not kept:
+            kept.append(tuple(Marker.of(e) for e in events(since, until, replicas)))
+        return kept[0]
+
+    return read

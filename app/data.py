@@ -1,7 +1,14 @@
-"""The app's read path: one cached store, and cached queries through kneepoint's kernel."""
+"""The app's read path: one cached store, and cached queries through kneepoint's kernel.
+
+Every cached computation is keyed on the config file, its arguments and the store's data
+version (kneepoint/prepared.py), never on the wall clock or the session: st.cache_data is
+shared by every session, so a click, the Overview's refresh or a second browser with
+unchanged data computes nothing again, and a new round or a mutation changes the key.
+Pages pass `now()`, the version's tick, as their "now"."""
 
 from __future__ import annotations
 
+import threading
 import time
 from typing import Any
 
@@ -15,7 +22,7 @@ from alerts.outbox import channel_health, view_of
 from alerts.rules import effective_rules
 from alerts.silences import Silence
 from alerts.slo import BURN_WINDOWS, Report, burn_rules, window_label
-from kneepoint import audit, fleet_status
+from kneepoint import audit, fleet_status, prepared
 from kneepoint.auth import Limits
 from kneepoint.config import ENGINE_KINDS, Config, ConfigError, config_path, load_config
 from kneepoint.knee.detect import Assessment, assess
@@ -30,6 +37,11 @@ from kneepoint.store.runs import load_runs
 from kneepoint.views import View, build_view
 from review.render import html_report, markdown
 from review.weekly import WeeklyReport, build_report
+
+Key = tuple[Any, ...]
+KEPT = 32  # entries each cached function keeps: a few ranges and replicas over two rounds
+_LOCK = threading.Lock()
+_VERSIONS: dict[str, prepared.Version] = {}  # the newest version read, per config file
 
 
 def store() -> tuple[Config, sessionmaker[Session]]:
@@ -71,22 +83,24 @@ def replica_names() -> list[str]:
 
 
 def status(window: float, now: float) -> dict[str, Any]:
-    return _status(str(config_path().resolve()), window, now)
+    path = config_file()
+    return _status(path, window, now, known(path).samples)
 
 
-@st.cache_data(ttl=5, show_spinner=False)
-def _status(path: str, window: float, now: float) -> dict[str, Any]:
+@st.cache_data(max_entries=KEPT, show_spinner=False)
+def _status(path: str, window: float, now: float, version: Key) -> dict[str, Any]:
     config, sessions = _open(path)
     with sessions() as session:
         return build_status(session, config, now, window)
 
 
 def series(start: float, end: float) -> pd.DataFrame:
-    return _series(str(config_path().resolve()), start, end)
+    path = config_file()
+    return _series(path, start, end, known(path).samples)
 
 
-@st.cache_data(ttl=10, show_spinner=False)
-def _series(path: str, start: float, end: float) -> pd.DataFrame:
+@st.cache_data(max_entries=KEPT, show_spinner=False)
+def _series(path: str, start: float, end: float, version: Key) -> pd.DataFrame:
     _, sessions = _open(path)
     with sessions() as session:
         names = {row.id: name for name, row in queries.targets(session).items()}
@@ -95,22 +109,27 @@ def _series(path: str, start: float, end: float) -> pd.DataFrame:
 
 
 def view(window: float, now: float) -> View:
-    return _view(str(config_path().resolve()), window, now)
+    path = config_file()
+    return _view(path, window, now, known(path).samples)
 
 
-@st.cache_data(ttl=10, show_spinner=False)
-def _view(path: str, window: float, now: float) -> View:
+@st.cache_data(max_entries=KEPT, show_spinner=False)
+def _view(path: str, window: float, now: float, version: Key) -> View:
     config, sessions = _open(path)
     with sessions() as session:
         return build_view(session, config, now, window)
 
 
 def health(start: float, end: float) -> tuple[pd.DataFrame, pd.DataFrame, pd.DataFrame]:
-    return _health(str(config_path().resolve()), start, end)
+    path = config_file()
+    # The jobs' run counts are read again with each round or mutation, not with each job run.
+    return _health(path, start, end, known(path).key)
 
 
-@st.cache_data(ttl=10, show_spinner=False)
-def _health(path: str, start: float, end: float) -> tuple[pd.DataFrame, pd.DataFrame, pd.DataFrame]:
+@st.cache_data(max_entries=KEPT, show_spinner=False)
+def _health(
+    path: str, start: float, end: float, version: Key
+) -> tuple[pd.DataFrame, pd.DataFrame, pd.DataFrame]:
     config, sessions = _open(path)
     with sessions() as session:
         targets = pd.DataFrame(
@@ -149,8 +168,34 @@ def _health(path: str, start: float, end: float) -> tuple[pd.DataFrame, pd.DataF
 
 
 def now() -> float:
-    """The app's clock, rounded so cached queries are shared within a second."""
-    return float(int(time.time()))
+    """The time pages compute as of: the store's data version's tick (kneepoint/prepared.py),
+    read afresh on every call; it moves only with new data, or with the wall clock floored
+    to the scrape interval when no data comes (a dead collector's replicas go stale)."""
+    return version().tick
+
+
+def version() -> prepared.Version:
+    """The store's data version now (one small query), remembered for this config so the
+    cached reads of this page run key on it."""
+    path = config_file()
+    config, sessions = _opened(path)
+    with sessions() as session:
+        found = prepared.version(session, config, time.time())
+    with _LOCK:
+        _VERSIONS[path] = found
+    return found
+
+
+def config_file() -> str:
+    return str(config_path().resolve())
+
+
+def known(path: str) -> prepared.Version:
+    """The version this process read last (every page run reads it through `now()` first),
+    else read now: a read keyed on it computes from data at least that new."""
+    with _LOCK:
+        known = _VERSIONS.get(path)
+    return known if known is not None else version()
 
 
 def _when(ts: float | None) -> pd.Timestamp | None:
@@ -159,38 +204,45 @@ def _when(ts: float | None) -> pd.Timestamp | None:
 
 def runs() -> list[Assessment]:
     """Every stored load-test run with its knee, held to the configured SLOs."""
-    return _runs(str(config_path().resolve()))
+    path = config_file()
+    return _runs(path, known(path).changes)
 
 
-@st.cache_data(ttl=5, show_spinner=False)
-def _runs(path: str) -> list[Assessment]:
+@st.cache_data(max_entries=KEPT, show_spinner=False)
+def _runs(path: str, version: Key) -> list[Assessment]:
     config, sessions = _open(path)
     with sessions() as session:
         return [assess(run, config.slos) for run in load_runs(session)]
 
 
 def production_curve(replica: str, start: float, end: float) -> ProductionCurve:
-    return _production_curve(str(config_path().resolve()), replica, start, end)
+    path = config_file()
+    return _production_curve(path, replica, start, end, known(path).samples)
 
 
-@st.cache_data(ttl=10, show_spinner=False)
-def _production_curve(path: str, replica: str, start: float, end: float) -> ProductionCurve:
+@st.cache_data(max_entries=KEPT, show_spinner=False)
+def _production_curve(
+    path: str, replica: str, start: float, end: float, version: Key
+) -> ProductionCurve:
     _, sessions = _open(path)
     with sessions() as session:
         return replica_curve(session, replica, start, end)
 
 
 def clear_runs() -> None:
-    """Forget the cached runs after an import or a delete (app/actions.py)."""
+    """Forget the cached runs after an import or a delete (app/actions.py): the next page
+    run also reads the version, which the change moved, but a page that reads runs before
+    `now()` keys on the version read before."""
     _runs.clear()
 
 
 def alerts(start: float, end: float) -> tuple[pd.DataFrame, pd.DataFrame]:
-    return _alerts(str(config_path().resolve()), start, end)
+    path = config_file()
+    return _alerts(path, start, end, known(path).changes)
 
 
-@st.cache_data(ttl=5, show_spinner=False)
-def _alerts(path: str, start: float, end: float) -> tuple[pd.DataFrame, pd.DataFrame]:
+@st.cache_data(max_entries=KEPT, show_spinner=False)
+def _alerts(path: str, start: float, end: float, version: Key) -> tuple[pd.DataFrame, pd.DataFrame]:
     """Pending and firing alerts, and the state changes in the range, with readable times."""
     _, sessions = _open(path)
     with sessions() as session:
@@ -214,11 +266,14 @@ def _alerts(path: str, start: float, end: float) -> tuple[pd.DataFrame, pd.DataF
 
 
 def deliveries(start: float, end: float) -> tuple[pd.DataFrame, dict[str, str]]:
-    return _deliveries(str(config_path().resolve()), start, end)
+    path = config_file()
+    return _deliveries(path, start, end, known(path).changes)
 
 
-@st.cache_data(ttl=5, show_spinner=False)
-def _deliveries(path: str, start: float, end: float) -> tuple[pd.DataFrame, dict[str, str]]:
+@st.cache_data(max_entries=KEPT, show_spinner=False)
+def _deliveries(
+    path: str, start: float, end: float, version: Key
+) -> tuple[pd.DataFrame, dict[str, str]]:
     """The delivery log of the range, and each configured channel's health."""
     config, sessions = _open(path)
     with sessions() as session:
@@ -236,11 +291,12 @@ def silence_list() -> list[Silence]:
 
 
 def slo_reports(now: float) -> list[Report]:
-    return _slo_reports(str(config_path().resolve()), now)
+    path = config_file()
+    return _slo_reports(path, now, known(path).samples)
 
 
-@st.cache_data(ttl=30, show_spinner=False)
-def _slo_reports(path: str, now: float) -> list[Report]:
+@st.cache_data(max_entries=KEPT, show_spinner=False)
+def _slo_reports(path: str, now: float, version: Key) -> list[Report]:
     config, sessions = _open(path)
     with sessions() as session:
         return alert_rounds.slo_reports(session, config, now)
@@ -252,10 +308,12 @@ def clear_deliveries() -> None:
 
 def weekly_report(now: float) -> tuple[WeeklyReport, str, str]:
     """The weekly review as of `now`: the report, its HTML and its Markdown."""
-    return _weekly_report(str(config_path().resolve()), now)
+    return _weekly_report(config_file(), now)
 
 
-@st.cache_data(ttl=300, show_spinner="Building the weekly review…")
+# Keyed on its time alone (the page floors it to 5 minutes): a week's review does not wait
+# on each round.
+@st.cache_data(ttl=300, max_entries=4, show_spinner="Building the weekly review…")
 def _weekly_report(path: str, now: float) -> tuple[WeeklyReport, str, str]:
     config, sessions = _open(path)
     with sessions() as session:
@@ -273,11 +331,12 @@ def audit_entries(since: float) -> list[audit.Entry]:
 def alert_states() -> list[fleet_status.AlertState]:
     """Pending and firing alerts (what `kneepoint alerts list --json` lists), each with its
     rule's severity and metric and the view its message links to."""
-    return _alert_states(str(config_path().resolve()))
+    path = config_file()
+    return _alert_states(path, known(path).changes)
 
 
-@st.cache_data(ttl=5, show_spinner=False)
-def _alert_states(path: str) -> list[fleet_status.AlertState]:
+@st.cache_data(max_entries=KEPT, show_spinner=False)
+def _alert_states(path: str, version: Key) -> list[fleet_status.AlertState]:
     config, sessions = _open(path)
     try:
         rules = effective_rules(config)
@@ -316,7 +375,8 @@ def _alert_states(path: str) -> list[fleet_status.AlertState]:
 
 def slo_states(now: float) -> list[fleet_status.SloState]:
     """Each SLO's budget left, its burn rate over the first (fastest) burn window's long
-    window, and the windows burning; read at most every 30 s (a fleet's windows are costly)."""
+    window, and the windows burning: computed once per data version, shared with the SLOs
+    page (the same `now`)."""
     first = BURN_WINDOWS[0].long
     return [
         fleet_status.SloState(
@@ -327,7 +387,7 @@ def slo_states(now: float) -> list[fleet_status.SloState]:
             burning=tuple(window_label(w.long) for w in r.burning),
             problem=r.problem,
         )
-        for r in slo_reports(now // 30 * 30)
+        for r in slo_reports(now)
     ]
 
 

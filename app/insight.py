@@ -1,6 +1,6 @@
 """The app's read path for the on-call cockpit's judgements: the signals the likely cause is
 classified from (kneepoint/causes.py) and the headroom forecasts (kneepoint/forecast.py),
-cached like app/data.py's queries."""
+cached like app/data.py's queries: on the store's data version, shared by every session."""
 
 from __future__ import annotations
 
@@ -14,12 +14,14 @@ from kneepoint.config import config_path
 
 
 def signals(now: float) -> causes.Signals:
-    """Every replica's signals over causes.WINDOW and the changes in the hour before."""
-    return _signals(str(config_path().resolve()), now // 30 * 30)
+    """Every replica's signals over causes.WINDOW and the changes in the hour before, as of
+    `now` (the page's, data.now()): gathered once per data version."""
+    path = data.config_file()
+    return _signals(path, now, data.known(path).key)
 
 
-@st.cache_data(ttl=30, show_spinner=False)
-def _signals(path: str, now: float) -> causes.Signals:
+@st.cache_data(max_entries=data.KEPT, show_spinner=False)
+def _signals(path: str, now: float, version: data.Key) -> causes.Signals:
     config, sessions = data.store()
     with sessions() as session:
         return causes.gather(session, config, now)

@@ -1,0 +1,195 @@
+"""What a page run computes: counted calls of the kernel's expensive functions, with the page
+run as the router runs it (app/main.py), on a seeded store and a held clock.
+
+A page computes nothing it does not show (no timeline for chart markers on a page without a
+time-series chart); a second run with unchanged data, a click or another session, computes
+nothing (the caches key on the store's data version, kneepoint/prepared.py, not the wall
+clock); a new round or a mutation makes the next run compute, and shows at once."""
+
+from __future__ import annotations
+
+import copy
+import math
+import time
+from collections import Counter
+from collections.abc import Callable, Iterator
+from pathlib import Path
+from types import SimpleNamespace
+from typing import Any
+
+import pytest
+import streamlit as st
+from streamlit.testing.v1 import AppTest
+
+import alerts.evaluate  # noqa: F401  the package: AppTest puts app/screens (with alerts.py) first
+from app.registry import PAGES
+from collectors.vllm import parse_vllm
+from kneepoint.annotations import annotate
+from kneepoint.auth import Identity
+from kneepoint.config import load_config
+from kneepoint.store.db import open_store
+from kneepoint.store.writer import ensure_targets, record_replica
+from tests.conftest import VLLM_032, read
+from tests.seed import seed
+
+ROOT = Path(__file__).resolve().parents[2]
+MAIN = str(ROOT / "app" / "main.py")
+# The expensive kernel functions, by the module attribute the app calls them through.
+KERNEL = {
+    "build_status": ("app.data", "build_status"),
+    "build_view": ("app.data", "build_view"),
+    "replica_series": ("app.data", "replica_series"),
+    "slo_reports": ("alerts.evaluate", "slo_reports"),
+    "build_report": ("app.data", "build_report"),
+    "timeline.events": ("kneepoint.timeline", "events"),
+    "causes.gather": ("kneepoint.causes", "gather"),
+    "forecasts": ("kneepoint.forecast", "forecasts"),
+}
+SCRAPE = 5.0  # tests/seed.py's scrape_interval
+
+
+class Clock:
+    """The app's wall clock (app/data.py's `time`), held still unless a test moves it."""
+
+    def __init__(self, at: float) -> None:
+        self.at = at
+
+    def time(self) -> float:
+        return self.at
+
+
+@pytest.fixture
+def calls(monkeypatch: pytest.MonkeyPatch) -> Counter[str]:
+    """Each kernel function wrapped to count its calls (the work still done)."""
+    import importlib
+
+    counted: Counter[str] = Counter()
+    for name, (module_name, attribute) in KERNEL.items():
+        module = importlib.import_module(module_name)
+        real = getattr(module, attribute)
+
+        def counting(*args: Any, _real: Callable[..., Any] = real, _name: str = name) -> Any:
+            counted[_name] += 1
+            return _real(*args)
+
+        monkeypatch.setattr(module, attribute, counting)
+    return counted
+
+
+@pytest.fixture
+def clock(monkeypatch: pytest.MonkeyPatch) -> Clock:
+    """A clock 1 s into a scrape interval, so moving it 2 s stays within that interval."""
+    import app.data
+
+    held = Clock(math.floor(time.time() / SCRAPE) * SCRAPE + 1.0)
+    monkeypatch.setattr(app.data, "time", SimpleNamespace(time=held.time))
+    return held
+
+
+@pytest.fixture
+def seeded(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, clock: Clock, calls: Counter[str]
+) -> Iterator[Path]:
+    # The newest row is 5 s old at the clock: the collector is quiet, "now" is the clock
+    # floored to the scrape interval.
+    config = seed(tmp_path, clock.at, minutes=20)
+    monkeypatch.setenv("KNEEPOINT_CONFIG", str(config))
+    st.cache_data.clear()  # nothing computed for another test's store counts here
+    yield config
+    st.cache_data.clear()
+
+
+def page_run(page: str) -> AppTest:
+    app = AppTest.from_file(MAIN, default_timeout=60)
+    app.query_params["page"] = page
+    app.run()
+    assert not app.exception, [e.value for e in app.exception]
+    return app
+
+
+def title(app: AppTest) -> str:
+    return str(app.title[0].value)
+
+
+def a_round(config_file: Path, at: float) -> None:
+    """A collection round stored at `at`: a sample of replica-a."""
+    config = load_config(config_file)
+    sessions = open_store(config.database)
+    with sessions.begin() as session:
+        ids = ensure_targets(session, [(t.name, t.kind, t.url) for t in config.targets])
+        sample = copy.deepcopy(parse_vllm(read(VLLM_032)))
+        record_replica(session, ids["replica-a"], at, sample)
+
+
+@pytest.mark.parametrize(
+    ("page", "shown_title"),
+    [("health", "Collector health"), ("audit", "Audit"), ("knee", "Knee points")],
+)
+def test_a_page_without_a_time_series_chart_reads_no_timeline_and_no_view(
+    seeded: Path, calls: Counter[str], page: str, shown_title: str
+) -> None:
+    app = page_run(page)
+    assert title(app) == shown_title
+    assert calls["timeline.events"] == 0, "chart markers read on a page that draws no chart"
+    for unseen in ("build_view", "build_status", "slo_reports", "causes.gather", "build_report"):
+        assert calls[unseen] == 0, f"{page} computed {unseen} without showing it"
+
+
+def test_a_second_run_or_another_page_with_the_same_data_computes_nothing(
+    seeded: Path, calls: Counter[str], clock: Clock
+) -> None:
+    first = page_run("capacity")
+    assert title(first) == "Capacity"
+    assert calls["build_view"] >= 1 and calls["timeline.events"] == 1  # charts mark changes
+    calls.clear()
+    clock.at += 2.0  # a click two seconds later: the same scrape interval, no new data
+    again = page_run("capacity")
+    assert title(again) == "Capacity"
+    assert sum(calls.values()) == 0, dict(calls)
+    # Another session opens a page that shows the same view and range: read, not computed.
+    gpus = page_run("gpus")
+    assert title(gpus) == "GPUs"
+    assert calls["build_view"] == 0 and calls["timeline.events"] == 0, dict(calls)
+
+
+def test_the_overview_refresh_with_unchanged_data_computes_nothing(
+    seeded: Path, calls: Counter[str], clock: Clock
+) -> None:
+    page_run("overview")
+    assert calls["build_status"] >= 1
+    calls.clear()
+    clock.at += 2.0
+    page_run("overview")
+    assert sum(calls.values()) == 0, dict(calls)
+
+
+def test_a_new_round_makes_the_next_run_compute(
+    seeded: Path, calls: Counter[str], clock: Clock
+) -> None:
+    page_run("capacity")
+    calls.clear()
+    a_round(seeded, clock.at - 0.5)  # the clock has not moved: only the data did
+    page_run("capacity")
+    assert calls["build_view"] >= 1 and calls["timeline.events"] == 1, dict(calls)
+
+
+def test_a_mutation_shows_at_once(seeded: Path, calls: Counter[str], clock: Clock) -> None:
+    before = page_run("timeline")
+    assert calls["timeline.events"] == 1
+    assert not any("prompt v42" in str(cell) for cell in _cells(before))
+    config = load_config(seeded)
+    operator = Identity("ci", "operator", "cli")
+    annotate(open_store(config.database).begin, operator, "prompt v42", None, None, clock.at)
+    after = page_run("timeline")
+    assert calls["timeline.events"] == 2
+    assert any("prompt v42" in str(cell) for cell in _cells(after))
+
+
+def _cells(app: AppTest) -> list[object]:
+    return [value for frame in app.dataframe for value in frame.value.to_numpy().ravel()]
+
+
+def test_the_pages_named_here_are_the_routers() -> None:
+    assert {"health", "audit", "knee", "capacity", "gpus", "overview", "timeline"} <= {
+        spec.url_path for spec in PAGES
+    }
