@@ -402,7 +402,8 @@ def page_rows(
     if needle:
         columns = [
             c for c in (searched if searched is not None else shown.columns)
-            if c in shown and shown[c].dtype == object
+            if c in shown
+            and (pd.api.types.is_object_dtype(shown[c]) or pd.api.types.is_string_dtype(shown[c]))
         ]  # fmt: skip
         hit = pd.Series(False, index=shown.index)
         for column in columns:
