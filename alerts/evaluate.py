@@ -11,6 +11,9 @@ when the window ends. SLO numbers leave the windows' time out (`measure`)."""
 
 from __future__ import annotations
 
+import itertools
+import json
+import math
 from dataclasses import asdict
 from datetime import UTC, datetime
 
@@ -26,9 +29,10 @@ from alerts.values import FLEET, engine_since, monitor_values, not_exposed, valu
 from kneepoint.config import ENGINE_KINDS, Config, Rule
 from kneepoint.derived import stall
 from kneepoint.derived.window import EdgeReader, Window, frame_windows, merge
+from kneepoint.samples import HISTOGRAMS, Histogram
 from kneepoint.secrets import Secret
 from kneepoint.status import hit_rates, stale_after, stall_after
-from kneepoint.store import queries
+from kneepoint.store import queries, slo_sums
 from kneepoint.store.models import AlertHistoryRow, AlertRow, NotificationRow, TargetRow
 from kneepoint.views import build_view
 
@@ -68,12 +72,22 @@ def burn_rates_cached(
     return _burn_cache[key]
 
 
+def advance_sums(session: Session, config: Config, now: float) -> int:
+    """Fold the buckets that ended since into the SLO running sums, far enough back for the
+    longest window any SLO reads (the evaluation's writer: the app only reads them)."""
+    reach = max([*(s.window for s in config.slos), *slo.windows_needed()])
+    layouts = queries.histogram_layouts(session)
+    return slo_sums.advance(session, now, reach + slo_sums.BUCKET, layouts)
+
+
 def burn_rates(
-    session: Session, config: Config, now: float
+    session: Session, config: Config, now: float, direct: bool = False
 ) -> dict[str, dict[float, float | None]]:
-    """Each SLO's burn rate over every window the burn alerts use, for the fleet."""
+    """Each SLO's burn rate over every window the burn alerts use, for the fleet (`direct`:
+    from the samples alone, without the running sums)."""
     fleet = {
-        seconds: measure(session, config, now - seconds, now) for seconds in slo.windows_needed()
+        seconds: measure(session, config, now - seconds, now, direct)
+        for seconds in slo.windows_needed()
     }
     rates: dict[str, dict[float, float | None]] = {}
     for s in config.slos:
@@ -101,11 +115,20 @@ def slo_problems(session: Session, config: Config, now: float) -> list[str]:
     return problems
 
 
-def measure(session: Session, config: Config, since: float, until: float) -> slo.Measured:
+def measure(
+    session: Session, config: Config, since: float, until: float, direct: bool = False
+) -> slo.Measured:
     """The fleet's histograms and availability counts over [since, until], without the time
     maintenance windows cover: each replica's window is cut into the stretches no window
     covers it, and every stretch is read on its own (increases within it, none across a
-    cut), then all are added up."""
+    cut), then all are added up.
+
+    Replicas no maintenance window cuts are read from the running sums per bucket
+    (kneepoint/store/slo_sums.py) and the raw samples of the partial bucket at each end;
+    the rest, and those whose window the sums cannot give exactly, from the samples
+    (`direct`: all of them, as before the sums). Stalled seconds are always read from the
+    samples: stall detection is not a sum (a stall is a run of 60 s or more, found on the
+    rows a window reads), so it is computed as before, on the stall columns only."""
     names = {t.name for t in config.targets if t.kind in ENGINE_KINDS}
     ids = {name: row.id for name, row in queries.targets(session).items() if name in names}
     groups: dict[tuple[maintenance.Interval, ...], list[int]] = {}
@@ -117,6 +140,21 @@ def measure(session: Session, config: Config, since: float, until: float) -> slo
     windows: list[Window] = []
     availability = slo.Availability()
     for cut, members in groups.items():
+        if not cut and not direct:
+            summed = _summed(session, since, until, sorted(members), layouts)
+            if summed:
+                stalled = {}
+                if wanted:
+                    frame = queries.replica_frame(
+                        session, since, until, sorted(summed), columns=STALL_COLUMNS
+                    )
+                    stalled = _stalled_seconds(frame, config, since, until)
+                for target_id, window in summed.items():
+                    windows.append(window)
+                    availability += _availability(window, stalled.get(target_id, 0.0))
+                members = [m for m in members if m not in summed]
+                if not members:
+                    continue
         for start, end in maintenance.remaining(since, until, cut):
             frame = queries.replica_frame(
                 session, start, end, sorted(members), columns=queries.LIGHT_COLUMNS
@@ -131,11 +169,116 @@ def measure(session: Session, config: Config, since: float, until: float) -> slo
     return slo.Measured(merged.histograms, availability if windows else None)
 
 
+def _summed(
+    session: Session,
+    since: float,
+    until: float,
+    ids: list[int],
+    layouts: dict[int, tuple[float, ...]],
+) -> dict[int, Window]:
+    """The windows over [since, until] of the replicas in `ids` that the running sums give
+    exactly (those with samples in the window; the others are left to the samples): the
+    raw samples in [since, B0) and [B1, until], and the sums' rows for the whole buckets
+    between. A replica whose stretch holds a break (a counter appeared, a histogram's layout
+    changed: `slo_sums` docstring), or whose rows are missing, is left out."""
+    progress = slo_sums.progress(session)
+    size = slo_sums.BUCKET
+    if progress is None or not ids:
+        return {}
+    low = math.ceil(since / size) * size
+    high = min(math.floor(until / size) * size, progress.until)
+    if high - low < size or low - size < progress.since:
+        return {}
+    heads = _by_target(slo_sums.raw(session, ids, since, low, closed=False))
+    tails = _by_target(slo_sums.raw(session, ids, high, until, closed=True))
+    ends = slo_sums.latest(session, ids, high, ("last_ts", "sig", "sums", "last", "breaks"))
+    starts = slo_sums.rows_at(session, [t for t in ids if t in heads], low - size, SUM_BREAKS)
+    firsts = slo_sums.first_in(
+        session,
+        [t for t in ids if t not in heads],
+        low,
+        high,
+        (*SUM_BREAKS, "inner", "inner_break"),
+    )
+    out: dict[int, Window] = {}
+    for target_id in ids:
+        total = slo_sums.Part()
+        sigs: list[str] = []
+        end = ends.get(target_id)
+        head = heads.get(target_id)
+        if head is not None:
+            start = starts.get(target_id)
+            if start is None or end is None or end["breaks"] != start["breaks"]:
+                continue
+            inner, _, _, sigs, _ = slo_sums.stretch(head, layouts)
+            # From the head's last sample (its bucket's last) to the last before `high`.
+            total = inner.plus(_part(end["sums"])).plus(_part(start["sums"]), -1.0)
+            reached = True
+        elif (first := firsts.get(target_id)) is not None:
+            assert end is not None  # a row in [low, high) is one before `high`
+            if end["breaks"] - first["breaks"] + int(first["inner_break"]) != 0:
+                continue
+            # The first bucket's own increases, not the step into it from before `since`.
+            total = _part(end["sums"]).plus(_part(first["sums"]), -1.0).plus(_part(first["inner"]))
+            sigs = [end["sig"]]
+            reached = True
+        else:
+            reached = False
+        tail = tails.get(target_id)
+        if tail is not None:
+            before = None
+            if reached and end is not None:
+                before = slo_sums.Carry(
+                    end["last_ts"], end["sig"], json.loads(end["last"]), slo_sums.Part(), 0
+                )
+                sigs.append(end["sig"])
+            inner, entry, _, tail_sigs, _ = slo_sums.stretch(tail, layouts, before)
+            sigs += tail_sigs
+            total = total.plus(entry).plus(inner)
+        if not sigs or total.n == 0:
+            continue
+        if len(set(sigs)) > 1:
+            continue
+        out[target_id] = _window(total, sigs[0], layouts)
+    return out
+
+
+SUM_BREAKS = ("sums", "breaks")
+
+
+def _part(text: str) -> slo_sums.Part:
+    return slo_sums.Part.from_json(text)
+
+
+def _by_target(frame: pd.DataFrame) -> dict[int, pd.DataFrame]:
+    if frame.empty:
+        return {}
+    return {int(t): rows for t, rows in frame.groupby(frame.target_id.astype(int), sort=False)}
+
+
+def _window(total: slo_sums.Part, sig: str, layouts: dict[int, tuple[float, ...]]) -> Window:
+    """A replica's Window as frame_windows gives it, from its summed increases."""
+    if total.n < 2:
+        return Window(histograms=dict.fromkeys(HISTOGRAMS))
+    known, kinds = sig.split("|")
+    window = Window(seconds=total.s)
+    for name, bit in zip(slo_sums.AVAILABILITY, known, strict=True):
+        window.deltas[name] = total.c.get(name, 0.0) if bit == "1" else None
+    for name, layout in zip(HISTOGRAMS, kinds.split(","), strict=True):
+        counts = total.h.get(name)
+        if not layout or counts is None:
+            window.histograms[name] = None
+            continue
+        cumulative = list(itertools.accumulate(counts[:-1], max))  # as window_histogram
+        window.histograms[name] = Histogram(layouts[int(layout)], tuple(cumulative), counts[-1])
+    return window
+
+
 def _rows_at(session: Session) -> EdgeReader:
     return lambda keys: queries.replica_rows_at(session, keys)
 
 
-FINISHED = ("stop", "length", "abort", "error", "repetition")
+FINISHED = slo_sums.FINISHED
 FAILED = ("abort", "error")
 
 
@@ -204,6 +347,7 @@ def evaluate_once(session: Session, config: Config, now: float) -> list[Transiti
     watched = values(view, baseline)
     watched[FLEET] = {**watched[FLEET], **monitor_values(session, config, now)}
     if config.slos:
+        advance_sums(session, config, now)
         rules = rules + slo.burn_rules(config.slos)
         watched[FLEET] = {
             **watched[FLEET],
@@ -258,19 +402,22 @@ def evaluate_once(session: Session, config: Config, now: float) -> list[Transiti
     return transitions
 
 
-def slo_reports(session: Session, config: Config, now: float) -> list[slo.Report]:
+def slo_reports(
+    session: Session, config: Config, now: float, direct: bool = False
+) -> list[slo.Report]:
     """Every SLO's compliance and budget over its window, and its burn rates, for the fleet,
-    maintenance windows left out."""
+    maintenance windows left out (`direct`: from the samples alone, without the sums)."""
     if not config.slos:  # nothing to report: no fleet windows to read (8 s at 1,000 replicas)
         return []
     fleet = {
-        seconds: measure(session, config, now - seconds, now) for seconds in slo.windows_needed()
+        seconds: measure(session, config, now - seconds, now, direct)
+        for seconds in slo.windows_needed()
     }
     wholes: dict[float, slo.Measured] = {}
     reports = []
     for s in config.slos:
         if s.window not in wholes:
-            wholes[s.window] = measure(session, config, now - s.window, now)
+            wholes[s.window] = measure(session, config, now - s.window, now, direct)
         windows = {seconds: w.of(s) for seconds, w in fleet.items()}
         reports.append(slo.report(s, windows, wholes[s.window].of(s)))
     return reports

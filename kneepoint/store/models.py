@@ -399,3 +399,34 @@ class CalibrationRow(Base):
     errors: Mapped[str] = mapped_column(Text)
     trusted: Mapped[bool] = mapped_column(Boolean)
     notes: Mapped[str] = mapped_column(Text)
+
+
+class SloSumRow(Base):
+    """What SLOs read, summed per target and 5-minute bucket (kneepoint/store/slo_sums.py), as
+    Prometheus recording rules keep them: JSON running sums from the first bucket written
+    (`sums`), the bucket's own increases (`inner`), and the raw values at its last sample
+    (`last`); `sig` says which counters were known and which histogram layouts were read."""
+
+    __tablename__ = "slo_sums"
+
+    target_id: Mapped[int] = mapped_column(Integer, ForeignKey("targets.id"), primary_key=True)
+    bucket: Mapped[float] = mapped_column(Float, primary_key=True)  # start, aligned to epoch
+    first_ts: Mapped[float] = mapped_column(Float)
+    last_ts: Mapped[float] = mapped_column(Float)
+    sig: Mapped[str] = mapped_column(Text)
+    inner_break: Mapped[bool] = mapped_column(Boolean)
+    entry_break: Mapped[bool] = mapped_column(Boolean)
+    breaks: Mapped[int] = mapped_column(Integer)  # running count of both
+    sums: Mapped[str] = mapped_column(Text)
+    inner: Mapped[str] = mapped_column(Text)
+    last: Mapped[str] = mapped_column(Text)
+
+
+class SloSumProgressRow(Base):
+    """How far slo_sums reaches: its buckets in [since, until) are written for every target."""
+
+    __tablename__ = "slo_sum_progress"
+
+    name: Mapped[str] = mapped_column(String(32), primary_key=True)
+    since: Mapped[float] = mapped_column(Float)
+    until: Mapped[float] = mapped_column(Float)

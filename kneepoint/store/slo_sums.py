@@ -1,0 +1,374 @@
+"""What SLOs read, kept as running sums per target and 5-minute bucket, as Prometheus
+recording rules keep them: a burn-rate round adds up a few rows per replica instead of
+reading days of samples (alerts/evaluate.py `measure`).
+
+Per target and bucket (aligned to the epoch), for the availability counters (AVAILABILITY)
+and every latency histogram's cumulative bucket counts and count (HISTOGRAMS):
+
+- `inner`: the increases between consecutive samples both inside the bucket;
+- the entry step: from the target's previous sample (in an earlier bucket) into the bucket's
+  first sample, resets handled as kneepoint/counters.increase does (a value that went down
+  is the increase);
+- `sums`: the running sum of both over every bucket written for the target, plus its sample
+  count and observed seconds (the gaps between consecutive samples);
+- `last`: the raw values at its last sample, for the step into the next samples.
+
+So the increase over samples s_i..s_j is sums(bucket of s_j) − sums(bucket of s_i) when s_i
+is its bucket's last sample, and a window's increase is read from a partial bucket at each
+end (raw rows) plus two rows per target. A histogram's window counts are the sum of the
+per-bound increases, made cumulative once at the end (kneepoint/derived/latency.py
+window_histogram does the same over the window's samples).
+
+The sums are exact only where every sample of a stretch knew the same counters and read
+the same histogram layout: `sig` says which, and `breaks` counts the buckets where it
+changed (inside the bucket, or from the previous sample); a reader falls back to the samples
+for a target whose window holds one. Like the direct computation, histograms are decoded at
+a bucket's ends and around counter resets only: between those their counts grow."""
+
+from __future__ import annotations
+
+import itertools
+import json
+import math
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from typing import Any, cast
+
+import pandas as pd
+from sqlalchemy import Table, and_, delete, func, select
+from sqlalchemy.orm import Session
+
+from kneepoint.samples import HISTOGRAMS, REPLICA_COUNTERS
+from kneepoint.store.codec import decode_histogram
+from kneepoint.store.models import ReplicaSampleRow, SloSumProgressRow, SloSumRow, TargetRow
+
+BUCKET = 300.0
+SETTLE = 60.0  # a bucket is summed this long after it ends: scrapes in flight land first
+PROGRESS = "slo_sums"
+FINISHED = ("stop", "length", "abort", "error", "repetition")
+AVAILABILITY = (
+    *(f"requests_finished_{r}" for r in FINISHED),
+    "http_requests",
+    "http_requests_5xx",
+)
+SAMPLES = cast(Table, ReplicaSampleRow.__table__)
+SUMS = cast(Table, SloSumRow.__table__)
+# A sample's columns the sums read: every counter (resets are found on all of them, as
+# kneepoint/derived/window.py finds them) and the encoded histograms.
+COLUMNS = tuple(dict.fromkeys((*REPLICA_COUNTERS, *AVAILABILITY)))
+HIST_COLUMNS = tuple(f"hist_{name}" for name in HISTOGRAMS)
+READ = (*COLUMNS, *HIST_COLUMNS)
+
+Values = dict[str, Any]  # {"c": {counter: float | None}, "h": {histogram: [counts…, total] | None}}
+
+
+@dataclass
+class Part:
+    """Increases over a stretch of one target's samples (or the running sums up to one)."""
+
+    n: int = 0  # samples
+    s: float = 0.0  # seconds between consecutive samples
+    c: dict[str, float] = field(default_factory=dict)
+    h: dict[str, list[float]] = field(default_factory=dict)
+
+    def to_json(self) -> str:
+        return json.dumps({"n": self.n, "s": self.s, "c": self.c, "h": self.h})
+
+    @staticmethod
+    def from_json(text: str) -> Part:
+        data = json.loads(text)
+        return Part(data["n"], data["s"], data["c"], data["h"])
+
+    def plus(self, other: Part, sign: float = 1.0) -> Part:
+        """self + sign × other; a histogram only one side has is taken from it (a layout
+        changed: never read, as the change is a break)."""
+        h = dict(self.h)
+        for name, counts in other.h.items():
+            mine = h.get(name)
+            if mine is not None and len(mine) == len(counts):
+                h[name] = [a + sign * b for a, b in zip(mine, counts, strict=True)]
+            else:
+                h[name] = [sign * b for b in counts]
+        c = dict(self.c)
+        for name, value in other.c.items():
+            c[name] = c.get(name, 0.0) + sign * value
+        return Part(self.n + int(sign) * other.n, self.s + sign * other.s, c, h)
+
+
+@dataclass
+class Carry:
+    """A target's state at its last sample summed so far."""
+
+    last_ts: float
+    sig: str
+    values: Values
+    sums: Part
+    breaks: int
+
+
+def step(earlier: float, later: float) -> float:
+    return later - earlier if later >= earlier else later  # went down: a reset
+
+
+def _steps(earlier: list[float], later: list[float]) -> list[float]:
+    return [step(a, b) for a, b in zip(earlier, later, strict=True)]
+
+
+def _hist(text: object, layouts: dict[int, tuple[float, ...]]) -> list[float] | None:
+    if text is None or (isinstance(text, float) and math.isnan(text)):
+        return None
+    decoded = decode_histogram(str(text), layouts)
+    return [*decoded.counts, decoded.total]
+
+
+def _layout(text: object) -> str:
+    if text is None or (isinstance(text, float) and math.isnan(text)):
+        return ""
+    return str(text).split("|", 1)[0]
+
+
+def signatures(frame: pd.DataFrame) -> list[str]:
+    """Per row: which availability counters it knows, and each histogram's layout."""
+    known = frame[list(AVAILABILITY)].notna().astype(int).astype(str).agg("".join, axis=1)
+    layouts = [
+        frame[c].map(_layout) if c in frame else pd.Series("", frame.index) for c in HIST_COLUMNS
+    ]
+    return [
+        f"{k}|{','.join(parts)}"
+        for k, *parts in zip(known.tolist(), *(s.tolist() for s in layouts), strict=True)
+    ]
+
+
+def stretch(
+    rows: pd.DataFrame,
+    layouts: dict[int, tuple[float, ...]],
+    before: Carry | None = None,
+) -> tuple[Part, Part, Values, list[str], float]:
+    """One target's samples (time order, not empty): the increases between them, the entry
+    step from `before` (its last sample) into the first, the raw values at the last, the
+    rows' signatures and the first sample's time. Histograms are decoded at the ends and
+    around counter resets only."""
+    sigs = signatures(rows)
+    ts = rows.ts.astype(float).tolist()
+    values = rows[list(COLUMNS)].astype(float)
+    went_down = (values.ffill().diff() < 0).any(axis=1).to_numpy()
+    inner = Part(n=len(rows), s=ts[-1] - ts[0])
+    entry = Part()
+    previous = before.values["c"] if before is not None else {}
+    for name in AVAILABILITY:
+        column = values[name].tolist()
+        known = [v for v in column if not math.isnan(v)]
+        inner.c[name] = sum(step(a, b) for a, b in itertools.pairwise(known))
+        last_known = previous.get(name)
+        if before is not None and known and last_known is not None:
+            entry.c[name] = step(last_known, known[0])
+    resets = [int(i) for i in went_down.nonzero()[0]]
+    edges = sorted({0, len(rows) - 1, *resets, *(i - 1 for i in resets if i > 0)})
+    last_values: Values = {"c": {}, "h": {}}
+    for name in AVAILABILITY:
+        known = [v for v in values[name].tolist() if not math.isnan(v)]
+        fallback = previous.get(name) if before is not None else None
+        last_values["c"][name] = known[-1] if known else fallback
+    for name, column in zip(HISTOGRAMS, HIST_COLUMNS, strict=True):
+        texts = rows[column].tolist() if column in rows else [None] * len(rows)
+        decoded = [d for d in (_hist(texts[i], layouts) for i in edges) if d is not None]
+        total = [0.0] * len(decoded[0]) if decoded else []
+        for a, b in itertools.pairwise(decoded):
+            if len(a) == len(b):
+                total = [x + y for x, y in zip(total, _steps(a, b), strict=True)]
+        if decoded:
+            inner.h[name] = total
+            earlier = before.values["h"].get(name) if before is not None else None
+            if earlier is not None and len(earlier) == len(decoded[0]):
+                entry.h[name] = _steps(earlier, decoded[0])
+        earlier_h = before.values["h"].get(name) if before is not None else None
+        last_values["h"][name] = decoded[-1] if decoded else earlier_h
+    if before is not None:
+        entry.s = ts[0] - before.last_ts
+    return inner, entry, last_values, sigs, ts[0]
+
+
+def bucket_rows(
+    frame: pd.DataFrame,
+    layouts: dict[int, tuple[float, ...]],
+    carry: dict[int, Carry],
+    bucket: float = BUCKET,
+) -> list[dict[str, Any]]:
+    """The slo_sums rows for the samples in `frame` (whole buckets, ordered by target and
+    time), each target continuing from its `carry` (updated in place)."""
+    out: list[dict[str, Any]] = []
+    if frame.empty:
+        return out
+    keys = (frame.ts.astype(float) // bucket) * bucket
+    for (target_id, start), rows in frame.groupby([frame.target_id.astype(int), keys], sort=True):
+        before = carry.get(int(target_id))
+        inner, entry, last_values, sigs, _ = stretch(rows, layouts, before)
+        inner_break = len(set(sigs)) > 1
+        entry_break = before is not None and before.sig != sigs[0]
+        # A histogram whose layout changed starts its running sum again (never read across).
+        base = before.sums if before is not None else Part()
+        sums = base.plus(entry).plus(inner)
+        sums.n = base.n + inner.n
+        for name in list(sums.h):
+            if name in inner.h and len(sums.h[name]) != len(inner.h[name]):
+                sums.h[name] = list(inner.h[name])
+        breaks = (before.breaks if before is not None else 0) + int(inner_break) + int(entry_break)
+        ts = rows.ts.astype(float)
+        out.append(
+            {
+                "target_id": int(target_id),
+                "bucket": float(start),
+                "first_ts": float(ts.iloc[0]),
+                "last_ts": float(ts.iloc[-1]),
+                "sig": sigs[-1],
+                "inner_break": inner_break,
+                "entry_break": entry_break,
+                "breaks": breaks,
+                "sums": sums.to_json(),
+                "inner": inner.to_json(),
+                "last": json.dumps(last_values),
+            }
+        )
+        carry[int(target_id)] = Carry(float(ts.iloc[-1]), sigs[-1], last_values, sums, breaks)
+    return out
+
+
+def progress(session: Session) -> SloSumProgressRow | None:
+    return session.get(SloSumProgressRow, PROGRESS)
+
+
+def advance(
+    session: Session,
+    now: float,
+    reach_back: float,
+    layouts: dict[int, tuple[float, ...]],
+    most: int = 288,
+) -> int:
+    """Sum the whole buckets not written yet (at most `most` of them: a day; a first run
+    over a long history catches up over several rounds), from `reach_back` seconds before
+    `now` on a first run. Returns the buckets written. The caller commits."""
+    end = math.floor((now - SETTLE) / BUCKET) * BUCKET
+    row = progress(session)
+    if row is None:
+        first = math.floor((now - reach_back) / BUCKET) * BUCKET
+        row = SloSumProgressRow(name=PROGRESS, since=first, until=first)
+        session.add(row)
+    # Rows older than any window read are dropped: a reader never uses a bucket before
+    # `since` (evaluate.measure reads the samples there), so no kept row needs them.
+    oldest = math.floor((now - reach_back) / BUCKET) * BUCKET
+    if oldest > row.since:
+        session.execute(delete(SloSumRow).where(SloSumRow.bucket < oldest - BUCKET))
+        row.since = oldest
+    start = row.until
+    stop = min(end, start + most * BUCKET)
+    if stop <= start:
+        return 0
+    ids = list(session.scalars(select(TargetRow.id)))
+    frame = _read(session, ids, start, stop)
+    carry = _carry(session, sorted(set(frame.target_id.astype(int))), start) if len(frame) else {}
+    rows = bucket_rows(frame, layouts, carry)
+    if rows:
+        session.execute(SUMS.insert(), rows)
+    row.until = stop
+    session.flush()
+    return int((stop - start) // BUCKET)
+
+
+def _read(session: Session, ids: list[int], start: float, end: float) -> pd.DataFrame:
+    from kneepoint.store.queries import read_bulk  # the read path imports this module's users
+
+    if not ids:
+        return pd.DataFrame(columns=["target_id", "ts", *COLUMNS, *HIST_COLUMNS])
+    query = (
+        select(
+            SAMPLES.c.target_id, SAMPLES.c.ts, *(SAMPLES.c[c] for c in (*COLUMNS, *HIST_COLUMNS))
+        )
+        .where(SAMPLES.c.target_id.in_(ids), SAMPLES.c.ts >= start, SAMPLES.c.ts < end)
+        .order_by(SAMPLES.c.target_id, SAMPLES.c.ts)
+    )
+    return read_bulk(session, query)
+
+
+def raw(session: Session, ids: list[int], start: float, end: float, closed: bool) -> pd.DataFrame:
+    """The samples of `ids` in [start, end) ([start, end] when closed), as the sums read them."""
+    from kneepoint.store.queries import read_bulk
+
+    high = SAMPLES.c.ts <= end if closed else SAMPLES.c.ts < end
+    query = (
+        select(
+            SAMPLES.c.target_id, SAMPLES.c.ts, *(SAMPLES.c[c] for c in (*COLUMNS, *HIST_COLUMNS))
+        )
+        .where(SAMPLES.c.target_id.in_(ids), SAMPLES.c.ts >= start, high)
+        .order_by(SAMPLES.c.target_id, SAMPLES.c.ts)
+    )
+    return read_bulk(session, query)
+
+
+def _carry(session: Session, ids: list[int], before: float) -> dict[int, Carry]:
+    """Each target's latest row before `before`."""
+    rows = latest(session, ids, before, ("last_ts", "sig", "last", "sums", "breaks"))
+    return {
+        t: Carry(
+            r["last_ts"], r["sig"], json.loads(r["last"]), Part.from_json(r["sums"]), r["breaks"]
+        )
+        for t, r in rows.items()
+    }
+
+
+def latest(
+    session: Session, ids: Sequence[int], before: float, columns: Sequence[str]
+) -> dict[int, dict[str, Any]]:
+    """Each target's latest slo_sums row with bucket < `before` (those that have one): the
+    last hour first (one range of the key each), then further back for the rest."""
+    found: dict[int, dict[str, Any]] = {}
+    for low in (before - 12 * BUCKET, None):
+        rest = [t for t in ids if t not in found]
+        if not rest:
+            break
+        where = [SUMS.c.target_id.in_(rest), SUMS.c.bucket < before]
+        if low is not None:
+            where.append(SUMS.c.bucket >= low)
+        newest = (
+            select(SUMS.c.target_id, func.max(SUMS.c.bucket).label("b"))
+            .where(*where)
+            .group_by(SUMS.c.target_id)
+            .subquery()
+        )
+        query = select(SUMS.c.target_id, SUMS.c.bucket, *(SUMS.c[c] for c in columns)).join(
+            newest, and_(SUMS.c.target_id == newest.c.target_id, SUMS.c.bucket == newest.c.b)
+        )
+        for row in session.execute(query).mappings():
+            found[int(row["target_id"])] = dict(row)
+    return found
+
+
+def rows_at(
+    session: Session, ids: Sequence[int], bucket: float, columns: Sequence[str]
+) -> dict[int, dict[str, Any]]:
+    if not ids:
+        return {}
+    query = select(SUMS.c.target_id, SUMS.c.bucket, *(SUMS.c[c] for c in columns)).where(
+        SUMS.c.target_id.in_(list(ids)), SUMS.c.bucket == bucket
+    )
+    return {int(r["target_id"]): dict(r) for r in session.execute(query).mappings()}
+
+
+def first_in(
+    session: Session, ids: Sequence[int], low: float, high: float, columns: Sequence[str]
+) -> dict[int, dict[str, Any]]:
+    """Each target's first row with low <= bucket < high: at `low` itself first."""
+    found = rows_at(session, ids, low, columns)
+    rest = [t for t in ids if t not in found]
+    if rest:
+        oldest = (
+            select(SUMS.c.target_id, func.min(SUMS.c.bucket).label("b"))
+            .where(SUMS.c.target_id.in_(rest), SUMS.c.bucket >= low, SUMS.c.bucket < high)
+            .group_by(SUMS.c.target_id)
+            .subquery()
+        )
+        query = select(SUMS.c.target_id, SUMS.c.bucket, *(SUMS.c[c] for c in columns)).join(
+            oldest, and_(SUMS.c.target_id == oldest.c.target_id, SUMS.c.bucket == oldest.c.b)
+        )
+        for row in session.execute(query).mappings():
+            found[int(row["target_id"])] = dict(row)
+    return found
