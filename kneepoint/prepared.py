@@ -66,7 +66,7 @@ _CHANGES = (
     _scalar(func.count(AlertRow.fingerprint)),
     _scalar(func.max(AlertHistoryRow.id)),
     _scalar(func.max(SilenceRow.id)),
-    _scalar(func.max(SilenceRow.ends_at)),  # an expired silence ends now
+    _scalar(func.sum(SilenceRow.ends_at)),  # an expired silence ends now, whichever it is
     _scalar(func.count(SilenceRow.id)),
     _scalar(func.max(AnnotationRow.id)),
     _scalar(func.count(AnnotationRow.id)),
