@@ -83,7 +83,7 @@ def test_a_rollup_moves_the_samples(sessions: sessionmaker[Session]) -> None:
     assert now_of(sessions, T0 + 3600).samples != before.samples
 
 
-MUTATIONS: dict[str, Callable[[Session, float], None]] = {
+MUTATIONS: dict[str, Callable[[Session, float], object]] = {
     "alert state": lambda s, at: s.execute(update(AlertRow).values(updated_at=at)),
     "alert change": lambda s, at: s.add(
         AlertHistoryRow(fingerprint="f", rule="r", replica="a", ts=at, after="firing")
