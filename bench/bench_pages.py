@@ -1,134 +1,305 @@
-"""Page query benchmark: server-side work of the Overview and Capacity pages over a store of
-50 replicas × 7 days (two days raw at 15 s, the rest rolled up to one row a minute, and the
-5-minute and hourly summary tiers that long ranges read).
+"""Page bench: every page as its router runs it, at fleet sizes, on PostgreSQL, against the
+aims of issue 25; plus alert evaluation with SLOs and the weekly review.
 
-    .venv/bin/python bench/bench_pages.py [--replicas 50] [--days 7]
+    .venv/bin/python bench/bench_pages.py [--replicas 4,200,1000] [--days 7] [--raw-hours 12]
+        [--pages overview,alerts,...] [--ranges 1h,24h,7d] [--eval-rounds 8] [--no-review]
+        [--keep DIR] [--source DIR]...
 
-Prints the seconds each page's data takes (status, series, view) for 1 h, 24 h and 7 d.
+For each fleet size a store is seeded by bench/scale_seed.py (SQL only, PostgreSQL: samples
+every 15 s for the newest --raw-hours, one a minute before that, the 5-minute and hourly
+summary tiers; --replicas vLLM replicas and a dcgm node per 8 of them, 8 GPUs each) on a
+throwaway PostgreSQL cluster (tests/postgres.py), or on one kept in DIR with --keep, where a
+store seeded once is reused by later runs (per size, days, raw hours and schema version).
+
+What is timed runs in a child process (bench/page_runs.py) with the product code of each
+--source checkout first on its PYTHONPATH (default: this one; give several, e.g. this one
+and `git worktree add /tmp/old 4f6a22f`, to get before and after from one run and one bench):
+
+- evaluation: `evaluate_once` with a latency and an availability SLO, --eval-rounds rounds
+  15 s apart (store time); those entering a new minute recompute burn rates;
+- each page: the whole script run of app/main.py with ?page=<url_path>&range=<range> through
+  streamlit.testing.v1.AppTest, cold (after st.cache_data.clear()) and warm (a second
+  session in the same collection round, no new data); a page that raises shows its error;
+- the weekly review: `review.weekly.build_report` over 7 days.
+
+Prints one table (seconds) with the aims (pages ≤ 1.0 s at 1 h and 24 h and ≤ 2.0 s at 7 d,
+evaluation ≤ 1.0 s median and ≤ 2.0 s at most, review ≤ 30 s) and whether each is met.
 """
 
 from __future__ import annotations
 
 import argparse
-import copy
+import json
+import math
+import os
+import re
+import statistics
+import subprocess
 import sys
 import tempfile
 import time
+from collections.abc import Callable
 from pathlib import Path
+from typing import Any
 
-from sqlalchemy import insert
+import yaml
 
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
+sys.path.insert(0, str(ROOT / "bench"))
 
-from collectors.vllm import parse_vllm  # noqa: E402
-from kneepoint.config import Config, Target  # noqa: E402
-from kneepoint.samples import Histogram  # noqa: E402
-from kneepoint.series import COLUMNS as SERIES_COLUMNS  # noqa: E402
-from kneepoint.series import replica_series  # noqa: E402
-from kneepoint.status import build_status  # noqa: E402
-from kneepoint.store import queries  # noqa: E402
-from kneepoint.store.db import open_store  # noqa: E402
-from kneepoint.store.models import MINUTE, ReplicaSampleRow  # noqa: E402
-from kneepoint.store.rollup import GPU_SHAPE, REPLICA_SHAPE, summarize  # noqa: E402
-from kneepoint.store.writer import _replica_row, ensure_targets  # noqa: E402
-from kneepoint.views import build_view  # noqa: E402
+from pg_cluster import kept_postgres, throwaway_postgres  # noqa: E402
+from scale_seed import node_name, replica_name  # noqa: E402
 
-CAPTURE = ROOT.parent / "shared" / "fixtures" / "vllm-0.32.0-cpu-prefix-caching.prom"
+WORKER = ROOT / "bench" / "page_runs.py"
+GPUS = 8  # per dcgm node, as bench/bench_scale.py seeds them
+PAGE_AIM = {"1h": 1.0, "24h": 1.0, "7d": 2.0}
+EVAL_MEDIAN_AIM, EVAL_MAX_AIM, REVIEW_AIM = 1.0, 2.0, 30.0
 
 
-def fill(sessions, replicas: int, days: float, now: float) -> int:  # type: ignore[no-untyped-def]
-    base = parse_vllm(CAPTURE.read_text())
-    times = [now - days * 86400 + i * 60.0 for i in range(int((days - 2) * 1440))]
-    times += [now - 2 * 86400 + i * 15.0 for i in range(2 * 5760)]
-    names = [(f"replica-{i:02d}", "vllm", f"http://r{i}/metrics") for i in range(replicas)]
-    rows = 0
-    with sessions.begin() as session:
-        ids = ensure_targets(session, names)
-    for name, _, _ in names:
-        sample = copy.deepcopy(base)
-        batch = []
-        with sessions.begin() as session:
-            for step, ts in enumerate(times):
-                for counter in (
-                    "generation_tokens",
-                    "prompt_tokens",
-                    "prefix_cache_queries",
-                    "prefix_cache_hits",
-                    "request_prompt_tokens_count",
-                ):
-                    sample.counters[counter] = (sample.counters[counter] or 0) + 37 + step % 11
-                sample.gauges["kv_cache_usage"] = (step % 97) / 100
-                for key, histogram in sample.histograms.items():
-                    counts = tuple(c + i for i, c in enumerate(histogram.counts))
-                    sample.histograms[key] = Histogram(
-                        histogram.bounds, counts, histogram.total + 1
-                    )
-                row = _replica_row(session, ids[name], ts, sample)
-                row["resolution"] = MINUTE if ts < now - 2 * 86400 else 0
-                batch.append(row)
-            session.execute(insert(ReplicaSampleRow.__table__), batch)
-        rows += len(batch)
-    return rows
+def say(line: str = "") -> None:
+    print(line, flush=True)
 
 
-def timed(work) -> float:  # type: ignore[no-untyped-def]
-    began = time.perf_counter()
-    work()
-    return time.perf_counter() - began
+def checkout_label(source: Path) -> str:
+    """The checkout's commit, '+changes' when its work tree differs from it."""
+
+    def git(*args: str) -> str:
+        done = subprocess.run(
+            ["git", "-C", str(source), *args], capture_output=True, text=True, check=False
+        )
+        return done.stdout.strip()
+
+    commit = git("rev-parse", "--short", "HEAD") or source.name
+    changed = git("status", "--porcelain", "--untracked-files=no")
+    return commit + ("+changes" if changed else "")
+
+
+def schema_version(source: Path) -> str:
+    """The newest migration a checkout has: a store seeded by one schema is not another's."""
+    versions = sorted((source / "kneepoint" / "migrations" / "versions").glob("[0-9]*.py"))
+    return versions[-1].name.split("_")[0] if versions else "0"
+
+
+def write_config(folder: Path, url: str, replicas: int) -> Path:
+    """The fleet the seeder writes, with a latency SLO and an availability SLO."""
+    nodes = math.ceil(replicas / GPUS)
+    targets: list[dict[str, Any]] = [
+        {
+            "name": replica_name(i),
+            "kind": "vllm",
+            "url": f"http://127.0.0.1/r/{i}/metrics",
+            "gpus": [f"{node_name(i // GPUS)}/{i % GPUS}"],
+        }
+        for i in range(replicas)
+    ] + [
+        {"name": node_name(j), "kind": "dcgm", "url": f"http://127.0.0.1/d/{j}/metrics"}
+        for j in range(nodes)
+    ]
+    config = {
+        "database": url,
+        "scrape_interval": "15s",  # the seeder's raw rows are 15 s apart
+        "evaluation_interval": "15s",
+        "targets": targets,
+        "pricing": {"gpu_hour": {"default": 2.0}},
+        "slos": [
+            {
+                "name": "interactive-ttft",
+                "metric": "ttft",
+                "threshold": "0.5s",
+                "objective": 0.99,
+                "window": "30d",
+            },
+            {"name": "available", "kind": "availability", "objective": 0.99, "window": "30d"},
+        ],
+    }
+    path = folder / f"kneepoint-{replicas}.yaml"
+    path.write_text(yaml.safe_dump(config))
+    return path
+
+
+def worker(source: Path, *args: str) -> str:
+    """Run bench/page_runs.py with `source`'s product code; its progress goes to our stderr."""
+    env = {**os.environ, "PYTHONPATH": str(source)}
+    done = subprocess.run(
+        [sys.executable, str(WORKER), *args],
+        stdout=subprocess.PIPE,
+        text=True,
+        env=env,
+        cwd=source,
+        check=False,
+    )
+    if done.returncode != 0:
+        raise RuntimeError(f"page_runs.py {args[0]} failed with {done.returncode}")
+    return done.stdout
+
+
+def page_titles(source: Path) -> dict[str, str]:
+    """url_path → title, read from the checkout's app/registry.py without importing it."""
+    code = (source / "app" / "registry.py").read_text()
+    found = re.findall(r'PageSpec\(\s*"[^"]+",\s*"([^"]+)",\s*"[^"]+",\s*"([^"]+)"', code)
+    titles = {path: title for title, path in found}
+    return titles
+
+
+def verdict(seconds: float, aim: float) -> str:
+    return "yes" if seconds <= aim else f"no ({seconds / aim:.1f}×)"
+
+
+def table(
+    sources: list[str], results: list[dict[str, Any]], ranges: list[str], titles: dict[str, str]
+) -> list[str]:
+    """The printed table for one fleet size: a column pair (cold, warm) per source."""
+    lines = []
+    head = f"{'page':<22} {'range':>5} |"
+    for label in sources:
+        head += f" {label[:21]:^33} |"
+    lines.append(head)
+    sub = f"{'':<22} {'':>5} |" + f" {'cold s':>7} {'warm s':>7} {'aim':>4} {'met':>11} |" * len(
+        sources
+    )
+    lines.append(sub)
+    errors: list[str] = []
+    pages = [row["page"] for row in results[0]["pages"] if row["range"] == ranges[0]]
+    for label in ranges:
+        for page in pages:
+            line = f"{page:<22} {label:>5} |"
+            for source, result in zip(sources, results, strict=True):
+                row = next(r for r in result["pages"] if r["page"] == page and r["range"] == label)
+                aim = PAGE_AIM.get(label, 1.0)
+                cells = []
+                for kind in ("cold", "warm"):
+                    run = row[kind]
+                    if not run["error"] and run["title"] != titles.get(page):
+                        # The router showed another page than asked: say so, time it anyway.
+                        errors.append(f"{source} {page} {label} {kind}: showed {run['title']!r}")
+                    if run["error"]:
+                        cells.append(f"{'ERROR':>7}")
+                        errors.append(f"{source} {page} {label} {kind}: {run['error']}")
+                    else:
+                        cells.append(f"{run['seconds']:7.2f}")
+                worst = max(row["cold"]["seconds"], row["warm"]["seconds"])
+                met = (
+                    "error" if row["cold"]["error"] or row["warm"]["error"] else verdict(worst, aim)
+                )
+                line += f" {cells[0]} {cells[1]} {aim:4.1f} {met:>11} |"
+            lines.append(line)
+    # Evaluation: burn-rate rounds and plain rounds, median and max of each.
+    for kind, burn in (("evaluation, burn-rate rounds", True), ("evaluation, plain rounds", False)):
+        line = f"{kind:<28} |"
+        for source, result in zip(sources, results, strict=True):
+            rounds = [r for r in result["evaluation"] if r["burn"] == burn]
+            errors += [f"{source} {kind}: {r['error']}" for r in rounds if r["error"]]
+            times = [r["seconds"] for r in rounds]
+            if not times:
+                line += f" {'(none)':>33} |"
+                continue
+            median, most = statistics.median(times), max(times)
+            met = (
+                "yes"
+                if median <= EVAL_MEDIAN_AIM and most <= EVAL_MAX_AIM
+                else f"no ({max(median / EVAL_MEDIAN_AIM, most / EVAL_MAX_AIM):.1f}×)"
+            )
+            line += f" med {median:5.2f} max {most:5.2f} n={len(times):<2} {met:>9} |"
+        lines.append(line)
+    line = f"{'weekly review (7 d)':<28} |"
+    for source, result in zip(sources, results, strict=True):
+        review = result["review"]
+        if review is None:
+            line += f" {'(not run)':>33} |"
+        elif review["error"]:
+            line += f" {'ERROR':>33} |"
+            errors.append(f"{source} weekly review: {review['error']}")
+        else:
+            met = verdict(review["seconds"], REVIEW_AIM)
+            line += f" {review['seconds']:7.2f} s  aim {REVIEW_AIM:4.0f}  {met:>11} |"
+    lines.append(line)
+    lines += [f"error: {e}" for e in errors]
+    return lines
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser()
-    parser.add_argument("--replicas", type=int, default=50)
-    parser.add_argument("--days", type=float, default=7)
-    parser.add_argument("--keep", help="Keep the store in this file and reuse it next time.")
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--replicas", default="4,200,1000", help="fleet sizes, comma-separated")
+    parser.add_argument("--days", type=float, default=7.0, help="days of seeded history")
+    parser.add_argument("--raw-hours", type=float, default=12.0, help="newest hours at 15 s")
+    parser.add_argument("--pages", help="url paths, comma-separated (default: every page)")
+    parser.add_argument("--ranges", default="1h,24h,7d")
+    parser.add_argument("--eval-rounds", type=int, default=8, help="timed rounds, 15 s apart")
+    parser.add_argument("--no-review", action="store_true", help="skip the weekly review")
+    parser.add_argument("--keep", type=Path, help="keep the PostgreSQL cluster in DIR, reuse it")
+    parser.add_argument(
+        "--source",
+        type=Path,
+        action="append",
+        help="a checkout whose product code is timed (repeat to compare; default: this one)",
+    )
+    parser.add_argument("--timeout", type=float, default=900.0, help="a page run's hang guard")
     args = parser.parse_args()
-    with tempfile.TemporaryDirectory() as folder:
-        path = Path(args.keep) if args.keep else Path(folder) / "pages.db"
-        url = f"sqlite:///{path}"
-        reuse = path.exists()
-        sessions = open_store(url)
-        stamp = path.with_suffix(".now")
-        if reuse and stamp.exists():
-            now = float(stamp.read_text())
-        else:
-            now = time.time()
-            began = time.perf_counter()
-            rows = fill(sessions, args.replicas, args.days, now)
-            stamp.write_text(repr(now)) if args.keep else None
-            print(
-                f"store: {args.replicas} replicas × {args.days:g} days = {rows:,} rows "
-                f"(filled in {time.perf_counter() - began:.0f} s)"
-            )
-        # What the collector's rollup job writes a bucket at a time, every 5 minutes; here the
-        # whole history at once (a no-op when a kept store is up to date).
-        began = time.perf_counter()
-        with sessions.begin() as session:
-            written = sum(summarize(session, shape, now) for shape in (REPLICA_SHAPE, GPU_SHAPE))
-        if written:
-            print(f"summaries: {written:,} rows (written in {time.perf_counter() - began:.0f} s)")
-        config = Config(
-            database=url,
-            targets=[
-                Target(name=f"replica-{i:02d}", kind="vllm", url=f"http://r{i}/metrics")
-                for i in range(args.replicas)
-            ],
-        )
-        for label, window in (("1h", 3600.0), ("24h", 86400.0), ("7d", 7 * 86400.0)):
-            with sessions() as session:
-
-                def overview(window: float = window) -> None:
-                    build_status(session, config, now, 300.0)
-                    names = {row.id: n for n, row in queries.targets(session).items()}
-                    frame = queries.replica_frame(
-                        session, now - window, now, columns=SERIES_COLUMNS
+    if args.raw_hours > 48:
+        parser.error("--raw-hours: the raw retention keeps 48 h")
+    sources = [s.resolve() for s in (args.source or [ROOT])]
+    labels = [checkout_label(s) for s in sources]
+    titles = page_titles(sources[0])
+    pages = args.pages.split(",") if args.pages else list(titles)
+    unknown = [p for p in pages if p not in titles]
+    if unknown:
+        parser.error(f"--pages: no page {', '.join(unknown)} (pages: {', '.join(titles)})")
+    ranges = args.ranges.split(",")
+    if any(r not in PAGE_AIM for r in ranges):
+        parser.error(f"--ranges: one of {', '.join(PAGE_AIM)}")
+    sizes = [int(n) for n in args.replicas.split(",")]
+    began = time.perf_counter()
+    say(
+        f"page bench: {', '.join(map(str, sizes))} replicas × {args.days:g} days on PostgreSQL; "
+        f"sources: {', '.join(f'{lab} ({src})' for lab, src in zip(labels, sources, strict=True))}"
+    )
+    cluster: Callable[[], Any] = (
+        (lambda: kept_postgres(args.keep)) if args.keep else throwaway_postgres
+    )
+    with cluster() as database, tempfile.TemporaryDirectory() as folder:
+        for replicas in sizes:
+            results: list[dict[str, Any]] = []
+            for source in sources:
+                name = (
+                    f"pages_{replicas}r_{args.days:g}d_{args.raw_hours:g}h_{schema_version(source)}"
+                ).replace(".", "_")
+                url, _ = database(name)
+                seeded = json.loads(
+                    worker(
+                        source,
+                        "seed",
+                        *("--url", url, "--replicas", str(replicas)),
+                        *("--nodes", str(math.ceil(replicas / GPUS)), "--gpus", str(GPUS)),
+                        *("--days", str(args.days), "--raw-hours", str(args.raw_hours)),
                     )
-                    replica_series(frame, names)
-
-                overview_s = timed(overview)
-                capacity_s = timed(lambda w=window: build_view(session, config, now, w))
-            print(f"range {label:>3}: Overview {overview_s:.2f} s, Capacity {capacity_s:.2f} s")
+                )
+                config = write_config(Path(folder), url, replicas)
+                out = Path(folder) / f"result-{replicas}-{len(results)}.json"
+                say(
+                    f"{replicas} replicas, {labels[len(results)]}: store "
+                    f"{'reused' if seeded['reused'] else 'seeded'}; measuring"
+                )
+                worker(
+                    source,
+                    "measure",
+                    *("--config", str(config), "--app", str(source / "app" / "main.py")),
+                    *("--now", repr(seeded["now"]), "--pages", ",".join(pages)),
+                    *("--ranges", ",".join(ranges), "--eval-rounds", str(args.eval_rounds)),
+                    *(() if args.no_review else ("--review",)),
+                    *("--timeout", str(args.timeout), "--out", str(out)),
+                )
+                results.append(json.loads(out.read_text()))
+            say()
+            say(
+                f"== {replicas} replicas × {args.days:g} days (PostgreSQL; seconds; aim: pages "
+                "≤ 1.0 s at 1 h and 24 h, ≤ 2.0 s at 7 d, cold and warm; evaluation ≤ 1.0 s "
+                "median, ≤ 2.0 s max; review ≤ 30 s)"
+            )
+            for line in table(labels, results, ranges, titles):
+                say(line)
+            say()
+    say(f"done in {(time.perf_counter() - began) / 60:.1f} min")
 
 
 if __name__ == "__main__":

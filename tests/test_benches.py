@@ -143,3 +143,38 @@ def test_bench_scale_runs_end_to_end_at_four_replicas() -> None:
         output,
     )
     line(rf"^done in {NUMBER} min$", output)
+
+
+def test_bench_pages_times_the_router_per_page_cold_and_warm_at_four_replicas() -> None:
+    """Two pages through app/main.py (AppTest), one range, two evaluation rounds (the first
+    enters a new minute: burn rates) and the weekly review, on a PostgreSQL store of 4
+    replicas seeded by bench/scale_seed.py; the table has a row per page with its cold and
+    warm seconds and the aim's verdict, which agrees with the seconds printed."""
+    if _binaries() is None:
+        require_real("no PostgreSQL server (apt-get install postgresql; scripts/setup does it)")
+    output = bench(
+        "bench_pages.py",
+        *("--replicas", "4", "--days", "0.05", "--raw-hours", "1"),
+        *("--pages", "overview,health", "--ranges", "1h", "--eval-rounds", "2"),
+    )
+    line(r"^== 4 replicas × 0\.05 days \(PostgreSQL; seconds; aim: pages ≤ 1\.0 s", output)
+    seen = {}
+    for page in ("overview", "health"):
+        row = line(
+            rf"^{page}\s+1h \|\s+{NUMBER}\s+{NUMBER}\s+1\.0\s+(yes|no \({NUMBER}×\)) \|$", output
+        )
+        cold, warm = float(row[1]), float(row[2])
+        assert cold > 0 and warm > 0
+        worst = max(cold, warm)
+        # Printed rounded: a time near the aim may fall either side.
+        if worst > 1.01:
+            assert row[3].startswith("no"), row[0]
+        elif worst < 0.99:
+            assert row[3] == "yes", row[0]
+        seen[page] = row
+    assert "error:" not in output, output  # both pages ran and showed the page asked for
+    burn = line(rf"^evaluation, burn-rate rounds \| med\s+{NUMBER} max\s+{NUMBER} n=1 ", output)
+    plain = line(rf"^evaluation, plain rounds\s+\| med\s+{NUMBER} max\s+{NUMBER} n=1 ", output)
+    assert float(burn[1]) == float(burn[2]) and float(plain[1]) == float(plain[2])
+    line(rf"^weekly review \(7 d\)\s+\|\s+{NUMBER} s\s+aim\s+30\s+yes \|$", output)
+    line(rf"^done in {NUMBER} min$", output)

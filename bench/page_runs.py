@@ -1,0 +1,212 @@
+"""The page bench's worker (bench/bench_pages.py starts it): runs with the product code of one
+checkout first on sys.path (PYTHONPATH=<checkout>), so the same bench times before and after.
+
+    page_runs.py seed    --url URL --replicas N --nodes N --gpus N --days D --raw-hours H
+    page_runs.py measure --config FILE --app FILE --now T --pages a,b --ranges 1h,24h
+                         [--eval-rounds 8] [--review] --out FILE.json
+
+`seed` fills a PostgreSQL store with bench/scale_seed.py (once: a store it marked as seeded is
+reused) and prints the seeded clock. `measure` runs, in this order:
+
+1. alert evaluation (`alerts.evaluate.evaluate_once`) every 15 s of store time up to the seeded
+   clock, after one untimed round a minute before (the collector's previous round): the
+   rounds that enter a new minute recompute the SLO burn rates (burn-rate rounds), the others
+   do not (plain rounds);
+2. every page as its router runs it: the whole script run of app/main.py with
+   ?page=<url_path>&range=<range> through streamlit.testing.v1.AppTest, cold (after
+   st.cache_data.clear()) and warm (a second session 5 s later by the app's clock: the same
+   collection round, no new data);
+3. the weekly review (`review.weekly.build_report`, 7 days).
+
+The app's clock (time.time) is set back to the seeded clock at the start of each run and runs
+on in real time from there, so that the store's data is as fresh as a collector would keep it
+however long the bench has been running; evaluation and review are given the time directly.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+import time
+import traceback
+from pathlib import Path
+from typing import Any
+
+_real_time = time.time
+_clock = {"base": 0.0, "mark": 0.0, "set": False}
+
+
+def _bench_time() -> float:
+    if not _clock["set"]:
+        return _real_time()
+    return _clock["base"] + (time.perf_counter() - _clock["mark"])
+
+
+def set_clock(at: float) -> None:
+    """From now on time.time() reads `at`, advancing in real time."""
+    _clock.update(base=at, mark=time.perf_counter(), set=True)
+
+
+# Before any product or Streamlit import: a module that did `from time import time` gets this.
+time.time = _bench_time
+
+RANGES = {"1h": 3600.0, "24h": 86400.0, "7d": 7 * 86400.0}
+
+
+def say(line: str) -> None:
+    print(line, file=sys.stderr, flush=True)
+
+
+def seed(args: argparse.Namespace) -> None:
+    from sqlalchemy import text
+
+    from kneepoint.store.db import open_store
+
+    sys.path.insert(0, str(Path(__file__).resolve().parent))
+    from scale_seed import Seeder
+
+    sessions = open_store(args.url)
+    with sessions() as session:
+        marked = session.execute(
+            text("SELECT 1 FROM information_schema.tables WHERE table_name = 'bench_seeded'")
+        ).first()
+        if marked:
+            now = float(session.execute(text("SELECT now_ts FROM bench_seeded")).scalar_one())
+            print(json.dumps({"now": now, "reused": True}))
+            return
+        started = session.execute(text("SELECT count(*) FROM targets")).scalar_one()
+    if started:  # an interrupted seed: start again on an empty schema
+        with sessions.begin() as session:
+            session.execute(text("DROP SCHEMA public CASCADE"))
+            session.execute(text("CREATE SCHEMA public"))
+        sessions = open_store(args.url)
+    seeder = Seeder(
+        sessions, args.replicas, args.nodes, args.gpus, _real_time(), args.days, args.raw_hours, say
+    )
+    seeder.run()
+    with sessions.begin() as session:
+        session.execute(text("CREATE TABLE bench_seeded (now_ts float8)"))
+        session.execute(text("INSERT INTO bench_seeded VALUES (:t)"), {"t": seeder.now})
+    print(json.dumps({"now": seeder.now, "reused": False}))
+
+
+def error_of(exc: BaseException) -> str:
+    return f"{type(exc).__name__}: {str(exc).splitlines()[0] if str(exc) else ''}"[:200]
+
+
+def evaluation(config: Any, sessions: Any, now: float, rounds: int) -> list[dict[str, Any]]:
+    from alerts.evaluate import evaluate_once
+
+    # The timed rounds start on a minute (a burn-rate round), so that 2 rounds are one of each.
+    first = (now - 15 * (rounds - 1)) // 60 * 60
+    times = [first - 60] + [first + 15 * i for i in range(rounds)]
+    done: list[dict[str, Any]] = []
+    for number, at in enumerate(times):
+        burn = number == 0 or at // 60 != times[number - 1] // 60
+        began = time.perf_counter()
+        try:
+            with sessions.begin() as session:
+                evaluate_once(session, config, at)
+            error = None
+        except Exception as exc:  # reported in the table, never a crashed bench
+            error = error_of(exc)
+            say(traceback.format_exc())
+        seconds = time.perf_counter() - began
+        if number:  # the first round stands for the collector's previous one: untimed
+            done.append({"at": at, "burn": burn, "seconds": seconds, "error": error})
+        say(f"  evaluation at {at:.0f}: {seconds:.2f} s{' (burn rates)' if burn else ''}")
+    return done
+
+
+def page_run(app_file: str, path: str, label: str, timeout: float) -> dict[str, Any]:
+    from streamlit.logger import set_log_level
+    from streamlit.testing.v1 import AppTest
+
+    set_log_level("error")  # AppTest's bare-mode warnings (its config resets the level)
+    began = time.perf_counter()
+    try:
+        app = AppTest.from_file(app_file, default_timeout=timeout)
+        app.query_params["page"] = path
+        app.query_params["range"] = label
+        app.run()
+        seconds = time.perf_counter() - began
+        error = "; ".join(error_of(Exception(e.value)) for e in app.exception) or None
+        title = app.title[0].value if len(app.title) else None
+    except Exception as exc:
+        seconds, error, title = time.perf_counter() - began, error_of(exc), None
+    return {"seconds": seconds, "error": error, "title": title}
+
+
+def measure(args: argparse.Namespace) -> None:
+    import os
+
+    os.environ["KNEEPOINT_CONFIG"] = args.config
+    # AppTest puts the page's folder (app/screens, with alerts.py) first on sys.path: the
+    # alerts package must be imported before, as tests/app do.
+    import streamlit as st
+    from streamlit.logger import set_log_level
+
+    import alerts.evaluate  # noqa: F401
+
+    set_log_level("error")  # AppTest's bare-mode warnings, once per run
+
+    from kneepoint.config import load_config
+    from kneepoint.store.db import connect_store
+
+    config = load_config(args.config)
+    sessions = connect_store(config.database)
+    results: dict[str, Any] = {"evaluation": [], "pages": [], "review": None}
+    if args.eval_rounds:
+        results["evaluation"] = evaluation(config, sessions, args.now, args.eval_rounds)
+    for label in args.ranges.split(","):
+        for path in args.pages.split(","):
+            row: dict[str, Any] = {"page": path, "range": label}
+            st.cache_data.clear()
+            set_clock(args.now)
+            row["cold"] = page_run(args.app, path, label, args.timeout)
+            set_clock(args.now + 5)  # a click or a second session, same collection round
+            row["warm"] = page_run(args.app, path, label, args.timeout)
+            say(
+                f"  {path} {label}: cold {row['cold']['seconds']:.2f} s, "
+                f"warm {row['warm']['seconds']:.2f} s"
+                + (f" ERROR {row['cold']['error']}" if row["cold"]["error"] else "")
+            )
+            results["pages"].append(row)
+    if args.review:
+        from review.weekly import build_report
+
+        began = time.perf_counter()
+        try:
+            with sessions() as session:
+                build_report(session, config, args.now - args.now % 300, 7 * 86400.0)
+            error = None
+        except Exception as exc:
+            error = error_of(exc)
+        results["review"] = {"seconds": time.perf_counter() - began, "error": error}
+        say(f"  weekly review: {results['review']['seconds']:.2f} s")
+    Path(args.out).write_text(json.dumps(results))
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser()
+    commands = parser.add_subparsers(dest="command", required=True)
+    seeding = commands.add_parser("seed")
+    seeding.add_argument("--url", required=True)
+    for name in ("replicas", "nodes", "gpus"):
+        seeding.add_argument(f"--{name}", type=int, required=True)
+    seeding.add_argument("--days", type=float, required=True)
+    seeding.add_argument("--raw-hours", type=float, required=True)
+    measuring = commands.add_parser("measure")
+    for name in ("config", "app", "pages", "ranges", "out"):
+        measuring.add_argument(f"--{name}", required=True)
+    measuring.add_argument("--now", type=float, required=True)
+    measuring.add_argument("--eval-rounds", type=int, default=8)
+    measuring.add_argument("--review", action="store_true")
+    measuring.add_argument("--timeout", type=float, default=900.0)
+    args = parser.parse_args()
+    seed(args) if args.command == "seed" else measure(args)
+
+
+if __name__ == "__main__":
+    main()

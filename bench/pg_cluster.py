@@ -1,0 +1,75 @@
+"""PostgreSQL for the page bench: the throwaway cluster of tests/postgres.py, or (--keep DIR) a
+cluster kept in DIR between runs, so that a store seeded once (1,000 replicas × 7 days: about
+6 minutes and 12 GB) serves many runs.
+
+The kept cluster is started the way tests/postgres.py starts its throwaway one (Debian's
+binaries, loopback only, trusted connections, fsync off); tests/postgres.py has no way to keep
+its folder, hence the few lines of initdb/pg_ctl here."""
+
+from __future__ import annotations
+
+import os
+import shutil
+import subprocess
+import sys
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(ROOT))
+
+from tests.conftest import free_port  # noqa: E402
+from tests.postgres import _binaries, running_postgres  # noqa: E402
+
+
+@contextmanager
+def kept_postgres(folder: Path) -> Iterator[Callable[[str], tuple[str, bool]]]:
+    """A cluster whose data lives in `folder` (made on first use). Yields `database(name)`,
+    which returns the SQLAlchemy URL of database `name` and whether it already existed."""
+    import psycopg
+
+    bin_dir = _binaries()
+    if bin_dir is None:
+        raise SystemExit("no PostgreSQL server (apt-get install postgresql; scripts/setup does it)")
+    # PostgreSQL refuses to run as root: as root, the cluster belongs to `postgres`.
+    as_user = ["runuser", "-u", "postgres", "--"] if os.geteuid() == 0 else []
+    folder = folder.resolve()
+    folder.mkdir(parents=True, exist_ok=True)
+    if as_user:
+        shutil.chown(folder, "postgres")
+    data, port = folder / "data", free_port()
+
+    def run(*command: str) -> None:
+        done = subprocess.run([*as_user, *command], capture_output=True, text=True, check=False)
+        if done.returncode != 0:
+            raise RuntimeError(f"{command[0]} failed: {done.stdout[-2000:]}{done.stderr[-2000:]}")
+
+    if not (data / "PG_VERSION").exists():
+        run(f"{bin_dir}/initdb", "-D", str(data), "-U", "kneepoint", "--auth=trust", "-E", "UTF8")
+    options = f"-p {port} -k {folder} -c listen_addresses=127.0.0.1 -c fsync=off"
+    run(f"{bin_dir}/pg_ctl", "-D", str(data), "-o", options, "-l", f"{folder}/log", "-w", "start")
+
+    def database(name: str) -> tuple[str, bool]:
+        with psycopg.connect(
+            f"host=127.0.0.1 port={port} user=kneepoint dbname=postgres", autocommit=True
+        ) as connection:
+            found = connection.execute(
+                "SELECT 1 FROM pg_database WHERE datname = %s", (name,)
+            ).fetchone()
+            if not found:
+                connection.execute(f'CREATE DATABASE "{name}"')
+        return f"postgresql+psycopg://kneepoint@127.0.0.1:{port}/{name}", bool(found)
+
+    try:
+        yield database
+    finally:
+        run(f"{bin_dir}/pg_ctl", "-D", str(data), "-m", "fast", "stop")
+
+
+@contextmanager
+def throwaway_postgres() -> Iterator[Callable[[str], tuple[str, bool]]]:
+    """tests/postgres.py's throwaway cluster, with the same `database(name)` as kept_postgres
+    (every database is new: the cluster is removed at the end)."""
+    with running_postgres() as fresh:
+        yield lambda name: (fresh(), False)
