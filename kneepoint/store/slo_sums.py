@@ -129,14 +129,34 @@ def _layout(text: object) -> str:
 
 def signatures(frame: pd.DataFrame) -> list[str]:
     """Per row: which availability counters it knows, and each histogram's layout."""
-    known = frame[list(AVAILABILITY)].notna().astype(int).astype(str).agg("".join, axis=1)
-    layouts = [
-        frame[c].map(_layout) if c in frame else pd.Series("", frame.index) for c in HIST_COLUMNS
-    ]
-    return [
-        f"{k}|{','.join(parts)}"
-        for k, *parts in zip(known.tolist(), *(s.tolist() for s in layouts), strict=True)
-    ]
+    known = frame[list(AVAILABILITY)].notna().to_numpy()
+    bits = ["".join("1" if k else "0" for k in row) for row in known.tolist()]
+    layouts = [frame[c].map(_layout).tolist() for c in HIST_COLUMNS]
+    return [f"{k}|{','.join(parts)}" for k, *parts in zip(bits, *layouts, strict=True)]
+
+
+@dataclass
+class _Rows:
+    """A frame's columns as plain lists, converted once (pandas per bucket costs more)."""
+
+    ts: list[float]
+    sigs: list[str]
+    values: dict[str, list[float]]  # NaN where unknown
+    texts: dict[str, list[Any]]
+    went_down: list[bool]  # a counter went down from the target's previous row
+
+    @staticmethod
+    def of(frame: pd.DataFrame) -> _Rows:
+        values = frame[list(COLUMNS)].astype(float)
+        groups = frame.target_id
+        down = (values.groupby(groups).ffill().groupby(groups).diff() < 0).any(axis=1)
+        return _Rows(
+            frame.ts.astype(float).tolist(),
+            signatures(frame),
+            {name: values[name].tolist() for name in AVAILABILITY},
+            {c: frame[c].tolist() for c in HIST_COLUMNS},
+            down.tolist(),
+        )
 
 
 def stretch(
@@ -148,41 +168,40 @@ def stretch(
     step from `before` (its last sample) into the first, the raw values at the last, the
     rows' signatures and the first sample's time. Histograms are decoded at the ends and
     around counter resets only."""
-    sigs = signatures(rows)
-    ts = rows.ts.astype(float).tolist()
-    values = rows[list(COLUMNS)].astype(float)
-    went_down = (values.ffill().diff() < 0).any(axis=1).to_numpy()
-    inner = Part(n=len(rows), s=ts[-1] - ts[0])
+    return _stretch(_Rows.of(rows), 0, len(rows), layouts, before)
+
+
+def _stretch(
+    rows: _Rows, first: int, end: int, layouts: dict[int, tuple[float, ...]], before: Carry | None
+) -> tuple[Part, Part, Values, list[str], float]:
+    sigs = rows.sigs[first:end]
+    ts = rows.ts[first:end]
+    inner = Part(n=end - first, s=ts[-1] - ts[0])
     entry = Part()
     previous = before.values["c"] if before is not None else {}
+    last_values: Values = {"c": {}, "h": {}}
     for name in AVAILABILITY:
-        column = values[name].tolist()
-        known = [v for v in column if not math.isnan(v)]
+        known = [v for v in rows.values[name][first:end] if not math.isnan(v)]
         inner.c[name] = sum(step(a, b) for a, b in itertools.pairwise(known))
         last_known = previous.get(name)
         if before is not None and known and last_known is not None:
             entry.c[name] = step(last_known, known[0])
-    resets = [int(i) for i in went_down.nonzero()[0]]
-    edges = sorted({0, len(rows) - 1, *resets, *(i - 1 for i in resets if i > 0)})
-    last_values: Values = {"c": {}, "h": {}}
-    for name in AVAILABILITY:
-        known = [v for v in values[name].tolist() if not math.isnan(v)]
-        fallback = previous.get(name) if before is not None else None
-        last_values["c"][name] = known[-1] if known else fallback
+        last_values["c"][name] = known[-1] if known else last_known
+    resets = [i - first for i in range(first + 1, end) if rows.went_down[i]]
+    edges = sorted({0, end - first - 1, *resets, *(i - 1 for i in resets)})
     for name, column in zip(HISTOGRAMS, HIST_COLUMNS, strict=True):
-        texts = rows[column].tolist() if column in rows else [None] * len(rows)
-        decoded = [d for d in (_hist(texts[i], layouts) for i in edges) if d is not None]
+        texts = rows.texts[column]
+        decoded = [d for d in (_hist(texts[first + i], layouts) for i in edges) if d is not None]
         total = [0.0] * len(decoded[0]) if decoded else []
         for a, b in itertools.pairwise(decoded):
             if len(a) == len(b):
                 total = [x + y for x, y in zip(total, _steps(a, b), strict=True)]
+        earlier = before.values["h"].get(name) if before is not None else None
         if decoded:
             inner.h[name] = total
-            earlier = before.values["h"].get(name) if before is not None else None
             if earlier is not None and len(earlier) == len(decoded[0]):
                 entry.h[name] = _steps(earlier, decoded[0])
-        earlier_h = before.values["h"].get(name) if before is not None else None
-        last_values["h"][name] = decoded[-1] if decoded else earlier_h
+        last_values["h"][name] = decoded[-1] if decoded else earlier
     if before is not None:
         entry.s = ts[0] - before.last_ts
     return inner, entry, last_values, sigs, ts[0]
@@ -199,27 +218,33 @@ def bucket_rows(
     out: list[dict[str, Any]] = []
     if frame.empty:
         return out
-    keys = (frame.ts.astype(float) // bucket) * bucket
-    for (target_id, start), rows in frame.groupby([frame.target_id.astype(int), keys], sort=True):
-        before = carry.get(int(target_id))
-        inner, entry, last_values, sigs, _ = stretch(rows, layouts, before)
+    frame = frame.reset_index(drop=True)
+    rows = _Rows.of(frame)
+    targets = frame.target_id.astype(int).tolist()
+    keys = [math.floor(t / bucket) * bucket for t in rows.ts]
+    first = 0
+    for end in range(1, len(targets) + 1):
+        if end < len(targets) and (targets[end], keys[end]) == (targets[first], keys[first]):
+            continue
+        target_id, start = targets[first], keys[first]
+        before = carry.get(target_id)
+        inner, entry, last_values, sigs, _ = _stretch(rows, first, end, layouts, before)
         inner_break = len(set(sigs)) > 1
         entry_break = before is not None and before.sig != sigs[0]
-        # A histogram whose layout changed starts its running sum again (never read across).
         base = before.sums if before is not None else Part()
         sums = base.plus(entry).plus(inner)
-        sums.n = base.n + inner.n
+        # A histogram whose layout changed starts its running sum again (never read across:
+        # the change is a break).
         for name in list(sums.h):
             if name in inner.h and len(sums.h[name]) != len(inner.h[name]):
                 sums.h[name] = list(inner.h[name])
         breaks = (before.breaks if before is not None else 0) + int(inner_break) + int(entry_break)
-        ts = rows.ts.astype(float)
         out.append(
             {
-                "target_id": int(target_id),
+                "target_id": target_id,
                 "bucket": float(start),
-                "first_ts": float(ts.iloc[0]),
-                "last_ts": float(ts.iloc[-1]),
+                "first_ts": rows.ts[first],
+                "last_ts": rows.ts[end - 1],
                 "sig": sigs[-1],
                 "inner_break": inner_break,
                 "entry_break": entry_break,
@@ -229,7 +254,8 @@ def bucket_rows(
                 "last": json.dumps(last_values),
             }
         )
-        carry[int(target_id)] = Carry(float(ts.iloc[-1]), sigs[-1], last_values, sums, breaks)
+        carry[target_id] = Carry(rows.ts[end - 1], sigs[-1], last_values, sums, breaks)
+        first = end
     return out
 
 
