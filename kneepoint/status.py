@@ -191,6 +191,7 @@ def _hit_rate(
 
 
 HIT_COUNTERS = ("prefix_cache_hits", "prefix_cache_queries")
+GAUGE = "prefix_cache_hit_rate_gauge"
 
 
 def hit_rates(session: Session, config: Config, now: float, window: float) -> dict[str, Any]:
@@ -199,11 +200,28 @@ def hit_rates(session: Session, config: Config, now: float, window: float) -> di
     {prefix_cache_hit_rate}), from the two counters and the engine's own gauge alone: alert
     evaluation's one-hour baseline, without a whole status (histograms, GPUs, stalls)."""
     rows = queries.targets(session)
-    samples = queries.replica_frame(
-        session, now - window, now, columns=(*HIT_COUNTERS, "prefix_cache_hit_rate_gauge")
+    # The database computes each replica's two increases and returns its last row: one row
+    # per replica, where reading the hour's rows was 241,000 at 1,000 replicas.
+    found = queries.counter_windows(
+        session, now - window, now, HIT_COUNTERS, ("prefix_cache_queries", GAUGE)
     )
-    deltas = counter_deltas(samples, HIT_COUNTERS)
-    latest = _last_rows(samples)
+    deltas: dict[int, dict[str, float | None]] = {}
+    latest: dict[int, dict[str, Any]] = {}
+    gaps: list[int] = []  # targets missing a counter at some rows: computed from their rows
+    for record in found.to_dict("records"):
+        target_id = int(record["target_id"])
+        latest[target_id] = {c: record[f"last_{c}"] for c in ("prefix_cache_queries", GAUGE)}
+        if record["rows"] < 2:
+            deltas[target_id] = {}
+        elif any(_value(record, c) is None and record[f"{c}_known"] > 0 for c in HIT_COUNTERS):
+            gaps.append(target_id)
+        else:
+            deltas[target_id] = {
+                c: float(record[c]) if record[f"{c}_known"] >= 2 else None for c in HIT_COUNTERS
+            }
+    if gaps:
+        samples = queries.replica_frame(session, now - window, now, gaps, columns=HIT_COUNTERS)
+        deltas.update(counter_deltas(samples, HIT_COUNTERS))
     kinds: dict[str, str] = {}
     for target in config.targets:
         kinds.setdefault(target.name, target.kind)

@@ -23,10 +23,12 @@ from sqlalchemy import (
     Table,
     Text,
     and_,
+    case,
     func,
     literal,
     or_,
     select,
+    union_all,
 )
 from sqlalchemy.orm import Session
 
@@ -429,4 +431,193 @@ def notifications(
         .order_by(table.c.id.desc())
         .limit(limit)
     )
+    return read_frame(session, query)
+
+
+# --- aggregates computed by the database ---------------------------------------------------
+# A week of a fleet is millions of rows; the pages and evaluation need a few numbers per
+# replica or per interval from them. These return those numbers, computed in SQL (window
+# functions: SQLite ≥ 3.25, PostgreSQL), from exactly the rows replica_frame would read.
+
+
+def _range_rows(
+    samples: Table,
+    rollups: Table,
+    key: str,
+    keys: list[int],
+    start: float,
+    end: float,
+    columns: Sequence[str],
+    pieces: list[Piece],
+) -> Any:
+    """The rows `_tiered` reads for these `pieces` as one selectable (key, ts, columns),
+    unordered: each piece's rows, and where a key's first row is a summary row, the
+    samples from `start` up to it in its place (as `_from_first_sample`: a sample wins over
+    a summary row of the same time)."""
+
+    def piece(number: int, low: float, high: float, resolution: int) -> Select[Any]:
+        table = samples if resolution == RAW else rollups
+        closed = number == len(pieces) - 1
+        where: list[ColumnElement[bool]] = [
+            table.c[key].in_(keys),
+            table.c.ts >= low,
+            table.c.ts <= high if closed else table.c.ts < high,
+        ]
+        if resolution != RAW:
+            where.append(table.c.resolution == resolution)
+        return select(
+            table.c[key].label(key),
+            table.c.ts.label("ts"),
+            *(table.c[c].label(c) for c in columns),
+            literal(int(resolution != RAW), Integer).label("summary"),
+        ).where(*where)
+
+    parts = [piece(n, low, high, resolution) for n, (low, high, resolution) in enumerate(pieces)]
+    if len(parts) == 1:  # one piece: _tiered reads no head either
+        return parts[0].subquery("range_rows")
+    rows = union_all(*parts).cte("pieces")
+    firsts = (
+        select(rows.c[key], func.min(rows.c.ts).label("first_ts"))
+        .group_by(rows.c[key])
+        .subquery("firsts")
+    )
+    late = (
+        select(rows.c[key], rows.c.ts)
+        .join(firsts, and_(rows.c[key] == firsts.c[key], rows.c.ts == firsts.c.first_ts))
+        .where(rows.c.summary == 1)
+        .subquery("late")
+    )
+    head = (
+        select(
+            samples.c[key].label(key),
+            samples.c.ts.label("ts"),
+            *(samples.c[c].label(c) for c in columns),
+            literal(0, Integer).label("summary"),
+        )
+        .join(late, and_(samples.c[key] == late.c[key], samples.c.ts <= late.c.ts))
+        .where(samples.c.ts >= start)
+        .cte("head")
+    )
+    replaced = select(head.c.ts).where(head.c[key] == rows.c[key], head.c.ts == rows.c.ts)
+    return union_all(
+        select(head),
+        select(rows).where(~replaced.exists()),
+    ).subquery("range_rows")
+
+
+def _bucket_of(session: Session, ts: Any, seconds: int) -> Any:
+    """The start of the `seconds`-long interval (aligned to the epoch, as pandas' Grouper
+    aligns 5 minutes to midnight) holding `ts`: floor, on each database."""
+    if session.get_bind().dialect.name == "postgresql":
+        return func.floor(ts / seconds) * seconds
+    # SQLite has floor() only when built with its math functions; times are positive, and
+    # CAST truncates toward zero.
+    return func.cast(ts / seconds, Integer) * seconds
+
+
+def fleet_intervals(
+    session: Session,
+    start: float,
+    end: float,
+    seconds: int,
+    increases: Sequence[str],
+    coarsest: int | None = None,
+) -> tuple[pd.DataFrame, int]:
+    """The fleet per `seconds`-long interval of [start, end]: each counter of `increases`
+    increased (`d_<counter>`, summed over replicas; a fall is a reset: the new value is the
+    increase, as series.replica_series counts it) and the seconds between each replica's
+    rows (`seconds`), by the interval each row falls in; with the number of replicas that
+    have rows. The rows read are replica_frame's; only one row per interval comes back."""
+    keys = list(session.scalars(select(TargetRow.id)))
+    if coarsest is None:
+        coarsest = coarsest_for(end - start)
+    pieces = plan(start, end, reach(session, REPLICA_ROLLUPS) if coarsest else {}, coarsest)
+    rows = _range_rows(
+        REPLICA_SAMPLES, REPLICA_ROLLUPS, "target_id", keys, start, end, increases, pieces
+    )
+    order = {"partition_by": rows.c.target_id, "order_by": rows.c.ts}
+    steps = select(
+        rows.c.target_id,
+        _bucket_of(session, rows.c.ts, seconds).label("bucket"),
+        (rows.c.ts - func.lag(rows.c.ts).over(**order)).label("seconds"),
+        # 1 at each replica's first row: their sum counts the replicas with rows.
+        case((func.lag(rows.c.ts).over(**order).is_(None), 1), else_=0).label("first"),
+        *(
+            case(
+                ((rows.c[c] - func.lag(rows.c[c]).over(**order)) < 0, rows.c[c]),
+                else_=rows.c[c] - func.lag(rows.c[c]).over(**order),
+            ).label(f"d_{c}")
+            for c in increases
+        ),
+    ).subquery("steps")
+    # pandas sums skip missing values and give 0 where all are missing: COALESCE(SUM, 0).
+    query = (
+        select(
+            steps.c.bucket,
+            func.coalesce(func.sum(steps.c.seconds), 0.0).label("seconds"),
+            func.sum(steps.c.first).label("firsts"),
+            *(
+                func.coalesce(func.sum(steps.c[f"d_{c}"]), 0.0).label(f"d_{c}")
+                for c in increases
+            ),
+        )
+        .group_by(steps.c.bucket)
+        .order_by(steps.c.bucket)
+    )
+    frame = read_frame(session, query)
+    replicas = int(frame.pop("firsts").sum()) if len(frame) else 0
+    return frame, replicas
+
+
+def counter_windows(
+    session: Session,
+    start: float,
+    end: float,
+    counters: Sequence[str],
+    last_columns: Sequence[str],
+) -> pd.DataFrame:
+    """Per target with replica rows in [start, end] (replica_frame's rows): `rows`, each
+    counter's increase over them (`<counter>`: a fall is a reset whose new value is the
+    increase, as derived.window._increases counts) and how many rows know it
+    (`<counter>_known`), and the last row's `last_columns` (`last_<column>`). Computed in
+    SQL, one sort and one pass: one row per target comes back, not every sample.
+
+    The increase steps from row to row, so it is left None where a counter is missing at
+    some of a target's rows but not all (`_increases` then steps over the gap from the last
+    known value): the caller computes those few targets from their rows."""
+    keys = list(session.scalars(select(TargetRow.id)))
+    coarsest = coarsest_for(end - start)
+    pieces = plan(start, end, reach(session, REPLICA_ROLLUPS) if coarsest else {}, coarsest)
+    wanted = list(dict.fromkeys([*counters, *last_columns]))
+    rows = _range_rows(
+        REPLICA_SAMPLES, REPLICA_ROLLUPS, "target_id", keys, start, end, wanted, pieces
+    )
+    order = {"partition_by": rows.c.target_id, "order_by": rows.c.ts}
+    steps = select(
+        rows.c.target_id,
+        *(rows.c[c] for c in wanted),
+        *(func.lag(rows.c[c]).over(**order).label(f"prev_{c}") for c in counters),
+        func.lead(rows.c.ts).over(**order).label("next_ts"),
+    ).subquery("steps")
+    increases = []
+    for name in counters:
+        value, prev = steps.c[name], steps.c[f"prev_{name}"]
+        known = func.count(value)
+        total = func.sum(
+            case((prev.is_(None), 0.0), (value < prev, value), else_=value - prev)
+        )
+        increases += [
+            case((or_(known == func.count(), known == 0), total)).label(name),
+            known.label(f"{name}_known"),
+        ]
+    query = select(
+        steps.c.target_id,
+        func.count().label("rows"),
+        *increases,
+        # The last row is the one with no row after it.
+        *(
+            func.max(case((steps.c.next_ts.is_(None), steps.c[c]))).label(f"last_{c}")
+            for c in last_columns
+        ),
+    ).group_by(steps.c.target_id)
     return read_frame(session, query)
