@@ -1,29 +1,35 @@
 """Side by side with a real Prometheus: the same fleet-twin targets (by default 50: 40 vLLM
 replicas, 10 dcgm-exporters with 4 GPUs each, light agent traffic) scraped by kneepoint's
-collector and by Prometheus at the same interval for the same minutes.
+collector and by Prometheus at the same interval for the same minutes, each evaluating the
+same rules.
 
     .venv/bin/python bench/bench_prometheus.py [--targets 50] [--minutes 3] [--interval 5]
-        [--sessions 10] [--profile FILE] [--stages ROUNDS]
+        [--evaluation 15] [--sessions 10] [--source DIR] [--profile FILE] [--stages ROUNDS]
 
 `--targets N`: a fifth of them dcgm-exporters, the rest vLLM replicas spread over their GPUs
 (500: 100 nodes, 400 replicas). The twin (servers, engines, agent traffic: `--sessions`
 concurrent agent sessions in all, so a large fleet is lightly loaded) runs in a child
-process, so kneepoint's process holds nothing but the collector.
+process. kneepoint's collector is `kneepoint collect` in its own process, every job of it
+running (scrape, alert evaluation every `--evaluation` seconds, rollups, delivery, the
+cluster beat), with a config of the twin's targets, the built-in rules and two SLOs;
+Prometheus gets the rules `kneepoint alerts export` writes for that config, evaluated at the
+same interval. `--source DIR` runs the collector (and the export) of another checkout, e.g.
+a `git worktree` of an older commit, with this bench.
 
-Prints CPU seconds per target-scrape and bytes stored per target-day for each, and their
-ratios. kneepoint's CPU is its collection thread's (HTTP, parse, normalize, store), with its
-whole process's beside it; Prometheus's is its process's, from /proc. Storage: kneepoint's
-database growth at full resolution (before rollups); Prometheus's chunk bytes in a snapshot
-block of its head (index bytes, a per-block cost, reported apart). `--profile FILE` writes a
-cProfile of kneepoint's rounds (CPU time of the thread, not wall time) to FILE after the run;
-`--stages ROUNDS` runs that many more rounds after the side by side, timing each stage (fetch,
-parse, normalize, store) on the collection thread's CPU clock.
+Prints CPU per target-scrape of each whole process tree (utime + stime of every process in
+it, from /proc, over the measured span) and their ratio; the share of the collector's CPU
+each job took (thread CPU clock around each job run) and the rest (the scheduler, job-health
+records); bytes stored per target-day for each. Storage: kneepoint's database growth at full
+resolution (before rollups); Prometheus's chunk bytes in a snapshot block of its head (index
+bytes, a per-block cost, reported apart). `--profile FILE` writes a cProfile of the
+collector's job runs (CPU time of their threads) to FILE after the run; `--stages ROUNDS`
+then runs that many more rounds in this process, timing each stage of a collection round
+(fetch, parse, normalize, store) on the thread's CPU clock.
 """
 
 from __future__ import annotations
 
 import argparse
-import cProfile
 import math
 import multiprocessing
 import os
@@ -42,15 +48,38 @@ import yaml
 from sqlalchemy.orm import Session, sessionmaker
 
 ROOT = Path(__file__).resolve().parent.parent
-sys.path.insert(0, str(ROOT))
+BENCH = Path(__file__).resolve().parent
+
+
+def _source() -> Path:
+    """--source DIR, read before the imports below so that they come from that tree."""
+    for position, argument in enumerate(sys.argv):
+        if argument == "--source" and position + 1 < len(sys.argv):
+            return Path(sys.argv[position + 1]).resolve()
+        if argument.startswith("--source="):
+            return Path(argument.split("=", 1)[1]).resolve()
+    return ROOT
+
+
+SOURCE = _source()
+sys.path[:0] = [str(SOURCE), str(BENCH)]
+
+from collector_process import (  # noqa: E402
+    job_cpu,
+    kneepoint,
+    start_collector,
+    stop_collector,
+    tree_cpu,
+    wait_for_rows,
+    write_config,
+)
 
 import collectors.collect  # noqa: E402
 import collectors.dcgm  # noqa: E402
 import collectors.vllm  # noqa: E402
-from collectors.collect import collect_once, store_fetched  # noqa: E402
+from collectors.collect import store_fetched  # noqa: E402
 from collectors.scrape import fetch_all  # noqa: E402
-from kneepoint.config import Config, Target  # noqa: E402
-from kneepoint.secrets import SecretURL  # noqa: E402
+from kneepoint.config import Config, load_config  # noqa: E402
 from kneepoint.store.db import open_store  # noqa: E402
 from kneepoint.twin.fleet import Fleet, FleetSpec  # noqa: E402
 from kneepoint.twin.traffic import Group, Traffic  # noqa: E402
@@ -158,12 +187,42 @@ def ready(url: str) -> bool:
         return False
 
 
+def stored_scrapes(database: Path, since: float, until: float) -> tuple[int, int, Counter[str]]:
+    """Target-scrapes the collector stored in [since, until): replica samples plus node
+    (dcgm) scrapes, and the scrape errors it recorded, by their gist."""
+    import sqlite3
+
+    with sqlite3.connect(database, timeout=30) as connection:
+        replicas = connection.execute(
+            "SELECT count(*) FROM replica_samples WHERE ts >= ? AND ts < ?", (since, until)
+        ).fetchone()[0]
+        nodes = connection.execute(
+            "SELECT count(*) FROM (SELECT DISTINCT g.target_id, s.ts FROM gpu_samples s "
+            "JOIN gpus g ON g.id = s.gpu_id WHERE s.ts >= ? AND s.ts < ?)",
+            (since, until),
+        ).fetchone()[0]
+        errors = connection.execute(
+            "SELECT error FROM scrape_errors WHERE ts >= ? AND ts < ?", (since, until)
+        ).fetchall()
+    return replicas + nodes, len(errors), Counter(_gist(e) for (e,) in errors)
+
+
+def checkpoint(database: Path) -> None:
+    """Fold the WAL into the database file, so that its size is the data's."""
+    import sqlite3
+
+    with sqlite3.connect(database, timeout=30) as connection:
+        connection.execute("PRAGMA wal_checkpoint(TRUNCATE)")
+
+
 def main() -> None:
     parser = argparse.ArgumentParser()
     parser.add_argument("--minutes", type=float, default=3.0)
     parser.add_argument("--interval", type=float, default=5.0)
+    parser.add_argument("--evaluation", type=float, default=15.0, help="rule evaluation, s")
     parser.add_argument("--targets", type=int, default=50)
     parser.add_argument("--sessions", type=float, default=10.0)
+    parser.add_argument("--source", type=Path, default=ROOT, help="the collector's checkout")
     parser.add_argument("--profile", type=Path, default=None)
     parser.add_argument("--stages", type=int, default=0, help="rounds timed stage by stage")
     args = parser.parse_args()
@@ -175,23 +234,33 @@ def main() -> None:
         target=serve_twin, args=(args.targets, args.sessions, twin_end), daemon=True
     )
     twin.start()
-    targets = [
-        Target(name=name, kind=kind, url=SecretURL(url), gpus=gpus)
-        for name, kind, url, gpus in ours_end.recv()
-    ]
+    twin_targets = ours_end.recv()
     folder = Path(tempfile.mkdtemp(prefix="kneepoint-bench-prom-"))
+    config_file = write_config(folder, twin_targets, args.interval, args.evaluation)
+    kneepoint(SOURCE, "migrate", "--config", str(config_file))
+    rules = kneepoint(SOURCE, "alerts", "export", "--format", "prometheus", "--config",
+                      str(config_file))  # fmt: skip
+    (folder / "rules.yml").write_text(rules)
+    rule_count = sum(len(group.get("rules", [])) for group in yaml.safe_load(rules)["groups"])
+    settings = load_config(config_file)
+    database = folder / "k.db"
     port = free_port()
     interval = f"{args.interval:g}s"
     jobs = {
         kind: [
-            t.url.reveal().removeprefix("http://").removesuffix("/metrics")
-            for t in targets
-            if t.kind == kind
+            url.removeprefix("http://").removesuffix("/metrics")
+            for _name, target_kind, url, _gpus in twin_targets
+            if target_kind == kind
         ]
         for kind in ("vllm", "dcgm")
     }
     config = {
-        "global": {"scrape_interval": interval, "scrape_timeout": interval},
+        "global": {
+            "scrape_interval": interval,
+            "scrape_timeout": interval,
+            "evaluation_interval": f"{args.evaluation:g}s",
+        },
+        "rule_files": [str(folder / "rules.yml")],
         "scrape_configs": [
             {"job_name": job, "static_configs": [{"targets": hosts}]} for job, hosts in jobs.items()
         ],
@@ -209,66 +278,103 @@ def main() -> None:
         stderr=subprocess.DEVNULL,
     )
     url = f"http://127.0.0.1:{port}"
+    jobs_file = folder / "jobs.json"
+    collector = start_collector(SOURCE, config_file, jobs_file, profile=args.profile)
     try:
         while not ready(url):
             time.sleep(0.5)
-        settings = Config(database=f"sqlite:///{folder / 'k.db'}", targets=targets)
-        sessions = open_store(settings.database)
-        collect_once(settings, sessions)  # targets known, tables warm
-        time.sleep(args.interval * 2)  # Prometheus has scraped every target once
+        wait_for_rows(database, len(jobs["vllm"]))  # targets known, tables warm
+        time.sleep(args.interval * 2)  # both have scraped every target; rules evaluated
+        loaded = httpx.get(f"{url}/api/v1/rules").json()["data"]["groups"]
+        prometheus_rules = sum(len(group["rules"]) for group in loaded)
         # Measured as after the run: a WAL file counted before and truncated after made the
         # growth of a short run negative.
-        with sessions() as session:
-            session.connection().exec_driver_sql("PRAGMA wal_checkpoint(TRUNCATE)")
+        checkpoint(database)
         db_before = directory_bytes(folder, "k.db*")
-        profile = cProfile.Profile(time.thread_time) if args.profile else None
-        cpu_before, began = process_cpu(prometheus.pid), time.time()
-        own_before = process_cpu(os.getpid())
-        ours, rounds, failed = 0.0, 0, 0
-        why: Counter[str] = Counter()
-        while time.time() - began < args.minutes * 60:
-            started = time.thread_time()
-            if profile is not None:
-                profile.enable()
-            outcomes = collect_once(settings, sessions)
-            if profile is not None:
-                profile.disable()
-            ours += time.thread_time() - started
-            failed += sum(not outcome.ok for outcome in outcomes)
-            why.update(_gist(o.error) for o in outcomes if o.error is not None)
-            rounds += 1
-            time.sleep(max(0.0, began + rounds * args.interval - time.time()))
+        jobs_before = job_cpu(collector, jobs_file)
+        began = time.time()
+        ours_before, theirs_before = tree_cpu(collector.pid), tree_cpu(prometheus.pid)
+        time.sleep(args.minutes * 60)
+        ours, theirs = tree_cpu(collector.pid), tree_cpu(prometheus.pid)
         elapsed = time.time() - began
-        theirs = process_cpu(prometheus.pid) - cpu_before
-        own_process = process_cpu(os.getpid()) - own_before
+        ours, theirs = ours - ours_before, theirs - theirs_before
+        jobs_after = job_cpu(collector, jobs_file)
         up = httpx.get(f"{url}/api/v1/query", params={"query": "sum(up)"}).json()
         prometheus_up = float(up["data"]["result"][0]["value"][1])
-        with sessions() as session:
-            session.connection().exec_driver_sql("PRAGMA wal_checkpoint(TRUNCATE)")
+        evaluations = sum(
+            float(line.rsplit(" ", 1)[1])
+            for line in httpx.get(f"{url}/metrics").text.splitlines()
+            if line.startswith("prometheus_rule_group_iterations_total{")
+        )
+        stop_collector(collector, jobs_file)
+        stored, failed, why = stored_scrapes(database, began, began + elapsed)
+        checkpoint(database)
         db_bytes = directory_bytes(folder, "k.db*") - db_before
+        sessions = open_store(settings.database)
         breakdown = stages(settings, sessions, args.stages, args.interval) if args.stages else ""
         snapshot = httpx.post(f"{url}/api/v1/admin/tsdb/snapshot").json()["data"]["name"]
         block = folder / "tsdb" / "snapshots" / snapshot
         chunk_bytes = directory_bytes(block, "*/chunks/*")
         index_bytes = directory_bytes(block, "*/index")
     finally:
+        if collector.poll() is None:
+            stop_collector(collector, jobs_file)
         prometheus.terminate()
         prometheus.wait()
         ours_end.send("stop")
         twin.join(timeout=30)
-    scrapes = len(targets) * rounds
-    prometheus_scrapes = len(targets) * elapsed / args.interval
-    per_day = 86400 / elapsed / len(targets)
-    ours_ms, theirs_ms = ours / scrapes * 1000, theirs / prometheus_scrapes * 1000
+    targets = len(twin_targets)
+    scrapes = targets * elapsed / args.interval  # each scheduled every interval
+    per_day = 86400 / elapsed / targets
+    ours_ms, theirs_ms = ours / scrapes * 1000, theirs / scrapes * 1000
     print(
-        f"{len(targets)} targets every {interval} for {elapsed / 60:.1f} min ({rounds} rounds); "
-        f"kneepoint: {failed} failed target-scrapes, Prometheus: {prometheus_up:g} targets up"
+        f"{targets} targets every {interval} for {elapsed / 60:.1f} min "
+        f"({round(elapsed / args.interval)} rounds); kneepoint: {failed} failed target-scrapes, "
+        f"Prometheus: {prometheus_up:g} targets up"
     )
+    print(f"kneepoint stored {stored} target-scrapes in the measured span")
+    print(
+        f"rules: kneepoint's built-in rules and {len(settings.slos)} SLOs evaluated every "
+        f"{args.evaluation:g}s; Prometheus: the {rule_count} rules `kneepoint alerts export` "
+        f"wrote ({prometheus_rules} loaded, {evaluations:g} group evaluations since its start)"
+    )
+    # Both figures are each whole process tree's, from /proc (the line's last part says so
+    # in the words the README and tests/test_benches.py have read since it was the thread's).
     print(
         f"CPU per target-scrape: kneepoint {ours_ms:.2f} ms, Prometheus {theirs_ms:.2f} ms "
-        f"(ratio {ours_ms / theirs_ms:.2f}×; kneepoint's whole process: "
-        f"{own_process / scrapes * 1000:.2f} ms)"
+        f"(ratio {ours_ms / theirs_ms:.2f}×; kneepoint's whole process: {ours_ms:.2f} ms)"
     )
+    spent = {
+        job: jobs_after["cpu"].get(job, 0.0) - jobs_before["cpu"].get(job, 0.0)
+        for job in jobs_after["cpu"]
+    }
+    runs = {
+        job: jobs_after["runs"].get(job, 0) - jobs_before["runs"].get(job, 0)
+        for job in jobs_after["runs"]
+    }
+    if ours > 0 and spent:
+        shares = [
+            f"{job} {seconds / ours:.0%} ({seconds / scrapes * 1000:.3f} ms, {runs[job]} runs)"
+            for job, seconds in sorted(spent.items(), key=lambda item: -item[1])
+        ]
+        rest = ours - sum(spent.values())
+        shares.append(f"the rest {rest / ours:.0%} ({rest / scrapes * 1000:.3f} ms)")
+        print("kneepoint's CPU by job, per target-scrape:", "; ".join(shares))
+    if "gc" in jobs_after:  # Python's cyclic garbage collector, within the jobs' time above
+        collected = [
+            (after - before, n_after - n_before)
+            for after, before, n_after, n_before in zip(
+                jobs_after["gc"], jobs_before["gc"], jobs_after["gc_runs"],
+                jobs_before["gc_runs"], strict=True,
+            )
+        ]  # fmt: skip
+        print(
+            "of which Python's garbage collector: "
+            + "; ".join(
+                f"generation {g} {seconds / ours:.1%} ({n} runs)"
+                for g, (seconds, n) in enumerate(collected)
+            )
+        )
     print(
         f"bytes per target-day at {interval}: kneepoint {db_bytes * per_day / 1e6:.2f} MB, "
         f"Prometheus {chunk_bytes * per_day / 1e6:.2f} MB of chunks "
@@ -279,8 +385,6 @@ def main() -> None:
     if breakdown:
         print(breakdown)
     shutil.rmtree(folder, ignore_errors=True)
-    if profile is not None:
-        profile.dump_stats(args.profile)
 
 
 if __name__ == "__main__":

@@ -34,26 +34,61 @@ SLOS = [
 ]  # fmt: skip
 
 BOOTSTRAP = """
-import atexit, json, sys, threading, time
+import atexit, cProfile, json, os, signal, sys, threading, time
 import collectors.schedule as schedule
-spent, runs, lock = {}, {}, threading.Lock()
+spent, runs, lock, profiles = {}, {}, threading.Lock(), []
+profiling = bool(os.environ.get("KNEEPOINT_BENCH_PROFILE"))
 original = schedule.guarded
 def guarded(job):
     run = original(job)
     def timed():
+        profile = cProfile.Profile(time.thread_time) if profiling else None
         began = time.thread_time()
+        if profile is not None:
+            profile.enable()
         try:
             return run()
         finally:
+            if profile is not None:
+                profile.disable()
             with lock:
                 spent[job.id] = spent.get(job.id, 0.0) + time.thread_time() - began
                 runs[job.id] = runs.get(job.id, 0) + 1
+                if profile is not None:
+                    profiles.append(profile)
     return timed
 schedule.guarded = guarded
-def dump():
+import gc
+collecting = threading.local()
+gc_spent = [0.0, 0.0, 0.0]
+gc_runs = [0, 0, 0]
+def on_gc(phase, info):
+    if phase == "start":
+        collecting.began = time.thread_time()
+    elif getattr(collecting, "began", None) is not None:
+        gc_spent[info["generation"]] += time.thread_time() - collecting.began
+        gc_runs[info["generation"]] += 1
+        collecting.began = None
+gc.callbacks.append(on_gc)
+def dump(*_):
     with lock:
-        json.dump({"cpu": spent, "runs": runs}, open(sys.argv[1], "w"))
-atexit.register(dump)
+        text = json.dumps({"cpu": spent, "runs": runs, "gc": gc_spent, "gc_runs": gc_runs,
+                           "at": time.time()})
+    with open(sys.argv[1] + ".tmp", "w") as file:
+        file.write(text)
+    os.replace(sys.argv[1] + ".tmp", sys.argv[1])
+def finish():
+    dump()
+    if profiling and profiles:
+        import pstats
+        with lock:
+            stats = pstats.Stats(profiles[0])
+            for profile in profiles[1:]:
+                stats.add(profile)
+        stats.dump_stats(os.environ["KNEEPOINT_BENCH_PROFILE"])
+signal.signal(signal.SIGUSR1, dump)
+dump()  # the file's existence says SIGUSR1 is handled (its default action kills)
+atexit.register(finish)
 from kneepoint.cli import app
 app(["collect", "--config", sys.argv[2]])
 """
@@ -107,17 +142,40 @@ def environment(source: Path, arena_max: str | None = None) -> dict[str, str]:
 
 
 def start_collector(
-    source: Path, config: Path, jobs_file: Path, arena_max: str | None = None
+    source: Path,
+    config: Path,
+    jobs_file: Path,
+    arena_max: str | None = None,
+    profile: Path | None = None,
 ) -> subprocess.Popen[bytes]:
     """`kneepoint collect --config CONFIG` of the `source` tree, its jobs' CPU to
-    `jobs_file` when it stops."""
+    `jobs_file` on SIGUSR1 and when it stops; with `profile`, a cProfile of every job run
+    (on its thread's CPU clock) written there when it stops."""
+    env = environment(source, arena_max)
+    if profile is not None:
+        env["KNEEPOINT_BENCH_PROFILE"] = str(profile)
     return subprocess.Popen(
         [sys.executable, "-c", textwrap.dedent(BOOTSTRAP), str(jobs_file), str(config)],
         cwd=source,
-        env=environment(source, arena_max),
+        env=env,
         stdout=subprocess.DEVNULL,
         stderr=subprocess.DEVNULL,
     )
+
+
+def job_cpu(process: subprocess.Popen[bytes], jobs_file: Path) -> dict[str, Any]:
+    """The jobs' CPU seconds and runs so far (SIGUSR1: the collector writes them)."""
+    deadline = time.monotonic() + 60
+    while not jobs_file.exists() and time.monotonic() < deadline and process.poll() is None:
+        time.sleep(0.05)  # not yet started: SIGUSR1 would kill it
+    before = jobs_file.stat().st_mtime_ns if jobs_file.exists() else 0
+    process.send_signal(signal.SIGUSR1)
+    deadline = time.monotonic() + 10
+    while time.monotonic() < deadline:
+        if jobs_file.exists() and jobs_file.stat().st_mtime_ns != before:
+            return dict(json.loads(jobs_file.read_text()))
+        time.sleep(0.05)
+    return {"cpu": {}, "runs": {}}
 
 
 def stop_collector(process: subprocess.Popen[bytes], jobs_file: Path) -> dict[str, Any]:
