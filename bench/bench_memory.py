@@ -5,12 +5,13 @@
 
 Each collector is `kneepoint collect` of a source tree (`--source LABEL=DIR`, repeatable;
 default: this checkout, labelled "collect") run without MALLOC_ARENA_MAX, as `kneepoint
-collect`, compose and Helm run it; `--image` adds one with MALLOC_ARENA_MAX=2, as the
-Dockerfile sets it; `--demo` adds `kneepoint demo --no-browser` (what ./scripts/run starts
-after its setup: its own four-replica twin, backfill, collector and app; its main process
-is measured, which holds the twin and the collector, not the app's child process). All the
-collectors scrape one shared twin (`--targets`, as bench/bench_prometheus.py builds it, in a
-child process), each into its own SQLite database, at the same time.
+collect` runs from a pip install or a checkout; `--image` adds one with MALLOC_ARENA_MAX=2,
+as the Dockerfile sets it for the image compose and the Helm chart run; `--demo` adds
+`kneepoint demo --no-browser` of the first source tree (what ./scripts/run starts after its
+setup: its own four-replica twin, backfill, collector and app; its main process is
+measured, which holds the twin and the collector, not the app's child process). All the
+collectors scrape one shared twin (`--targets`, as bench/bench_prometheus.py builds it, in
+a child process), each into its own SQLite database, at the same time.
 
 Every `--every` seconds it prints each collector's VmRSS; at the end, per collector: RSS at
 the first sample, the last and the largest, the peak (VmHWM), and the slope of a
@@ -97,7 +98,7 @@ def main() -> None:
             demo = subprocess.Popen(
                 [sys.executable, "-m", "kneepoint.cli", "demo", "--no-browser", "--dir",
                  str(place), "--port", str(free_port())],
-                cwd=ROOT, env=environment(ROOT),
+                cwd=sources[0][1], env=environment(sources[0][1]),
                 stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
             )  # fmt: skip
             runs.append(("demo (./scripts/run)", demo, place))
