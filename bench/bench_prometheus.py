@@ -49,6 +49,7 @@ from sqlalchemy.orm import Session, sessionmaker
 
 ROOT = Path(__file__).resolve().parent.parent
 BENCH = Path(__file__).resolve().parent
+SLOW = 120.0  # seconds for an answer of Prometheus's API: a loaded machine took over 5 s
 
 
 def _source() -> Path:
@@ -285,7 +286,7 @@ def main() -> None:
             time.sleep(0.5)
         wait_for_rows(database, len(jobs["vllm"]))  # targets known, tables warm
         time.sleep(args.interval * 2)  # both have scraped every target; rules evaluated
-        loaded = httpx.get(f"{url}/api/v1/rules").json()["data"]["groups"]
+        loaded = httpx.get(f"{url}/api/v1/rules", timeout=SLOW).json()["data"]["groups"]
         prometheus_rules = sum(len(group["rules"]) for group in loaded)
         # Measured as after the run: a WAL file counted before and truncated after made the
         # growth of a short run negative.
@@ -299,11 +300,11 @@ def main() -> None:
         elapsed = time.time() - began
         ours, theirs = ours - ours_before, theirs - theirs_before
         jobs_after = job_cpu(collector, jobs_file)
-        up = httpx.get(f"{url}/api/v1/query", params={"query": "sum(up)"}).json()
+        up = httpx.get(f"{url}/api/v1/query", params={"query": "sum(up)"}, timeout=SLOW).json()
         prometheus_up = float(up["data"]["result"][0]["value"][1])
         evaluations = sum(
             float(line.rsplit(" ", 1)[1])
-            for line in httpx.get(f"{url}/metrics").text.splitlines()
+            for line in httpx.get(f"{url}/metrics", timeout=SLOW).text.splitlines()
             if line.startswith("prometheus_rule_group_iterations_total{")
         )
         stop_collector(collector, jobs_file)
@@ -312,7 +313,9 @@ def main() -> None:
         db_bytes = directory_bytes(folder, "k.db*") - db_before
         sessions = open_store(settings.database)
         breakdown = stages(settings, sessions, args.stages, args.interval) if args.stages else ""
-        snapshot = httpx.post(f"{url}/api/v1/admin/tsdb/snapshot").json()["data"]["name"]
+        snapshot = httpx.post(f"{url}/api/v1/admin/tsdb/snapshot", timeout=SLOW).json()["data"][
+            "name"
+        ]
         block = folder / "tsdb" / "snapshots" / snapshot
         chunk_bytes = directory_bytes(block, "*/chunks/*")
         index_bytes = directory_bytes(block, "*/index")
