@@ -178,3 +178,43 @@ def test_bench_pages_times_the_router_per_page_cold_and_warm_at_four_replicas() 
     assert float(burn[1]) == float(burn[2]) and float(plain[1]) == float(plain[2])
     line(rf"^weekly review \(7 d\)\s+\|\s+{NUMBER} s\s+aim\s+30\s+yes \|$", output)
     line(rf"^done in {NUMBER} min$", output)
+
+
+def test_bench_browser_times_a_page_against_the_bare_one_in_chromium(tmp_path: Path) -> None:
+    """One page, one try, two sessions at once, in Chromium, on the app serving a small seeded
+    store (--config: no demo backfill to wait for): a row for the bare page and one for the
+    page, each time a number, each ratio the printed times' ratio, and the app's memory."""
+    if not Path("/usr/bin/chromium").exists():
+        require_real("no Chromium at /usr/bin/chromium (apt-get install chromium)")
+    import time
+
+    from tests.seed import seed
+
+    config = seed(tmp_path, time.time())
+    output = bench(
+        "bench_browser.py",
+        *("--pages", "health", "--repeats", "1", "--sessions", "2", "--config", str(config)),
+    )
+    cell = rf"{NUMBER} s(?:\s+{NUMBER}×\s+(yes|no))?"
+    rows = {}
+    for name in ("bare page", "health"):
+        row = line(rf"^{name}\s+\|\s+{cell}\s+\|\s+{cell}\s+\|\s+{cell}\s+\|\s+{cell}$", output)
+        # (seconds, ratio or None) per column: open tab, new tab, first session, 2 sessions
+        rows[name] = [
+            (float(row[1 + 3 * k]), float(row[2 + 3 * k]) if row[2 + 3 * k] else None)
+            for k in range(4)
+        ]
+    bare, page = rows["bare page"], rows["health"]
+    for column in range(3):  # the page's ratio is to the bare page's time, printed rounded
+        seconds, ratio = page[column]
+        assert seconds > 0 and bare[column][0] > 0 and bare[column][1] is None, output
+        assert ratio == pytest.approx(seconds / bare[column][0], rel=0.1, abs=0.06), output
+    for times in (bare, page):  # two sessions at once: the ratio is to the row's own new tab
+        seconds, ratio = times[3]
+        assert ratio == pytest.approx(seconds / times[1][0], rel=0.1, abs=0.06), output
+    memory = line(
+        r"kneepoint app (\d+) MiB resident \(peak (\d+) MiB\); bare app (\d+) MiB", output
+    )
+    assert 0 < int(memory[1]) <= int(memory[2]) and int(memory[3]) > 0
+    assert "error:" not in output, output
+    line(rf"^done in {NUMBER} min$", output)
