@@ -32,7 +32,7 @@ from kneepoint.derived.window import EdgeReader, Window, frame_windows, merge
 from kneepoint.samples import HISTOGRAMS, Histogram
 from kneepoint.secrets import Secret
 from kneepoint.status import hit_rates, stale_after, stall_after
-from kneepoint.store import queries, slo_sums
+from kneepoint.store import queries, slo_sums, stall_rows
 from kneepoint.store.models import AlertHistoryRow, AlertRow, NotificationRow, TargetRow
 from kneepoint.views import build_view
 
@@ -143,12 +143,11 @@ def measure(
         if not cut and not direct:
             summed = _summed(session, since, until, sorted(members), layouts)
             if summed:
-                stalled = {}
-                if wanted:
-                    frame = queries.replica_frame(
-                        session, since, until, sorted(summed), columns=STALL_COLUMNS
-                    )
-                    stalled = _stalled_seconds(frame, config, since, until)
+                stalled = (
+                    _stalled_in_store(session, config, sorted(summed), since, until)
+                    if wanted
+                    else {}
+                )
                 for target_id, window in summed.items():
                     windows.append(window)
                     availability += _availability(window, stalled.get(target_id, 0.0))
@@ -329,6 +328,45 @@ def _stalled_seconds(
         intervals = stall.stalled_intervals(
             points, min_duration=after, max_gap=max(stale_after(config), 2 * step)
         )
+        out[int(target_id)] = maintenance.overlap(intervals, start, end)
+    return out
+
+
+def _stalled_in_store(
+    session: Session, config: Config, ids: list[int], start: float, end: float
+) -> dict[int, float]:
+    """What `_stalled_seconds` gives on replica_frame(start, end, ids), from the rows of
+    candidate stuck pairs only (kneepoint/store/stall_rows.py: the database drops the
+    rest). Each stretch of rows that were consecutive in the window is read on its own, so
+    no two rows the database left apart are taken for a pair; every stuck pair lies in one,
+    so the runs are those of the whole window."""
+    rows = stall_rows.candidates(session, ids, start, end)
+    if rows.empty:
+        return {}
+    # A pair further apart than stale_after may still be stuck: up to twice the replica's
+    # median step, which needs the whole window; read it only where it decides.
+    floor = stale_after(config)
+    wide = (
+        rows[(rows.stuck == 1) & (rows.ts - rows.prev_ts > floor)]
+        .target_id.astype(int)
+        .unique()
+        .tolist()
+    )
+    medians = stall_rows.steps(session, sorted(wide), start, end)
+    after = stall_after(config)
+    out: dict[int, float] = {}
+    for target_id, group in rows.groupby(rows.target_id.astype(int), sort=False):
+        max_gap = max(floor, 2 * medians.get(int(target_id), 0.0))
+        intervals: list[tuple[float, float]] = []
+        stretch: list[stall.Point] = []
+        for ts, prev_ts, *read in zip(
+            group.ts, group.prev_ts, *(group[c] for c in STALL_COLUMNS), strict=True
+        ):
+            if stretch and stretch[-1].ts != prev_ts:  # a row the database left out between
+                intervals += stall.stalled_intervals(stretch, after, max_gap)
+                stretch = []
+            stretch.append(stall.Point(float(ts), *(_num(value) for value in read)))
+        intervals += stall.stalled_intervals(stretch, after, max_gap)
         out[int(target_id)] = maintenance.overlap(intervals, start, end)
     return out
 

@@ -1,48 +1,62 @@
 """SLO running sums per bucket (kneepoint/store/slo_sums.py) give the numbers the samples give:
-on a seeded store with gaps, restarts, a stale and a stalled replica, a vLLM and an SGLang
-replica, windows not aligned to buckets, and a maintenance window, `slo_reports` and
-`burn_rates` from the sums equal the direct computation; and a burn-rate round reads a few
-rows per replica, not every sample of its windows."""
+on a seeded store with gaps, restarts, a stale and a stalled replica (its stall crossing
+bucket edges and a window's edges), a vLLM and an SGLang replica, windows not aligned to
+buckets, and a maintenance window, `slo_reports` and `burn_rates` from the sums equal the
+direct computation, on SQLite and on PostgreSQL (where the sums are written too, row for row
+as on SQLite). Stalled time is read from the rows of candidate stuck pairs only
+(kneepoint/store/stall_rows.py): the same rows replica_frame reads, the same seconds. A
+burn-rate round, availability SLO included, reads a few rows per replica, not every sample
+of its windows."""
 
 from __future__ import annotations
 
 import copy
 import random
-import shutil
+from collections.abc import Iterator
 from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
+import pandas as pd
 import pytest
+from sqlalchemy import select
 
-from alerts import evaluate
+from alerts import evaluate, slo
 from alerts.evaluate import advance_sums, burn_rates, slo_reports
 from collectors.sglang import parse_sglang
 from collectors.vllm import parse_vllm
 from kneepoint.config import Config, load_config
 from kneepoint.samples import Histogram, ReplicaSample
-from kneepoint.store import rollup, slo_sums
+from kneepoint.store import queries, rollup, slo_sums, stall_rows
 from kneepoint.store.db import open_store
+from kneepoint.store.models import Base, ReplicaRollupRow, SloSumRow
 from kneepoint.store.rollup import REPLICA_SHAPE
 from kneepoint.store.writer import ensure_targets, record_replica
 from tests.conftest import OWN_FIXTURES, VLLM_032, migrated, read
+from tests.postgres import running_postgres
 
 pytestmark = pytest.mark.timeout(120)
 NOW = 1_800_000_000.0 + 4321.7  # not aligned to any bucket
-HOURS = 27
+HOURS = 8  # the longest burn window (3 days) and the SLO's (30 days) start before the first
 STEP = 120.0
+SAMPLES = int(HOURS * 3600 / STEP)
+# About NOW - 4,200 s to NOW - 3,000 s: the hour's window starts inside it, and EARLIER's
+# windows end inside it.
+FROZEN = range(SAMPLES - 35, SAMPLES - 25)
+EARLIER = NOW - 3300 - 61.3  # a second end, not aligned either
+GAP = range(60, 90)  # an hour without samples: EARLIER's 6 h window starts inside it
 FINISHED = [f"requests_finished_{r}" for r in slo_sums.FINISHED]
+NAMES = ["steady", "restarts", "stale", "stalled", "gaps", "sglang"]
 
 
-def _config(tmp_path: Path, maintenance: str = "") -> Config:
-    names = ["steady", "restarts", "stale", "stalled", "gaps", "sglang"]
+def _config(tmp_path: Path, maintenance: str = "", database: str | None = None) -> Config:
     targets = "\n".join(
         f'  - {{name: {n}, kind: {"sglang" if n == "sglang" else "vllm"}, url: "http://127.0.0.1:9/{n}"}}'
-        for n in names
+        for n in NAMES
     )
     path = tmp_path / "kneepoint.yaml"
     path.write_text(f"""
-database: sqlite:///{tmp_path / "k.db"}
+database: {database or f"sqlite:///{tmp_path / 'k.db'}"}
 targets:
 {targets}
 slos:
@@ -50,7 +64,8 @@ slos:
   - {{name: up, kind: availability, objective: 0.99}}
 {maintenance}
 """)
-    migrated(path)
+    if database is None:
+        migrated(path)
     return load_config(path)
 
 
@@ -89,9 +104,9 @@ def _seed(config: Config) -> None:
             index = 0
             while ts <= stop:
                 index += 1
-                gap = name == "gaps" and (250 <= index < 310 or 650 <= index < 656)
-                restart = name == "restarts" and index % 200 == 0
-                frozen = name == "stalled" and 750 <= index < 760
+                gap = name == "gaps" and (index in GAP or 200 <= index < 203)
+                restart = name == "restarts" and index % 70 == 0
+                frozen = name == "stalled" and index in FROZEN
                 if not frozen:
                     _grow(sample, rng, restart)
                 sample.gauges["requests_running"] = 3.0 if frozen else float(rng.randint(0, 2))
@@ -124,12 +139,15 @@ def _same(a: Any, b: Any) -> None:
         assert a == b
 
 
-def _compare(config: Config, now: float) -> None:
+def _compare(config: Config, now: float, rates: bool = False) -> None:
+    """slo_reports from the sums equal the direct ones (their burn rates are burn_rates'
+    windows; `rates`: burn_rates itself compared too)."""
     sessions = open_store(config.database)
     with sessions() as session:
         summed = slo_reports(session, config, now)
         direct = slo_reports(session, config, now, direct=True)
-        _same(burn_rates(session, config, now), burn_rates(session, config, now, direct=True))
+        if rates:
+            _same(burn_rates(session, config, now), burn_rates(session, config, now, direct=True))
     assert [r.rates for r in summed]  # something was judged
     for a, b in zip(summed, direct, strict=True):
         _same(a.rates, b.rates)
@@ -141,74 +159,172 @@ def _compare(config: Config, now: float) -> None:
 
 
 @pytest.fixture(scope="module")
-def seeded(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    """The samples, seeded once for the module (each test works on a copy)."""
+def seeded(tmp_path_factory: pytest.TempPathFactory) -> str:
+    """A store seeded once for the module, summary tiers and SLO sums written up to NOW;
+    the tests only read it."""
     folder = tmp_path_factory.mktemp("seeded")
-    _seed(_config(folder))
-    return folder / "k.db"
-
-
-def _copy(seeded: Path, tmp_path: Path) -> None:
-    for part in seeded.parent.glob("k.db*"):  # with SQLite's write-ahead log, if any
-        shutil.copy(part, tmp_path / part.name)
-
-
-def test_the_sums_give_the_direct_numbers(tmp_path: Path, seeded: Path) -> None:
-    _copy(seeded, tmp_path)
-    config = _config(tmp_path)
+    config = _config(folder)
+    _seed(config)
     _write_sums(config, NOW)
-    for now in (NOW, NOW - 7 * 3600 - 61.0):  # two ends, neither aligned
-        _compare(config, now)
+    return f"sqlite:///{folder / 'k.db'}"
+
+
+def test_the_sums_give_the_direct_numbers(tmp_path: Path, seeded: str) -> None:
+    config = _config(tmp_path, database=seeded)
+    _compare(config, NOW, rates=True)
+    _compare(config, EARLIER)
     # Every replica is read from the sums over the last 6 hours (none has a break there).
     sessions = open_store(config.database)
     with sessions() as session:
-        ids = sorted(t.id for t in evaluate.queries.targets(session).values())
+        ids = sorted(t.id for t in queries.targets(session).values())
         summed = evaluate._summed(
-            session, NOW - 6 * 3600, NOW, ids, evaluate.queries.histogram_layouts(session)
+            session, NOW - 6 * 3600, NOW, ids, queries.histogram_layouts(session)
         )
     assert sorted(summed) == ids
 
 
-def test_a_maintenance_window_leaves_the_same_numbers(tmp_path: Path, seeded: Path) -> None:
-    _copy(seeded, tmp_path)
+def test_a_maintenance_window_leaves_the_same_numbers(tmp_path: Path, seeded: str) -> None:
     start = datetime.fromtimestamp(NOW - 5 * 3600, UTC).isoformat()
     end = datetime.fromtimestamp(NOW - 4 * 3600, UTC).isoformat()
     config = _config(
         tmp_path,
         f"maintenance:\n  - {{name: m, start: '{start}', end: '{end}', replicas: [restarts]}}",
+        database=seeded,
     )
-    _write_sums(config, NOW)
     _compare(config, NOW)
 
 
-def test_a_burn_round_reads_a_few_rows_per_replica(tmp_path: Path, seeded: Path) -> None:
-    """Sample rows a burn-rate round of a latency SLO reads: with the sums, a partial bucket
-    at each end of each window; the samples' path reads every sample. (An availability SLO
-    still reads the stall columns of every sample: `measure` says why.)"""
-    _copy(seeded, tmp_path)
-    config = _config(tmp_path)
-    config = config.model_copy(update={"slos": config.slos[:1]})
-    _write_sums(config, NOW)
+def _stall_rows_match(config: Config) -> None:
+    """stall_rows reads the rows replica_frame reads, and the stalled seconds from its
+    candidates are `_stalled_seconds`' over the whole frame, for every window at both ends."""
+    sessions = open_store(config.database)
+    seconds: dict[tuple[float, float], float] = {}
+    with sessions() as session:
+        names = {name: row.id for name, row in queries.targets(session).items()}
+        ids = sorted(names.values())
+        for now in (NOW, EARLIER):
+            for span in slo.windows_needed():
+                start = now - span
+                frame = queries.replica_frame(
+                    session, start, now, ids, columns=evaluate.STALL_COLUMNS
+                )
+                rows = stall_rows.frame_rows(session, ids, start, now)
+                mine = pd.DataFrame(session.execute(select(rows)).mappings().all())
+                read = ["target_id", "ts", *evaluate.STALL_COLUMNS]
+                mine = mine[read].sort_values(["target_id", "ts"], ignore_index=True)
+                pd.testing.assert_frame_equal(mine, frame[read], check_dtype=False)
+                direct = evaluate._stalled_seconds(frame, config, start, now)
+                store = evaluate._stalled_in_store(session, config, ids, start, now)
+                assert {k: v for k, v in store.items() if v} == {
+                    k: v for k, v in direct.items() if v
+                }
+                seconds[(now, span)] = direct.get(names["stalled"], 0.0)
+        # EARLIER's 6 h window starts in the gaps replica's gap: its first row read is a
+        # summary row, and replica_frame reads the samples up to it in its place.
+        start = EARLIER - 6 * 3600
+        low = (start // 300 + 1) * 300
+        frame = queries.replica_frame(session, start, EARLIER, [names["gaps"]])
+        summaries = set(
+            session.scalars(
+                select(ReplicaRollupRow.ts).where(
+                    ReplicaRollupRow.target_id == names["gaps"], ReplicaRollupRow.resolution == 300
+                )
+            )
+        )
+        assert any(ts >= low and ts not in summaries for ts in frame.ts)
+    # The stall is seen, cut by the hour's window at NOW, and still going at EARLIER.
+    stalled = seconds[(NOW, 7200.0)]
+    assert 0 < seconds[(NOW, 3600.0)] < stalled
+    assert 0 < seconds[(EARLIER, 300.0)] < seconds[(EARLIER, 1800.0)]
+
+
+def test_stalled_seconds_come_from_the_candidate_rows(tmp_path: Path, seeded: str) -> None:
+    _stall_rows_match(_config(tmp_path, database=seeded))
+
+
+def _rows_read(config: Config, direct: bool) -> int:
+    """Sample rows one burn-rate round reads into Python (through queries.read_frame)."""
+    fetched: list[int] = []
+    original = queries.read_frame
+
+    def spy(session: Any, query: Any) -> pd.DataFrame:
+        frame = original(session, query)
+        fetched.append(len(frame))
+        return frame
+
     sessions = open_store(config.database)
     with sessions() as session:
-        rows_read: dict[bool, int] = {}
-        for direct in (True, False):
-            fetched: list[int] = []
-            original = evaluate.queries.read_frame
+        queries.read_frame = spy  # type: ignore[assignment]
+        try:
+            burn_rates(session, config, NOW, direct=direct)
+        finally:
+            queries.read_frame = original  # type: ignore[assignment]
+    return sum(fetched)
 
-            def spy(s: Any, query: Any, _orig: Any = original, _out: list[int] = fetched) -> Any:
-                frame = _orig(s, query)
-                _out.append(len(frame))
-                return frame
 
-            evaluate.queries.read_frame = spy  # type: ignore[assignment]
-            try:
-                burn_rates(session, config, NOW, direct=direct)
-            finally:
-                evaluate.queries.read_frame = original  # type: ignore[assignment]
-            rows_read[direct] = sum(fetched)
-    replicas = len(config.targets)
-    windows = 7
-    # A partial bucket at both ends of each window: at most 3 samples each at 120 s.
-    assert rows_read[False] <= replicas * windows * 2 * 3
-    assert rows_read[True] > 20 * rows_read[False]
+@pytest.mark.parametrize("kinds", [("latency",), ("latency", "availability")])
+def test_a_burn_round_reads_a_few_rows_per_replica(
+    tmp_path: Path, seeded: str, kinds: tuple[str, ...]
+) -> None:
+    """With the sums, a partial bucket at each end of each window; with an availability SLO,
+    also the rows of candidate stuck pairs (the stalled replica's frozen stretch and its
+    edges). The samples' path reads every sample."""
+    config = _config(tmp_path, database=seeded)
+    config = config.model_copy(update={"slos": [s for s in config.slos if s.kind in kinds]})
+    assert [s.kind for s in config.slos] == list(kinds)
+    summed, direct = _rows_read(config, False), _rows_read(config, True)
+    windows = len(slo.windows_needed())
+    # A partial bucket at both ends of each window: at most 3 samples each at 120 s; the
+    # frozen stretch and a row at each side, in each window that reaches it.
+    most = len(NAMES) * windows * 2 * 3
+    if "availability" in kinds:
+        most += windows * (len(FROZEN) + 2)
+    assert summed <= most
+    assert direct > 10 * summed
+
+
+@pytest.fixture(scope="module")
+def postgres(seeded: str, tmp_path_factory: pytest.TempPathFactory) -> Iterator[Config]:
+    """The seeded samples and summary tiers copied into a throwaway PostgreSQL, and the SLO
+    sums written there by the same writer."""
+    with running_postgres() as fresh:
+        url = fresh()
+        config = _config(tmp_path_factory.mktemp("pg"), database=url)
+        source, target = open_store(seeded), open_store(url)
+        with source() as a, target.begin() as b:
+            for table in Base.metadata.sorted_tables:
+                if table.name in ("slo_sums", "slo_sum_progress"):
+                    continue
+                rows = [dict(r) for r in a.execute(select(table)).mappings()]
+                if rows:
+                    b.execute(table.insert(), rows)
+        _write_sums(config, NOW)
+        yield config
+
+
+def _sum_rows(url: str) -> dict[tuple[int, float], dict[str, Any]]:
+    import json
+
+    with open_store(url)() as session:
+        rows = session.execute(select(SloSumRow.__table__)).mappings().all()
+    out = {}
+    for row in rows:
+        values = dict(row)
+        for name in ("sums", "inner", "last"):
+            values[name] = json.loads(values[name])
+        out[(int(row["target_id"]), float(row["bucket"]))] = values
+    return out
+
+
+@pytest.mark.real
+def test_on_postgresql_the_writer_gives_the_same_rows(seeded: str, postgres: Config) -> None:
+    on_sqlite, on_postgres = _sum_rows(seeded), _sum_rows(postgres.database.reveal())
+    assert len(on_sqlite) > len(NAMES) * 60  # hours of buckets for every replica
+    _same(on_postgres, on_sqlite)
+
+
+@pytest.mark.real
+def test_on_postgresql_the_sums_give_the_direct_numbers(postgres: Config) -> None:
+    for now in (NOW, EARLIER):
+        _compare(postgres, now)
+    _stall_rows_match(postgres)
