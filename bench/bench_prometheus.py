@@ -284,7 +284,9 @@ def main() -> None:
     try:
         while not ready(url):
             time.sleep(0.5)
-        wait_for_rows(database, len(jobs["vllm"]))  # targets known, tables warm
+        # Targets known, tables warm: a round's worth of replica samples stored (the first
+        # rounds of a large fleet on a loaded machine can time out: minutes, not seconds).
+        wait_for_rows(database, len(jobs["vllm"]), timeout=600)
         time.sleep(args.interval * 2)  # both have scraped every target; rules evaluated
         loaded = httpx.get(f"{url}/api/v1/rules", timeout=SLOW).json()["data"]["groups"]
         prometheus_rules = sum(len(group["rules"]) for group in loaded)
@@ -326,6 +328,8 @@ def main() -> None:
         prometheus.wait()
         ours_end.send("stop")
         twin.join(timeout=30)
+        if sys.exc_info()[0] is not None:  # failed: nothing to print, leave no folder
+            shutil.rmtree(folder, ignore_errors=True)
     targets = len(twin_targets)
     scrapes = targets * elapsed / args.interval  # each scheduled every interval
     per_day = 86400 / elapsed / targets
