@@ -23,6 +23,7 @@ from __future__ import annotations
 
 import argparse
 import multiprocessing
+import shutil
 import subprocess
 import sys
 import tempfile
@@ -130,6 +131,7 @@ def main() -> None:
             stop_collector(process, place / "jobs.json")
         ours_end.send("stop")
         twin.join(timeout=30)
+        shutil.rmtree(folder, ignore_errors=True)
     for label, points in samples.items():
         if not points:
             continue
