@@ -126,9 +126,10 @@ def measure(
     Replicas no maintenance window cuts are read from the running sums per bucket
     (kneepoint/store/slo_sums.py) and the raw samples of the partial bucket at each end;
     the rest, and those whose window the sums cannot give exactly, from the samples
-    (`direct`: all of them, as before the sums). Stalled seconds are always read from the
-    samples: stall detection is not a sum (a stall is a run of 60 s or more, found on the
-    rows a window reads), so it is computed as before, on the stall columns only."""
+    (`direct`: all of them, as before the sums). Stalled seconds are not a sum (a stall is
+    a run of 60 s or more, found on the rows a window reads): for the replicas read from the
+    sums, the database returns only the rows of candidate stuck pairs of those rows
+    (`_stalled_in_store`), and stall detection runs on them as on the whole window."""
     names = {t.name for t in config.targets if t.kind in ENGINE_KINDS}
     ids = {name: row.id for name, row in queries.targets(session).items() if name in names}
     groups: dict[tuple[maintenance.Interval, ...], list[int]] = {}
@@ -188,17 +189,27 @@ def _summed(
     high = min(math.floor(until / size) * size, progress.until)
     if high - low < size or low - size < progress.since:
         return {}
-    heads = _by_target(slo_sums.raw(session, ids, since, low, closed=False))
-    tails = _by_target(slo_sums.raw(session, ids, high, until, closed=True))
+    head_rows = slo_sums.raw(session, ids, since, low, closed=False)
+    tail_rows = slo_sums.raw(session, ids, high, until, closed=True)
+    headed = set(head_rows.target_id.astype(int)) if len(head_rows) else set()
     ends = slo_sums.latest(session, ids, high, ("last_ts", "sig", "sums", "last", "breaks"))
-    starts = slo_sums.rows_at(session, [t for t in ids if t in heads], low - size, SUM_BREAKS)
+    starts = slo_sums.rows_at(session, [t for t in ids if t in headed], low - size, SUM_BREAKS)
     firsts = slo_sums.first_in(
         session,
-        [t for t in ids if t not in heads],
+        [t for t in ids if t not in headed],
         low,
         high,
         (*SUM_BREAKS, "inner", "inner_break"),
     )
+    # Each target's tail continues from its last summed sample, where its head or first
+    # row reached the sums (a target left out below never reads its tail).
+    carried = {
+        t: slo_sums.Carry(e["last_ts"], e["sig"], json.loads(e["last"]), slo_sums.Part(), 0)
+        for t, e in ends.items()
+        if t in headed or t in firsts
+    }
+    heads = slo_sums.stretches(head_rows, layouts)
+    tails = slo_sums.stretches(tail_rows, layouts, carried)
     out: dict[int, Window] = {}
     for target_id in ids:
         total = slo_sums.Part()
@@ -209,10 +220,9 @@ def _summed(
             start = starts.get(target_id)
             if start is None or end is None or end["breaks"] != start["breaks"]:
                 continue
-            inner, _, _, sigs, _ = slo_sums.stretch(head, layouts)
+            inner, _, _, sigs, _ = head
             # From the head's last sample (its bucket's last) to the last before `high`.
             total = inner.plus(_part(end["sums"])).plus(_part(start["sums"]), -1.0)
-            reached = True
         elif (first := firsts.get(target_id)) is not None:
             assert end is not None  # a row in [low, high) is one before `high`
             if end["breaks"] - first["breaks"] + int(first["inner_break"]) != 0:
@@ -220,18 +230,11 @@ def _summed(
             # The first bucket's own increases, not the step into it from before `since`.
             total = _part(end["sums"]).plus(_part(first["sums"]), -1.0).plus(_part(first["inner"]))
             sigs = [end["sig"]]
-            reached = True
-        else:
-            reached = False
         tail = tails.get(target_id)
         if tail is not None:
-            before = None
-            if reached and end is not None:
-                before = slo_sums.Carry(
-                    end["last_ts"], end["sig"], json.loads(end["last"]), slo_sums.Part(), 0
-                )
-                sigs.append(end["sig"])
-            inner, entry, _, tail_sigs, _ = slo_sums.stretch(tail, layouts, before)
+            if target_id in carried:
+                sigs.append(carried[target_id].sig)
+            inner, entry, _, tail_sigs, _ = tail
             sigs += tail_sigs
             total = total.plus(entry).plus(inner)
         if not sigs or total.n == 0:
@@ -247,12 +250,6 @@ SUM_BREAKS = ("sums", "breaks")
 
 def _part(text: str) -> slo_sums.Part:
     return slo_sums.Part.from_json(text)
-
-
-def _by_target(frame: pd.DataFrame) -> dict[int, pd.DataFrame]:
-    if frame.empty:
-        return {}
-    return {int(t): rows for t, rows in frame.groupby(frame.target_id.astype(int), sort=False)}
 
 
 def _window(total: slo_sums.Part, sig: str, layouts: dict[int, tuple[float, ...]]) -> Window:
