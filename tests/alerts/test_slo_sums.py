@@ -254,38 +254,48 @@ def test_stalled_seconds_come_from_the_candidate_rows(tmp_path: Path, seeded: st
     _stall_rows_match(_config(tmp_path, database=seeded))
 
 
-def _rows_read(config: Config, direct: bool) -> int:
-    """Sample rows one burn-rate round reads into Python (through queries.read_frame)."""
+def _rows_read(config: Config, direct: bool) -> tuple[int, int]:
+    """Sample rows one burn-rate round reads into Python (through queries.read_frame), and
+    how many frames of samples the sums' reader converts (slo_sums._Rows.of)."""
     fetched: list[int] = []
-    original = queries.read_frame
+    converted: list[int] = []
+    original, convert = queries.read_frame, slo_sums._Rows.of
 
     def spy(session: Any, query: Any) -> pd.DataFrame:
         frame = original(session, query)
         fetched.append(len(frame))
         return frame
 
+    def counted(frame: pd.DataFrame) -> Any:
+        converted.append(len(frame))
+        return convert(frame)
+
     sessions = open_store(config.database)
     with sessions() as session:
         queries.read_frame = spy  # type: ignore[assignment]
+        slo_sums._Rows.of = staticmethod(counted)  # type: ignore[method-assign,assignment]
         try:
             burn_rates(session, config, NOW, direct=direct)
         finally:
             queries.read_frame = original  # type: ignore[assignment]
-    return sum(fetched)
+            slo_sums._Rows.of = staticmethod(convert)  # type: ignore[method-assign,assignment]
+    return sum(fetched), len(converted)
 
 
 @pytest.mark.parametrize("kinds", [("latency",), ("latency", "availability")])
 def test_a_burn_round_reads_a_few_rows_per_replica(
     tmp_path: Path, seeded: str, kinds: tuple[str, ...]
 ) -> None:
-    """With the sums, a partial bucket at each end of each window; with an availability SLO,
-    also the rows of candidate stuck pairs (the stalled replica's frozen stretch and its
-    edges). The samples' path reads every sample."""
+    """With the sums, a partial bucket at each end of each window (converted for all replicas
+    at once); with an availability SLO, also the rows of candidate stuck pairs (the stalled
+    replica's frozen stretch and its edges). The samples' path reads every sample."""
     config = _config(tmp_path, database=seeded)
     config = config.model_copy(update={"slos": [s for s in config.slos if s.kind in kinds]})
     assert [s.kind for s in config.slos] == list(kinds)
-    summed, direct = _rows_read(config, False), _rows_read(config, True)
+    (summed, conversions), (direct, _) = _rows_read(config, False), _rows_read(config, True)
     windows = len(slo.windows_needed())
+    # The partial buckets of all replicas at one end of a window are converted at once.
+    assert conversions <= 2 * windows
     # A partial bucket at both ends of each window: at most 3 samples each at 120 s; the
     # frozen stretch and a row at each side, in each window that reaches it.
     most = len(NAMES) * windows * 2 * 3
