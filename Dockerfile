@@ -14,6 +14,8 @@ WORKDIR /var/lib/kneepoint
 ENV KNEEPOINT_CONFIG=/etc/kneepoint/kneepoint.yaml
 # glibc makes a malloc arena per thread and keeps their pages: at 1,000 replicas the
 # collector's memory then grew 64 MiB a minute; two arenas kept it flat (bench/bench_scale.py).
+# The collector also caps them itself (kneepoint/malloc.py, for every other launch path); the
+# variable stays so that every process of the image has it from its first allocation.
 ENV MALLOC_ARENA_MAX=2
 EXPOSE 8501
 CMD ["kneepoint", "serve", "--no-browser"]
