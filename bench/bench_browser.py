@@ -234,15 +234,16 @@ def bare_command(script: Path, port: int) -> list[str]:
 # -- timing in Chromium -----------------------------------------------------------------------
 
 
-def rendered(page: Any, title: str) -> float:
+def rendered(page: Any, title: str, timeout_ms: float = PAGE_NEVER_MS) -> float:
     """performance.now() of the first frame of the rendered-and-idle state (DONE_JS)."""
-    handle = page.wait_for_function(DONE_JS, arg=title, polling="raf", timeout=PAGE_NEVER_MS)
+    handle = page.wait_for_function(DONE_JS, arg=title, polling="raf", timeout=timeout_ms)
     return float(handle.json_value())
 
 
-def seconds_to_render(page: Any, title: str) -> float:
-    """Seconds from the navigation's start (the document's time origin) to rendered and idle."""
-    return rendered(page, title) / 1000
+def seconds_to_render(page: Any, title: str, deadline: float) -> float:
+    """Seconds from the navigation's start (the document's time origin) to rendered and idle,
+    waiting until `deadline` (time.monotonic()) at most."""
+    return rendered(page, title, max(1.0, deadline - time.monotonic()) * 1000) / 1000
 
 
 def navigate(page: Any, url: str, title: str) -> float:
@@ -360,7 +361,9 @@ def concurrent(browser: Any, address: str, title: str, sessions: int) -> list[fl
     try:
         for tab in tabs:  # each navigation starts as soon as the previous one is sent
             tab.goto(address, wait_until="commit", timeout=PAGE_NEVER_MS)
-        return [guarded(partial(seconds_to_render, tab, title)) for tab in tabs]
+        # One hang guard for all: they were started together, so they are waited on together.
+        deadline = time.monotonic() + PAGE_NEVER_MS / 1000
+        return [guarded(partial(seconds_to_render, tab, title, deadline)) for tab in tabs]
     finally:
         for tab in tabs:
             close(tab)
