@@ -186,8 +186,15 @@ def _summed(
     if progress is None or not ids:
         return {}
     low = math.ceil(since / size) * size
-    high = min(math.floor(until / size) * size, progress.until)
+    whole = math.floor(until / size) * size
+    high = min(whole, progress.until)
     if high - low < size or low - size < progress.since:
+        return {}
+    # Sums still being built (a first run catches up a day per round): the raw tail from
+    # where they reach would be hours of samples with their histograms, which the samples'
+    # path reads through the summary tiers instead. One bucket behind is the steady state
+    # (a bucket is summed SETTLE seconds after it ends).
+    if whole - high > size:
         return {}
     head_rows = slo_sums.raw(session, ids, since, low, closed=False)
     tail_rows = slo_sums.raw(session, ids, high, until, closed=True)
