@@ -382,7 +382,7 @@ def _num(value: object) -> float | None:
 def evaluate_once(session: Session, config: Config, now: float) -> list[Transition]:
     """Evaluate every rule now; store states and transitions; return the transitions."""
     rules = effective_rules(config)
-    view = build_view(session, config, now, WINDOW)
+    view = build_view(session, config, now, WINDOW, pages=False)  # what rules read
     # Drops are measured against the last hour's hit rates, as build_status gives them.
     baseline = hit_rates(session, config, now, BASELINE)
     current = load_alerts(session)
