@@ -298,10 +298,15 @@ def advance(
     reach_back: float,
     layouts: dict[int, tuple[float, ...]],
     most: int = 288,
+    budget: int = 2400,
 ) -> int:
-    """Sum the whole buckets not written yet (at most `most` of them: a day; a first run
-    over a long history catches up over several rounds), from `reach_back` seconds before
-    `now` on a first run. Returns the buckets written. The caller commits."""
+    """Sum the whole buckets not written yet, from `reach_back` seconds before `now` on a
+    first run. Returns the buckets written. The caller commits.
+
+    One call writes at most `most` buckets (a day) and at most `budget` target-buckets (2
+    buckets at 1,000 targets, 12 at 200), so a round that catches up a long history costs
+    about what a steady round does: a first run over days of history at fleet size catches
+    up over many rounds (measure reads the samples until it has)."""
     end = math.floor((now - SETTLE) / BUCKET) * BUCKET
     row = progress(session)
     if row is None:
@@ -315,10 +320,11 @@ def advance(
         session.execute(delete(SloSumRow).where(SloSumRow.bucket < oldest - BUCKET))
         row.since = oldest
     start = row.until
+    ids = list(session.scalars(select(TargetRow.id)))
+    most = max(1, min(most, budget // max(1, len(ids))))
     stop = min(end, start + most * BUCKET)
     if stop <= start:
         return 0
-    ids = list(session.scalars(select(TargetRow.id)))
     frame = _read(session, ids, start, stop)
     carry = _carry(session, sorted(set(frame.target_id.astype(int))), start) if len(frame) else {}
     rows = bucket_rows(frame, layouts, carry)
