@@ -72,12 +72,15 @@ def burn_rates_cached(
     return _burn_cache[key]
 
 
-def advance_sums(session: Session, config: Config, now: float) -> int:
+def advance_sums(
+    session: Session, config: Config, now: float, budget: int = slo_sums.BUDGET
+) -> int:
     """Fold the buckets that ended since into the SLO running sums, far enough back for the
-    longest window any SLO reads (the evaluation's writer: the app only reads them)."""
+    longest window any SLO reads (the evaluation's writer: the app only reads them), at most
+    `budget` target-buckets at a time (slo_sums.advance)."""
     reach = max([*(s.window for s in config.slos), *slo.windows_needed()])
     layouts = queries.histogram_layouts(session)
-    return slo_sums.advance(session, now, reach + slo_sums.BUCKET, layouts)
+    return slo_sums.advance(session, now, reach + slo_sums.BUCKET, layouts, budget=budget)
 
 
 def burn_rates(

@@ -43,6 +43,7 @@ from kneepoint.store.codec import decode_histogram
 from kneepoint.store.models import ReplicaSampleRow, SloSumProgressRow, SloSumRow, TargetRow
 
 BUCKET = 300.0
+BUDGET = 2400  # target-buckets one advance writes at most (see advance)
 SETTLE = 60.0  # a bucket is summed this long after it ends: scrapes in flight land first
 PROGRESS = "slo_sums"
 FINISHED = ("stop", "length", "abort", "error", "repetition")
@@ -298,7 +299,7 @@ def advance(
     reach_back: float,
     layouts: dict[int, tuple[float, ...]],
     most: int = 288,
-    budget: int = 2400,
+    budget: int = BUDGET,
 ) -> int:
     """Sum the whole buckets not written yet, from `reach_back` seconds before `now` on a
     first run. Returns the buckets written. The caller commits.
