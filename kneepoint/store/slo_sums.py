@@ -320,12 +320,18 @@ def advance(
     if oldest > row.since:
         session.execute(delete(SloSumRow).where(SloSumRow.bucket < oldest - BUCKET))
         row.since = oldest
-    start = row.until
+    began = row.until
     ids = list(session.scalars(select(TargetRow.id)))
     most = max(1, min(most, budget // max(1, len(ids))))
+    # Buckets with no sample (history before the fleet existed, a 30-day SLO on a new
+    # store) are passed over at once, not a budget's share at a time.
+    start = _first_with_samples(session, ids, began, end)
     stop = min(end, start + most * BUCKET)
     if stop <= start:
-        return 0
+        if end > began:
+            row.until = max(began, min(start, end))
+            session.flush()
+        return max(0, int((row.until - began) // BUCKET))
     frame = _read(session, ids, start, stop)
     carry = _carry(session, sorted(set(frame.target_id.astype(int))), start) if len(frame) else {}
     rows = bucket_rows(frame, layouts, carry)
@@ -333,7 +339,39 @@ def advance(
         session.execute(SUMS.insert(), rows)
     row.until = stop
     session.flush()
-    return int((stop - start) // BUCKET)
+    return int((stop - began) // BUCKET)
+
+
+def _first_with_samples(session: Session, ids: list[int], start: float, end: float) -> float:
+    """The first bucket at or after `start` (a bucket bound) where a target of `ids` has a
+    sample, or `end` when none has before it: growing spans until one holds a sample, then
+    halving it, each probe one LIMIT 1 query on the (target_id, ts) key."""
+    if start >= end or not ids or _any(session, ids, start, start + BUCKET):
+        return start
+    low, width = start + BUCKET, BUCKET  # [start, low) holds no sample
+    while True:
+        if low >= end:
+            return end
+        high = min(end, low + width)
+        if _any(session, ids, low, high):
+            break
+        low, width = high, width * 2
+    while high - low > BUCKET:  # a sample in [low, high), none before `low`
+        middle = low + math.floor((high - low) / BUCKET / 2) * BUCKET
+        if _any(session, ids, low, middle):
+            high = middle
+        else:
+            low = middle
+    return low
+
+
+def _any(session: Session, ids: list[int], start: float, end: float) -> bool:
+    query = (
+        select(SAMPLES.c.ts)
+        .where(SAMPLES.c.target_id.in_(ids), SAMPLES.c.ts >= start, SAMPLES.c.ts < end)
+        .limit(1)
+    )
+    return session.execute(query).first() is not None
 
 
 def _read(session: Session, ids: list[int], start: float, end: float) -> pd.DataFrame:
