@@ -88,6 +88,15 @@ def test_at_phone_width_captions_are_cut_and_nothing_scrolls_sideways(
 ) -> None:  # type: ignore[no-untyped-def]
     page = opened(browser, f"{app_url}/{path}", viewport=PHONE)
     page.locator('[data-testid="stCaptionContainer"]').first.wait_for(timeout=30_000)
+    # The page's style element is written by each script run (app/chrome.style): a CI run
+    # read every caption unclamped once, between a run's captions and its style (never seen
+    # again in 4 runs here). Wait, bounded, for the settled page; the check below still
+    # fails if the style never applies.
+    page.wait_for_function(
+        "Array.from(document.querySelectorAll('[data-testid=stCaptionContainer]'))"
+        ".every(e => getComputedStyle(e).webkitLineClamp === '2')",
+        timeout=15_000,
+    )
     width, viewport = page.evaluate("[document.documentElement.scrollWidth, window.innerWidth]")
     assert width <= viewport
     clamps = page.evaluate(
