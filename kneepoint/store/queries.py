@@ -178,13 +178,7 @@ def _tiered(
     for number, (low, high, resolution) in enumerate(pieces):
         table = samples if resolution == RAW else rollups
         closed = number == len(pieces) - 1
-        where: list[ColumnElement[bool]] = [
-            table.c[key].in_(keys),
-            table.c.ts >= low,
-            table.c.ts <= high if closed else table.c.ts < high,
-        ]
-        if resolution != RAW:
-            where.append(table.c.resolution == resolution)
+        where = _piece_where(table, key, keys, low, high, closed, resolution)
         # The keys lead the (key, ts) primary key, so each key's rows are one range search;
         # by time alone the whole table would be scanned. Ordered: PostgreSQL returns a
         # bitmap scan's rows in the table's order (by time, as they were written), and rows
@@ -200,6 +194,27 @@ def _tiered(
     if len(frames) > 1:
         frame = _from_first_sample(session, samples, key, columns, start, frame)
     return frame.drop(columns="summary")
+
+
+def _piece_where(
+    table: Table,
+    key: str,
+    keys: Sequence[int],
+    low: float,
+    high: float,
+    closed: bool,
+    resolution: int,
+) -> list[ColumnElement[bool]]:
+    """The rows of one piece of a `plan`: its keys in [low, high) ([low, high] for the last
+    piece), of the piece's resolution where it reads a summary table."""
+    where: list[ColumnElement[bool]] = [
+        table.c[key].in_(keys),
+        table.c.ts >= low,
+        table.c.ts <= high if closed else table.c.ts < high,
+    ]
+    if resolution != RAW:
+        where.append(table.c.resolution == resolution)
+    return where
 
 
 def _selected(table: Table, key: str, columns: Sequence[str] | None) -> tuple[Any, ...]:
@@ -458,13 +473,7 @@ def _range_rows(
     def piece(number: int, low: float, high: float, resolution: int) -> Select[Any]:
         table = samples if resolution == RAW else rollups
         closed = number == len(pieces) - 1
-        where: list[ColumnElement[bool]] = [
-            table.c[key].in_(keys),
-            table.c.ts >= low,
-            table.c.ts <= high if closed else table.c.ts < high,
-        ]
-        if resolution != RAW:
-            where.append(table.c.resolution == resolution)
+        where = _piece_where(table, key, keys, low, high, closed, resolution)
         return select(
             table.c[key].label(key),
             table.c.ts.label("ts"),
