@@ -428,17 +428,7 @@ def latest(
         where = [SUMS.c.target_id.in_(rest), SUMS.c.bucket < before]
         if low is not None:
             where.append(SUMS.c.bucket >= low)
-        newest = (
-            select(SUMS.c.target_id, func.max(SUMS.c.bucket).label("b"))
-            .where(*where)
-            .group_by(SUMS.c.target_id)
-            .subquery()
-        )
-        query = select(SUMS.c.target_id, SUMS.c.bucket, *(SUMS.c[c] for c in columns)).join(
-            newest, and_(SUMS.c.target_id == newest.c.target_id, SUMS.c.bucket == newest.c.b)
-        )
-        for row in session.execute(query).mappings():
-            found[int(row["target_id"])] = dict(row)
+        found |= _ends(session, func.max, where, columns)
     return found
 
 
@@ -460,15 +450,23 @@ def first_in(
     found = rows_at(session, ids, low, columns)
     rest = [t for t in ids if t not in found]
     if rest:
-        oldest = (
-            select(SUMS.c.target_id, func.min(SUMS.c.bucket).label("b"))
-            .where(SUMS.c.target_id.in_(rest), SUMS.c.bucket >= low, SUMS.c.bucket < high)
-            .group_by(SUMS.c.target_id)
-            .subquery()
-        )
-        query = select(SUMS.c.target_id, SUMS.c.bucket, *(SUMS.c[c] for c in columns)).join(
-            oldest, and_(SUMS.c.target_id == oldest.c.target_id, SUMS.c.bucket == oldest.c.b)
-        )
-        for row in session.execute(query).mappings():
-            found[int(row["target_id"])] = dict(row)
+        where = [SUMS.c.target_id.in_(rest), SUMS.c.bucket >= low, SUMS.c.bucket < high]
+        found |= _ends(session, func.min, where, columns)
     return found
+
+
+def _ends(
+    session: Session, pick: Any, where: list[Any], columns: Sequence[str]
+) -> dict[int, dict[str, Any]]:
+    """Each target's row at the bucket `pick` (func.max: its newest; func.min: its oldest)
+    chooses among the rows `where` selects."""
+    chosen = (
+        select(SUMS.c.target_id, pick(SUMS.c.bucket).label("b"))
+        .where(*where)
+        .group_by(SUMS.c.target_id)
+        .subquery()
+    )
+    query = select(SUMS.c.target_id, SUMS.c.bucket, *(SUMS.c[c] for c in columns)).join(
+        chosen, and_(SUMS.c.target_id == chosen.c.target_id, SUMS.c.bucket == chosen.c.b)
+    )
+    return {int(r["target_id"]): dict(r) for r in session.execute(query).mappings()}
