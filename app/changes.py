@@ -7,7 +7,6 @@ from __future__ import annotations
 from collections.abc import Callable
 
 import pandas as pd
-import streamlit as st
 
 from app import data
 from app.filters import Filters
@@ -26,7 +25,7 @@ def events(since: float, until: float, replicas: tuple[str, ...] = ()) -> list[E
 
 # Keyed on the data version (samples and mutations: the timeline shows both), shared by
 # every session; never on the wall clock.
-@st.cache_data(max_entries=data.KEPT, show_spinner=False)
+@data.versioned("key", times=("since", "until"))
 def _events(path: str, since: float, until: float, version: data.Key) -> list[Event]:
     from kneepoint.timeline import events as timeline_events
 

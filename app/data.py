@@ -4,13 +4,16 @@ Every cached computation is keyed on the config file, its arguments and the stor
 version (kneepoint/prepared.py), never on the wall clock or the session: st.cache_data is
 shared by every session, so a click, the Overview's refresh or a second browser with
 unchanged data computes nothing again, and a new round or a mutation changes the key.
-Pages pass `now()`, the version's tick, as their "now"."""
+Pages pass `now()`, the version's tick, as their "now". Each such cache is declared with
+`versioned`, so that a warmer thread computes, for each new version, what pages asked for
+under the previous ones (app/warm.py) before the next page run asks again."""
 
 from __future__ import annotations
 
 import threading
 import time
-from typing import Any
+from collections.abc import Callable, Sequence
+from typing import Any, TypeVar
 
 import pandas as pd
 import streamlit as st
@@ -22,6 +25,7 @@ from alerts.outbox import channel_health, view_of
 from alerts.rules import effective_rules
 from alerts.silences import Silence
 from alerts.slo import BURN_WINDOWS, Report, burn_rules, window_label
+from app import warm
 from kneepoint import audit, fleet_status, prepared
 from kneepoint.auth import Limits
 from kneepoint.config import ENGINE_KINDS, Config, ConfigError, config_path, load_config
@@ -42,12 +46,32 @@ Key = tuple[Any, ...]
 KEPT = 32  # entries each cached function keeps: a few ranges and replicas over two rounds
 _LOCK = threading.Lock()
 _VERSIONS: dict[str, prepared.Version] = {}  # the newest version read, per config file
+R = TypeVar("R")
+
+
+def versioned(
+    part: warm.Part | None,
+    times: Sequence[str] = (),
+    step: float = 0.0,
+    kept: int = KEPT,
+    spinner: bool | str = False,
+) -> Callable[[Callable[..., R]], warm.Versioned[R]]:
+    """st.cache_data over `def _f(path, ..., version)`, its `version` the data version's
+    `part` (samples, changes or the whole key; None: no such parameter), the parameters in
+    `times` times relative to the tick (floored to `step`): the warmer makes the calls pages
+    made again for each new version. E.g. `@data.versioned("samples", times=("start", "end"))`.
+    """
+    return warm.versioned(part, times, step, kept, spinner, lambda path: known(path))
 
 
 def store() -> tuple[Config, sessionmaker[Session]]:
     """The configuration and its store, opened once per config file; with `discovery:`,
-    the targets Prometheus scrapes added (found again each scrape interval at most)."""
-    return _open(str(config_path().resolve()))
+    the targets Prometheus scrapes added (found again each scrape interval at most). In a
+    served app, the first call starts the config's cache warmer (app/warm.py)."""
+    path = str(config_path().resolve())
+    if warm.served():
+        warm.ensure(path, read_version)
+    return _open(path)
 
 
 def _open(path: str) -> tuple[Config, sessionmaker[Session]]:
@@ -87,7 +111,7 @@ def status(window: float, now: float) -> dict[str, Any]:
     return _status(path, window, now, known(path).samples)
 
 
-@st.cache_data(max_entries=KEPT, show_spinner=False)
+@versioned("samples", times=("now",))
 def _status(path: str, window: float, now: float, version: Key) -> dict[str, Any]:
     config, sessions = _open(path)
     with sessions() as session:
@@ -99,7 +123,7 @@ def series(start: float, end: float) -> pd.DataFrame:
     return _series(path, start, end, known(path).samples)
 
 
-@st.cache_data(max_entries=KEPT, show_spinner=False)
+@versioned("samples", times=("start", "end"))
 def _series(path: str, start: float, end: float, version: Key) -> pd.DataFrame:
     _, sessions = _open(path)
     with sessions() as session:
@@ -113,7 +137,7 @@ def view(window: float, now: float) -> View:
     return _view(path, window, now, known(path).samples)
 
 
-@st.cache_data(max_entries=KEPT, show_spinner=False)
+@versioned("samples", times=("now",))
 def _view(path: str, window: float, now: float, version: Key) -> View:
     config, sessions = _open(path)
     with sessions() as session:
@@ -126,7 +150,7 @@ def health(start: float, end: float) -> tuple[pd.DataFrame, pd.DataFrame, pd.Dat
     return _health(path, start, end, known(path).key)
 
 
-@st.cache_data(max_entries=KEPT, show_spinner=False)
+@versioned("key", times=("start", "end"))
 def _health(
     path: str, start: float, end: float, version: Key
 ) -> tuple[pd.DataFrame, pd.DataFrame, pd.DataFrame]:
@@ -178,12 +202,18 @@ def version() -> prepared.Version:
     """The store's data version now (one small query), remembered for this config so the
     cached reads of this page run key on it."""
     path = config_file()
-    config, sessions = _opened(path)
-    with sessions() as session:
-        found = prepared.version(session, config, time.time())
+    found = read_version(path)
     with _LOCK:
         _VERSIONS[path] = found
     return found
+
+
+def read_version(path: str) -> prepared.Version:
+    """The store's data version now, remembered nowhere (the warmer reads it so: pages
+    key on the version their own run read)."""
+    config, sessions = _opened(path)
+    with sessions() as session:
+        return prepared.version(session, config, time.time())
 
 
 def config_file() -> str:
@@ -208,7 +238,7 @@ def runs() -> list[Assessment]:
     return _runs(path, known(path).changes)
 
 
-@st.cache_data(max_entries=KEPT, show_spinner=False)
+@versioned("changes")
 def _runs(path: str, version: Key) -> list[Assessment]:
     config, sessions = _open(path)
     with sessions() as session:
@@ -220,7 +250,7 @@ def production_curve(replica: str, start: float, end: float) -> ProductionCurve:
     return _production_curve(path, replica, start, end, known(path).samples)
 
 
-@st.cache_data(max_entries=KEPT, show_spinner=False)
+@versioned("samples", times=("start", "end"))
 def _production_curve(
     path: str, replica: str, start: float, end: float, version: Key
 ) -> ProductionCurve:
@@ -241,7 +271,7 @@ def alerts(start: float, end: float) -> tuple[pd.DataFrame, pd.DataFrame]:
     return _alerts(path, start, end, known(path).changes)
 
 
-@st.cache_data(max_entries=KEPT, show_spinner=False)
+@versioned("changes", times=("start", "end"))
 def _alerts(path: str, start: float, end: float, version: Key) -> tuple[pd.DataFrame, pd.DataFrame]:
     """Pending and firing alerts, and the state changes in the range, with readable times."""
     _, sessions = _open(path)
@@ -270,7 +300,7 @@ def deliveries(start: float, end: float) -> tuple[pd.DataFrame, dict[str, str]]:
     return _deliveries(path, start, end, known(path).changes)
 
 
-@st.cache_data(max_entries=KEPT, show_spinner=False)
+@versioned("changes", times=("start", "end"))
 def _deliveries(
     path: str, start: float, end: float, version: Key
 ) -> tuple[pd.DataFrame, dict[str, str]]:
@@ -295,7 +325,7 @@ def slo_reports(now: float) -> list[Report]:
     return _slo_reports(path, now, known(path).samples)
 
 
-@st.cache_data(max_entries=KEPT, show_spinner=False)
+@versioned("samples", times=("now",))
 def _slo_reports(path: str, now: float, version: Key) -> list[Report]:
     config, sessions = _open(path)
     with sessions() as session:
@@ -311,9 +341,10 @@ def weekly_report(now: float) -> tuple[WeeklyReport, str, str]:
     return _weekly_report(config_file(), now)
 
 
-# Keyed on its time alone (the page floors it to 5 minutes): a week's review does not wait
-# on each round.
-@st.cache_data(ttl=300, max_entries=4, show_spinner="Building the weekly review…")
+# Keyed on the tick floored to 5 minutes (the page floors it), not on each round: the week
+# it covers ends then, and it costs seconds to tens of seconds at fleet size. The warmer
+# builds the next one when the tick enters a new 5 minutes.
+@versioned(None, times=("now",), step=300.0, kept=4, spinner="Building the weekly review…")
 def _weekly_report(path: str, now: float) -> tuple[WeeklyReport, str, str]:
     config, sessions = _open(path)
     with sessions() as session:
@@ -335,7 +366,7 @@ def alert_states() -> list[fleet_status.AlertState]:
     return _alert_states(path, known(path).changes)
 
 
-@st.cache_data(max_entries=KEPT, show_spinner=False)
+@versioned("changes")
 def _alert_states(path: str, version: Key) -> list[fleet_status.AlertState]:
     config, sessions = _open(path)
     try:
