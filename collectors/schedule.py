@@ -25,6 +25,7 @@ from sqlalchemy.orm import Session, sessionmaker
 from collectors.cluster import NOT_LEADER, Cluster, serialize_evaluation
 from collectors.collect import Outcome, collect_once
 from collectors.heartbeat import heartbeat_job
+from kneepoint import malloc
 from kneepoint.clock import Clock, system_clock
 from kneepoint.config import Config
 from kneepoint.store.errors import StorageError, describe, is_storage_error
@@ -139,9 +140,7 @@ def standard_jobs(
     ]
     if config.heartbeat is not None:  # the dead-man's switch: collectors/heartbeat.py
         beat = config.heartbeat.interval
-        jobs.append(
-            Job("heartbeat", leading(lambda: heartbeat_job(config, sessions, clock)), beat)
-        )
+        jobs.append(Job("heartbeat", leading(lambda: heartbeat_job(config, sessions, clock)), beat))
     return jobs
 
 
@@ -207,7 +206,8 @@ def install(
 def guarded(job: Job) -> Callable[[], object]:
     """The job's function, a database failure in it logged in one line and raised again as
     a StorageError carrying only that line (SQLAlchemy's own message holds the statement
-    and its parameters, which logs and job_health must not)."""
+    and its parameters, which logs and job_health must not). After the run, the memory its
+    temporaries freed goes back to the system (malloc.after_job, at most every 30 s)."""
 
     def run() -> object:
         try:
@@ -217,6 +217,8 @@ def guarded(job: Job) -> Callable[[], object]:
                 raise
             log.error("%s job: storage error: %s", job.id, describe(error))
             raise StorageError(describe(error)) from None
+        finally:
+            malloc.after_job()
 
     return run
 

@@ -12,6 +12,15 @@ the call stay, none is added beyond the cap after it).
 On a C library without glibc's mallopt (musl, macOS) it does nothing and says so in one
 log line. An explicit MALLOC_ARENA_MAX in the environment wins: glibc has read it already,
 and it is left as it is.
+
+Capped arenas still keep what they once held: glibc gives memory back only from the top of
+a heap, so the pages a round's temporaries freed below a block still in use stay resident.
+On a fresh store the rounds' peaks grow with the data (the rollups and the evaluation's
+windows fill), and at 100 targets the collector's RSS rose by the freed-but-kept pages while
+the bytes malloc had in use stayed flat. `release()` hands those free pages back
+(malloc_trim), and Arrow's pool (pandas keeps its strings there) its unused memory; the
+scheduler calls it after a job run, at most once per `RELEASE_EVERY` seconds
+(collectors/schedule.py `guarded`).
 """
 
 from __future__ import annotations
@@ -20,10 +29,17 @@ import ctypes
 import ctypes.util
 import logging
 import os
+import sys
+import threading
+import time
+from collections.abc import Callable
 
 log = logging.getLogger(__name__)
 M_ARENA_MAX = -8  # glibc's malloc.h
 ARENAS = 2
+# Seconds between two releases: a trim walks every free chunk (a few ms on a 200 MiB heap), so
+# not after each of the 5-second scrapes, yet soon after a rollup's or evaluation's peak.
+RELEASE_EVERY = 30.0
 
 # The outcome of the first call, for later calls and for tests: the cap in force (None:
 # not capped, this C library has no mallopt or refused it).
@@ -63,3 +79,56 @@ def cap_arenas(arenas: int = ARENAS) -> int | None:
 def capped() -> int | None:
     """The cap the first `cap_arenas()` call put in force (None: not called, or not set)."""
     return _capped
+
+
+def _libc() -> ctypes.CDLL | None:
+    try:
+        return ctypes.CDLL(ctypes.util.find_library("c") or "libc.so.6")
+    except OSError:
+        return None
+
+
+def release() -> bool:
+    """Give the memory the allocators hold free back to the system: glibc's free pages in
+    every arena (malloc_trim(0)), and Arrow's pool's unused memory when pyarrow is loaded
+    (never imported here). Return whether glibc's trim ran (False without glibc)."""
+    arrow = sys.modules.get("pyarrow")
+    if arrow is not None:
+        arrow.default_memory_pool().release_unused()
+    libc = _libc()
+    trim = getattr(libc, "malloc_trim", None) if libc is not None else None
+    if trim is None:
+        return False
+    trim.argtypes = [ctypes.c_size_t]
+    trim.restype = ctypes.c_int
+    trim(0)
+    return True
+
+
+class Releaser:
+    """`release()` at most once per `every` seconds of `clock`: call it after each job run.
+    Thread-safe: two jobs finishing at once release once."""
+
+    def __init__(
+        self,
+        every: float = RELEASE_EVERY,
+        clock: Callable[[], float] = time.monotonic,
+        act: Callable[[], object] = release,
+    ) -> None:
+        self.every, self.clock, self.act = every, clock, act
+        self._last = -float("inf")
+        self._lock = threading.Lock()
+
+    def __call__(self) -> bool:
+        """Release now if the last release is `every` seconds old; return whether it did."""
+        with self._lock:
+            now = self.clock()
+            if now - self._last < self.every:
+                return False
+            self._last = now
+        self.act()
+        return True
+
+
+# The collector's: every job run of its scheduler passes here (collectors/schedule.py).
+after_job = Releaser()
