@@ -58,7 +58,7 @@ WINDOW: ContextVar[tuple[pd.Timestamp, pd.Timestamp] | None] = ContextVar(
 
 
 def axis_title(name: str, unit: str) -> str:
-    """"KV-cache occupancy (%)": the unit in parentheses, where the hover and a reader look."""
+    """ "KV-cache occupancy (%)": the unit in parentheses, where the hover and a reader look."""
     return f"{name} ({unit})" if unit else name
 
 
@@ -131,14 +131,39 @@ def lines(
         if chosen and color in frame:
             frame = frame[frame[color].isin(chosen)]
         figure = px.line(frame, x="time", y=y, color=color, title=title)
-    figure.update_layout(
-        **LAYOUT,
-        legend_title_text="",
-        yaxis_title=axis_title(y_title or title, "%" if percent else unit),
+    times = frame["time"] if "time" in frame and len(frame) else None
+    return _dressed(figure, times, y_title or title, "%" if percent else unit, percent)
+
+
+def fleet_lines(
+    fleet: Fleet,
+    y: str,
+    title: str,
+    color: str = "replica",
+    percent: bool = False,
+    unit: str = "",
+    y_title: str | None = None,
+    *,
+    worse: Worse = "higher",
+    chosen: Sequence[str] = (),
+) -> go.Figure:
+    """lines() at fleet size from a distribution already computed (by the database:
+    kneepoint/store/fleet_series.py): the same figure, axes and markers, drawn from `fleet`
+    instead of every series' rows."""
+    figure = drawn_fleet(fleet, y, title, color, worse=worse, chosen=chosen)
+    times = pd.concat([fleet.spread["time"], fleet.rows["time"]], ignore_index=True)
+    return _dressed(
+        figure, times if len(times) else None, y_title or title, "%" if percent else unit, percent
     )
+
+
+def _dressed(
+    figure: go.Figure, times: pd.Series | None, y_title: str, unit: str, percent: bool
+) -> go.Figure:
+    """A time series' layout, y axis, shared x range and the page's markers."""
+    figure.update_layout(**LAYOUT, legend_title_text="", yaxis_title=axis_title(y_title, unit))
     if percent:
         figure.update_yaxes(tickformat=".0%", rangemode="tozero")
-    times = frame["time"] if "time" in frame and len(frame) else None
     over_time(figure, times)
     return marked(figure, None if times is None else pd.Timestamp(times.min()))
 
@@ -168,36 +193,64 @@ def tail_name(worse: Worse) -> str:
     return "fleet p95" if worse == "higher" else "fleet p5"
 
 
-def bucket_width(frame: pd.DataFrame, color: str) -> pd.Timedelta:
-    """A width from BUCKETS: at most MAX_POINTS buckets over the frame's span, and no
-    narrower than one series' median sample spacing (replicas are scraped at different
-    instants; a bucket holds about one sample of each)."""
-    times = frame["time"]
-    span = pd.Timestamp(times.max()) - pd.Timestamp(times.min())
-    first = frame.loc[frame[color] == frame[color].iloc[0], "time"].sort_values()
-    spacing = first.diff().median()
+class Fleet(NamedTuple):
+    """A fleet chart's data, computed before drawing (the database computes it at fleet
+    size: kneepoint/store/fleet_series.py): how many series it sums up (those with a
+    value), the distribution per bucket (`time`, MEDIAN and the tail, as `distribution`
+    gives it), the worst series' names, worst first, and the rows (`time`, the series'
+    name column, the value) of the series drawn as their own lines (worst and chosen)."""
+
+    size: int
+    spread: pd.DataFrame
+    worst: list[str]
+    rows: pd.DataFrame
+
+
+def width_for(span: pd.Timedelta, spacing: pd.Timedelta | None) -> pd.Timedelta:
+    """The narrowest of BUCKETS that gives at most MAX_POINTS buckets over `span` and is no
+    narrower than a series' sample `spacing` (when known)."""
     least = span / MAX_POINTS
-    if pd.notna(spacing):
+    if spacing is not None and pd.notna(spacing):
         least = max(least, pd.Timedelta(spacing))
     return next((w for w in BUCKETS if w >= least), BUCKETS[-1])
 
 
-def distribution(frame: pd.DataFrame, y: str, color: str, worse: Worse = "higher") -> pd.DataFrame:
-    """Per time bucket (bucket_width; `time` is the bucket's start): each series' mean in
-    it, then the median and the bad-side tail (tail_name) across series. Missing values are
-    left out, not counted as zero."""
+def bucket_width(frame: pd.DataFrame, color: str) -> pd.Timedelta:
+    """A width from BUCKETS (width_for): at most MAX_POINTS buckets over the frame's span,
+    and no narrower than one series' median sample spacing (replicas are scraped at
+    different instants; a bucket holds about one sample of each)."""
+    times = frame["time"]
+    span = pd.Timestamp(times.max()) - pd.Timestamp(times.min())
+    first = frame.loc[frame[color] == frame[color].iloc[0], "time"].sort_values()
+    return width_for(span, first.diff().median())
+
+
+def distribution(
+    frame: pd.DataFrame,
+    y: str,
+    color: str,
+    worse: Worse = "higher",
+    width: pd.Timedelta | None = None,
+) -> pd.DataFrame:
+    """Per time bucket (`width`, bucket_width's by default; `time` is the bucket's start):
+    each series' mean in it, then the median and the bad-side tail (tail_name) across
+    series. Missing values are left out, not counted as zero."""
     tail = tail_name(worse)
     values = frame[["time", color]].assign(value=pd.to_numeric(frame[y], errors="coerce"))
     values = values.dropna(subset=["value"])
     if values.empty:
         return pd.DataFrame({"time": [], MEDIAN: [], tail: []})
-    width = bucket_width(values, color)
+    if width is None:
+        width = bucket_width(values, color)
     per = values.assign(time=values["time"].dt.floor(width)).groupby(["time", color])["value"]
     across = per.mean().groupby(level="time")
-    out = pd.DataFrame(
-        {MEDIAN: across.quantile(0.5), tail: across.quantile(0.95 if worse == "higher" else 0.05)}
-    )
+    out = pd.DataFrame({MEDIAN: across.quantile(0.5), tail: across.quantile(tail_quantile(worse))})
     return out.reset_index()
+
+
+def tail_quantile(worse: Worse) -> float:
+    """0.95 where high is bad, 0.05 where low is."""
+    return 0.95 if worse == "higher" else 0.05
 
 
 def worst(
@@ -205,11 +258,24 @@ def worst(
 ) -> list[str]:
     """The `k` series whose mean of `y` over the frame is worst (highest, or lowest where
     `worse` is "lower"); ties by name. Series with no value are not ranked."""
-    means = pd.to_numeric(frame[y], errors="coerce").groupby(frame[color]).mean().dropna()
-    ranked = means.reset_index(name="mean").sort_values(
-        ["mean", color], ascending=[worse == "lower", True]
-    )
-    return [str(name) for name in ranked[color].head(k)]
+    means = pd.to_numeric(frame[y], errors="coerce").groupby(frame[color]).mean()
+    return ranked_worst(means, worse, k)
+
+
+def ranked_worst(means: pd.Series, worse: Worse = "higher", k: int = WORST) -> list[str]:
+    """The `k` worst of `means` (a mean per series, indexed by name), worst first; means
+    equal to TIE_DIGITS significant digits are a tie, ranked by name; no mean (NaN) is not
+    ranked."""
+    known = pd.to_numeric(means, errors="coerce").dropna()
+    # A sum's last bits depend on its order (the database sums in its own): equal series
+    # must tie wherever their mean was computed.
+    rounded = [float(f"{value:.{TIE_DIGITS}g}") for value in known.to_numpy()]
+    ranked = pd.DataFrame({"name": known.index.astype(str), "mean": rounded})
+    ranked = ranked.sort_values(["mean", "name"], ascending=[worse == "lower", True])
+    return [str(name) for name in ranked["name"].head(k)]
+
+
+TIE_DIGITS = 12
 
 
 def fleet_figure(
@@ -225,11 +291,32 @@ def fleet_figure(
     tail), its WORST series named ("worst: replica-17"), and the series in `chosen` (the
     sidebar's, at most CHOSEN_LIMIT) as their own lines: a bounded number of traces at any
     fleet size. The title says how many series it sums up."""
-    count = frame[color].nunique()
+    named = worst(frame, y, color, worse)
+    own = set(named) | set(chosen)
+    fleet = Fleet(
+        size=frame.loc[pd.to_numeric(frame[y], errors="coerce").notna(), color].nunique(),
+        spread=distribution(frame, y, color, worse),
+        worst=named,
+        rows=frame.loc[frame[color].isin(own), ["time", color, y]],
+    )
+    return drawn_fleet(fleet, y, title, color, worse=worse, chosen=chosen)
+
+
+def drawn_fleet(
+    fleet: Fleet,
+    y: str,
+    title: str,
+    color: str = "replica",
+    *,
+    worse: Worse = "higher",
+    chosen: Sequence[str] = (),
+) -> go.Figure:
+    """fleet_figure's traces from a Fleet: median, tail, the worst named, the chosen (at
+    most CHOSEN_LIMIT, not already named) as their own lines."""
     noun = {"replica": "replicas", "gpu": "GPUs"}.get(color, f"{color}s")
     figure = go.Figure()
-    figure.update_layout(title=f"{title}: fleet of {count:,} {noun}")
-    spread = distribution(frame, y, color, worse)
+    figure.update_layout(title=f"{title}: fleet of {fleet.size:,} {noun}")
+    spread = fleet.spread
     tail = tail_name(worse)
     figure.add_trace(
         go.Scatter(
@@ -243,9 +330,10 @@ def fleet_figure(
             line={"color": "#1f77b4", "width": 1, "dash": "dash"},
         )
     )  # fmt: skip
-    named = worst(frame, y, color, worse)
+    named = list(fleet.worst)
     own = [c for c in dict.fromkeys(chosen) if c not in named][:CHOSEN_LIMIT]
     reds = ("#b2182b", "#d6604d", "#f4a582")
+    frame = fleet.rows
     for index, name in enumerate([*named, *own]):
         rows = frame[frame[color] == name].sort_values("time")
         is_worst = index < len(named)
@@ -337,6 +425,6 @@ def data_csv(figure: go.Figure) -> str:
 
 
 def _axis_key(letter: str, reference: str | None) -> str:
-    """"y2" → "yaxis2", None or "y" → "yaxis"."""
+    """ "y2" → "yaxis2", None or "y" → "yaxis"."""
     suffix = (reference or letter)[1:]
     return f"{letter}axis{suffix}"

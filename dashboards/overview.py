@@ -7,7 +7,7 @@ from collections.abc import Sequence
 import pandas as pd
 import plotly.graph_objects as go
 
-from dashboards.charts import Worse, lines
+from dashboards.charts import Fleet, Worse, fleet_lines, lines
 
 TITLES = {
     "kv_cache_occupancy": "KV-cache occupancy",
@@ -45,6 +45,22 @@ def replica_lines(series: pd.DataFrame, column: str, chosen: Sequence[str] = ())
     name, unit = AXES.get(column, (column, ""))
     return lines(
         series,
+        column,
+        TITLES.get(column, column),
+        percent=unit == "%",
+        unit="" if unit == "%" else unit,
+        y_title=name,
+        worse=WORSE.get(column, "higher"),
+        chosen=chosen,
+    )
+
+
+def fleet_replica_lines(fleet: Fleet, column: str, chosen: Sequence[str] = ()) -> go.Figure:
+    """replica_lines' fleet figure from a distribution already computed (the database's:
+    kneepoint/store/fleet_series.py), with the same titles, axes and bad side."""
+    name, unit = AXES.get(column, (column, ""))
+    return fleet_lines(
+        fleet,
         column,
         TITLES.get(column, column),
         percent=unit == "%",

@@ -2,9 +2,10 @@
 
 from __future__ import annotations
 
+import plotly.graph_objects as go
 import streamlit as st
 
-from app import data, filters, insight
+from app import data, filters, fleet_data, insight
 from app import tables as t
 from app.fleet import at_fleet_size, worst_first
 from app.format import compact, engine_label, quantile, show, why
@@ -157,33 +158,38 @@ for replica in tiled:
 if any(r["preemption_recompute_is_estimate"] for r in chosen):
     st.caption(f"Recompute on V1 engines is an estimate: {RECOMPUTE_FORMULA}")
 
-series = view.series
 mine = view_filter.replicas
-# lines() draws only the chosen replicas of a small fleet, and a large fleet's distribution
-# with the chosen ones on top of it.
-if (series[series.replica.isin(mine)] if mine else series).empty:
+end = data.now()
+start = end - view_filter.range_seconds
+
+
+def draw(
+    column: str, title: str, percent: bool = False, unit: str = "", y_title: str | None = None
+) -> go.Figure:
+    """A small fleet's lines (only the chosen replicas', when any); a large fleet's chart as
+    the database computes it (app/fleet_data.py): its distribution, the worst and the chosen
+    replicas on top, never every replica's series in the page run."""
+    if fleet:
+        return fleet_data.replica_lines(
+            column, start, end, title, percent, unit, y_title, chosen=mine
+        )
+    return lines(
+        view.series, column, title, percent=percent, unit=unit, y_title=y_title, chosen=mine
+    )
+
+
+if fleet:
+    empty = fleet_data.replica_chart("kv_cache_occupancy", start, end, chosen=mine).size == 0
+else:
+    empty = (view.series[view.series.replica.isin(mine)] if mine else view.series).empty
+if empty:
     st.info("No samples in this time range yet.")
 else:
     left, right = st.columns(2)
-    occupancy = lines(series, "kv_cache_occupancy", "KV-cache occupancy", percent=True, chosen=mine)
-    chart(occupancy, left)
-    waiting = lines(
-        series, "requests_waiting", "Waiting sequences", unit="seqs", y_title="waiting", chosen=mine
-    )
-    chart(waiting, right)
-    preemptions = lines(
-        series,
-        "preemptions_per_second",
-        "Preemptions",
-        unit="1/s",
-        y_title="preemptions",
-        chosen=mine,
-    )
-    chart(preemptions, left)
-    running = lines(
-        series, "requests_running", "Running sequences", unit="seqs", y_title="running", chosen=mine
-    )
-    chart(running, right)
+    chart(draw("kv_cache_occupancy", "KV-cache occupancy", percent=True), left)
+    chart(draw("requests_waiting", "Waiting sequences", unit="seqs", y_title="waiting"), right)
+    chart(draw("preemptions_per_second", "Preemptions", unit="1/s", y_title="preemptions"), left)
+    chart(draw("requests_running", "Running sequences", unit="seqs", y_title="running"), right)
 
 st.subheader("Headroom forecast")
 st.caption(

@@ -10,7 +10,7 @@ from urllib.parse import urlencode
 
 import streamlit as st
 
-from app import data, filters
+from app import data, filters, fleet_data
 from app import tables as t
 from app.fleet import at_fleet_size, worst_first
 from app.format import (
@@ -27,7 +27,7 @@ from app.format import (
 )
 from app.plots import chart
 from app.registry import PAGES
-from dashboards.overview import replica_lines
+from dashboards.overview import WORSE, fleet_replica_lines, replica_lines
 from kneepoint import fleet_status, runbooks
 from kneepoint.fleet_status import SEVERITY_COLOURS, AlertState, ReplicaState, SloState
 
@@ -315,22 +315,36 @@ tiles()
 @st.fragment(run_every=max(15.0, config.scrape_interval))
 def fleet_charts() -> None:
     end = data.now()
-    series = data.series(end - view.range_seconds, end)
+    start = end - view.range_seconds
     st.subheader(f"Fleet, last {view.range_label}")
-    # replica_lines draws a small fleet's chosen replicas only, a large fleet's distribution
-    # with the chosen ones on top.
+    columns = (
+        "kv_cache_occupancy",
+        "requests_waiting",
+        "requests_running",
+        "generation_tokens_per_second",
+    )
+    if at_fleet_size(len(data.status(300.0, end)["replicas"])):
+        # The database computes a fleet's charts (app/fleet_data.py): the page run never
+        # reads every replica's series.
+        fleets = [
+            fleet_data.replica_chart(c, start, end, WORSE.get(c, "higher"), view.replicas)
+            for c in columns
+        ]
+        if fleets[0].size == 0:
+            st.info("No samples in this time range yet.")
+            return
+        left, right = st.columns(2)
+        for index, (column, fleet) in enumerate(zip(columns, fleets, strict=True)):
+            figure = fleet_replica_lines(fleet, column, chosen=view.replicas)
+            chart(figure, left if index % 2 == 0 else right)
+        return
+    series = data.series(start, end)
+    # replica_lines draws a small fleet's chosen replicas only.
     if (series[series.replica.isin(view.replicas)] if view.replicas else series).empty:
         st.info("No samples in this time range yet.")
         return
     left, right = st.columns(2)
-    for index, column in enumerate(
-        (
-            "kv_cache_occupancy",
-            "requests_waiting",
-            "requests_running",
-            "generation_tokens_per_second",
-        )
-    ):
+    for index, column in enumerate(columns):
         figure = replica_lines(series, column, chosen=view.replicas)
         chart(figure, left if index % 2 == 0 else right)
 
