@@ -1,7 +1,7 @@
 """The collector's resident memory over time, by launch path, against the twin fleet.
 
     .venv/bin/python bench/bench_memory.py [--minutes 60] [--targets 100] [--interval 5]
-        [--every 60] [--source LABEL=DIR ...] [--image] [--demo]
+        [--every 60] [--last 40] [--source LABEL=DIR ...] [--image] [--demo]
 
 Each collector is `kneepoint collect` of a source tree (`--source LABEL=DIR`, repeatable;
 default: this checkout, labelled "collect") run without MALLOC_ARENA_MAX, as `kneepoint
@@ -9,14 +9,16 @@ collect` runs from a pip install or a checkout; `--image` adds one with MALLOC_A
 as the Dockerfile sets it for the image compose and the Helm chart run; `--demo` adds
 `kneepoint demo --no-browser` of the first source tree (what ./scripts/run starts after its
 setup: its own four-replica twin, backfill, collector and app; its main process is
-measured, which holds the twin and the collector, not the app's child process). All the
+measured, which holds the twin and the collector, and apart from it the whole process tree,
+the app's child included: "demo tree"). All the
 collectors scrape one shared twin (`--targets`, as bench/bench_prometheus.py builds it, in
 a child process), each into its own SQLite database, at the same time.
 
 Every `--every` seconds it prints each collector's VmRSS; at the end, per collector: RSS at
-the first sample, the last and the largest, the peak (VmHWM), and the slope of a
-least-squares line through the samples from the fifth minute on (MiB per hour; the first
-minutes hold the start-up's growth: tables, caches, the first rollup).
+the first sample, the last and the largest, the peak (VmHWM), and the slopes of
+least-squares lines (MiB per hour) through the samples from the fifth minute on and through
+those of the last `--last` minutes (the first minutes hold the start-up's growth: tables,
+caches, the first rollup; on a fresh store the later ones too, while its windows fill).
 """
 
 from __future__ import annotations
@@ -40,6 +42,7 @@ from collector_process import (  # noqa: E402
     rss_mib,
     start_collector,
     stop_collector,
+    tree,
     wait_for_rows,
     write_config,
 )
@@ -59,12 +62,24 @@ def slope_per_hour(points: list[tuple[float, float]]) -> float:
     return sum((x - mx) * (y - my) for x, y in points) / var * 3600
 
 
+def tree_rss_mib(pid: int) -> float:
+    """VmRSS of `pid` and every process below it, summed, MiB."""
+    total = 0.0
+    for member in tree(pid):
+        try:
+            total += rss_mib(member)[0]
+        except (OSError, KeyError):
+            continue  # ended between the listing and the read, or a zombie
+    return total
+
+
 def main() -> None:
     parser = argparse.ArgumentParser()
     parser.add_argument("--minutes", type=float, default=60.0)
     parser.add_argument("--targets", type=int, default=100)
     parser.add_argument("--interval", type=float, default=5.0)
     parser.add_argument("--every", type=float, default=60.0, help="seconds between samples")
+    parser.add_argument("--last", type=float, default=40.0, help="minutes of the last slope")
     parser.add_argument("--sessions", type=float, default=10.0)
     parser.add_argument("--source", action="append", default=[], help="LABEL=DIR")
     parser.add_argument("--image", action="store_true", help="also with MALLOC_ARENA_MAX=2")
@@ -82,6 +97,7 @@ def main() -> None:
     targets = ours_end.recv()
     folder = Path(tempfile.mkdtemp(prefix="kneepoint-bench-memory-"))
     runs: list[tuple[str, subprocess.Popen[bytes], Path]] = []
+    demo_process: subprocess.Popen[bytes] | None = None
     plans: list[tuple[str, Path, str | None]] = [(label, src, None) for label, src in sources]
     if args.image:
         plans.append(("image (MALLOC_ARENA_MAX=2)", sources[0][1], "2"))
@@ -103,6 +119,7 @@ def main() -> None:
                 stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
             )  # fmt: skip
             runs.append(("demo (./scripts/run)", demo, place))
+            demo_process = demo
         print(
             f"{args.targets} targets every {args.interval:g}s, {len(runs)} collectors at once, "
             f"VmRSS every {args.every:g}s for {args.minutes:g} min",
@@ -122,6 +139,10 @@ def main() -> None:
                 samples[label].append((now, rss))
                 peaks[label] = hwm
                 shown.append(f"{label} {rss:.0f}")
+                if process is demo_process:
+                    whole = tree_rss_mib(process.pid)
+                    samples.setdefault("demo tree", []).append((now, whole))
+                    shown.append(f"demo tree {whole:.0f}")
             print(f"  min {now / 60:5.1f}: " + ", ".join(shown) + " MiB", flush=True)
             if now >= args.minutes * 60:
                 break
@@ -136,11 +157,13 @@ def main() -> None:
         if not points:
             continue
         settled = [p for p in points if p[0] >= 300] or points
+        last = [p for p in points if p[0] >= points[-1][0] - args.last * 60]
         sizes = [p[1] for p in points]
+        peak = f"peak (VmHWM) {peaks[label]:.0f} MiB; " if label in peaks else ""
         print(
             f"{label}: RSS first {sizes[0]:.0f} MiB, last {sizes[-1]:.0f}, max {max(sizes):.0f}, "
-            f"peak (VmHWM) {peaks.get(label, 0):.0f} MiB; slope from minute 5: "
-            f"{slope_per_hour(settled):+.1f} MiB/h ({len(points)} samples)"
+            f"{peak}slope from minute 5: {slope_per_hour(settled):+.1f} MiB/h, over the last "
+            f"{args.last:g} min: {slope_per_hour(last):+.1f} MiB/h ({len(points)} samples)"
         )
 
 
