@@ -9,6 +9,8 @@ clock); a new round or a mutation makes the next run compute, and shows at once.
 from __future__ import annotations
 
 import copy
+import dataclasses
+import logging
 import math
 import time
 from collections import Counter
@@ -17,11 +19,13 @@ from pathlib import Path
 from types import SimpleNamespace
 from typing import Any
 
+import pandas as pd
 import pytest
 import streamlit as st
 from streamlit.testing.v1 import AppTest
 
 import alerts.evaluate  # noqa: F401  the package: AppTest puts app/screens (with alerts.py) first
+from app import warm
 from app.registry import PAGES
 from collectors.vllm import parse_vllm
 from kneepoint.annotations import annotate
@@ -193,3 +197,116 @@ def test_the_pages_named_here_are_the_routers() -> None:
     assert {"health", "audit", "knee", "capacity", "gpus", "overview", "timeline"} <= {
         spec.url_path for spec in PAGES
     }
+
+
+# -- the warmer (app/warm.py): a new round computed before the next page run asks ---------
+
+
+@pytest.fixture
+def registry(monkeypatch: pytest.MonkeyPatch) -> warm.Registry:
+    """The calls of this test's page runs only."""
+    fresh = warm.Registry()
+    monkeypatch.setattr(warm, "REGISTRY", fresh)
+    return fresh
+
+
+def warmer_of(config: Path, registry: warm.Registry) -> warm.Warmer:
+    """The served app's warmer, run here by the test (AppTest's runtime starts none)."""
+    import app.data
+
+    return warm.Warmer(str(config.resolve()), app.data.read_version, registry)
+
+
+# Pages whose run after a new round computes an expensive function (test above).
+WARMED_PAGES = ["overview", "capacity", "gpus", "slos", "timeline"]
+
+
+@pytest.mark.parametrize("page", WARMED_PAGES)
+def test_after_a_new_round_and_the_warmer_a_page_run_computes_nothing(
+    seeded: Path, calls: Counter[str], clock: Clock, registry: warm.Registry, page: str
+) -> None:
+    warmer = warmer_of(seeded, registry)
+    page_run(page)
+    warmer.once()  # the version it starts from: what the page asked is recorded
+    a_round(seeded, clock.at - 0.5)
+    calls.clear()
+    assert warmer.once() and warmer.failed == 0
+    warmed = sum(calls.values())
+    calls.clear()
+    again = page_run(page)
+    assert sum(calls.values()) == 0, f"{page} computed {dict(calls)} after the warmer"
+    assert warmed >= 1, "the round changed nothing the page reads"
+    assert title(again) == title(page_run(page))
+
+
+def test_a_failing_warm_call_leaves_the_page_computing_it(
+    seeded: Path,
+    calls: Counter[str],
+    clock: Clock,
+    registry: warm.Registry,
+    monkeypatch: pytest.MonkeyPatch,
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    import app.data
+
+    real = app.data.build_view
+
+    def broken_while_warming(*args: Any) -> Any:
+        if warm.warming():
+            raise RuntimeError("the warmer's view broke")
+        return real(*args)
+
+    monkeypatch.setattr(app.data, "build_view", broken_while_warming)
+    warmer = warmer_of(seeded, registry)
+    page_run("capacity")
+    warmer.once()
+    a_round(seeded, clock.at - 0.5)
+    with caplog.at_level(logging.ERROR, logger="app.warm"):
+        assert warmer.once()
+    assert warmer.failed >= 1 and "the warmer's view broke" in caplog.text
+    calls.clear()
+    after = page_run("capacity")  # page_run asserts that it raised nothing
+    assert title(after) == "Capacity"
+    assert calls["build_view"] >= 1  # the page computed what the warmer could not
+
+
+def test_what_the_warmer_cached_equals_the_direct_computation(
+    seeded: Path, calls: Counter[str], clock: Clock, registry: warm.Registry
+) -> None:
+    warmer = warmer_of(seeded, registry)
+    for page in ("overview", "capacity", "slos", "timeline"):
+        page_run(page)
+    warmer.once()
+    a_round(seeded, clock.at - 0.5)
+    assert warmer.once()
+    path = str(seeded.resolve())
+    made = registry.advance(path, app_version(path))  # the same calls, for the same version
+    assert len(made) >= 5
+    for spec, args in made:
+        calls.clear()
+        cached = spec.call(*args)
+        assert sum(calls.values()) == 0, f"{spec.name} was not warmed"
+        assert same(cached, spec.call.__wrapped__(*args)), spec.name  # type: ignore[attr-defined]
+
+
+def app_version(path: str) -> Any:
+    import app.data
+
+    return app.data.read_version(path)
+
+
+def same(a: Any, b: Any) -> bool:
+    """Equal values, DataFrames and NaN included, through dataclasses and containers."""
+    if isinstance(a, pd.DataFrame | pd.Series):
+        return isinstance(b, type(a)) and a.equals(b)
+    if dataclasses.is_dataclass(a) and not isinstance(a, type):
+        return type(a) is type(b) and all(
+            same(getattr(a, f.name), getattr(b, f.name)) for f in dataclasses.fields(a)
+        )
+    if isinstance(a, dict):
+        return isinstance(b, dict) and a.keys() == b.keys() and all(same(a[k], b[k]) for k in a)
+    if isinstance(a, list | tuple):
+        return type(a) is type(b) and len(a) == len(b) and all(map(same, a, b))
+    if isinstance(a, float) and isinstance(b, float) and math.isnan(a):
+        return math.isnan(b)
+    return bool(a == b)
