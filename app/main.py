@@ -22,16 +22,21 @@ except ConfigError as error:
     st.error(str(error))
     st.stop()
 
+allowed = [spec for spec in PAGES if who.can(spec.role)]
+requested = st.query_params.get("page")
+# A chat link (/?page=health&range=6h) names its page in the query string: that page is this
+# run's default, the one the root address shows, so it opens in one script run (a switch to
+# it with st.switch_page would run the script twice).
+landing = requested if requested in {spec.url_path for spec in allowed} else PAGES[0].url_path
 pages = {
     spec.url_path: st.Page(
         PAGES_DIR / spec.file,
         title=spec.title,
         icon=spec.icon,
         url_path=spec.url_path,
-        default=index == 0,
+        default=spec.url_path == landing,
     )
-    for index, spec in enumerate(PAGES)
-    if who.can(spec.role)
+    for spec in allowed
 }
 menu: dict[str, list[StreamlitPage]] = {name: [] for name in SECTIONS}
 for spec in PAGES:
@@ -42,9 +47,8 @@ page = st.navigation({name: listed for name, listed in menu.items() if listed}, 
 current_path = next(path for path, candidate in pages.items() if candidate is page)
 chrome.tab_title(page.title, page.icon)
 
-requested = st.query_params.get("page")
 if requested in pages and requested != current_path:
-    # A link names its page in the query string (?page=health&range=6h&replica=a).
+    # A link to another page's own address that names a page in its query string.
     st.switch_page(
         pages[requested],
         query_params={
