@@ -19,11 +19,18 @@ Key = data.Key
 
 
 def replica_chart(
-    column: str, start: float, end: float, worse: Worse = "higher", chosen: Sequence[str] = ()
+    column: str,
+    start: float,
+    end: float,
+    worse: Worse = "higher",
+    chosen: Sequence[str] = (),
+    resample: int = 0,
 ) -> Fleet:
-    """The fleet chart data of replica series `column` over [start, end]."""
+    """The fleet chart data of replica series `column` over [start, end] (each replica's
+    series resampled to `resample` seconds first, when given)."""
     path = data.config_file()
-    return _replica_chart(path, column, start, end, worse, tuple(chosen), data.known(path).samples)
+    version = data.known(path).samples
+    return _replica_chart(path, column, start, end, worse, tuple(chosen), resample, version)
 
 
 @st.cache_data(max_entries=data.KEPT, show_spinner=False)
@@ -34,12 +41,13 @@ def _replica_chart(
     end: float,
     worse: Worse,
     chosen: tuple[str, ...],
+    resample: int,
     version: Key,
 ) -> Fleet:
     config, sessions = data._open(path)
     with sessions() as session:
         return fleet_series.replica_fleet(
-            session, start, end, column, config.scrape_interval, worse, chosen
+            session, start, end, column, config.scrape_interval, worse, chosen, resample=resample
         )
 
 
@@ -79,9 +87,10 @@ def replica_lines(
     *,
     worse: Worse = "higher",
     chosen: Sequence[str] = (),
+    resample: int = 0,
 ) -> go.Figure:
     """charts.lines' fleet figure of replica series `column`, from replica_chart."""
-    fleet = replica_chart(column, start, end, worse, chosen)
+    fleet = replica_chart(column, start, end, worse, chosen, resample)
     return charts.fleet_lines(
         fleet, column, title, "replica", percent, unit, y_title, worse=worse, chosen=chosen
     )

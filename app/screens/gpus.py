@@ -3,9 +3,10 @@ XID."""
 
 from __future__ import annotations
 
+import plotly.graph_objects as go
 import streamlit as st
 
-from app import data, filters
+from app import data, filters, fleet_data
 from app import tables as t
 from app.fleet import at_fleet_size, worst_first
 from app.format import GPU_BUSY_VS_LOAD, show
@@ -84,16 +85,23 @@ for gpu in [g for g in gpus if f"{g['host']}/{g['index']}" in mine] if fleet els
     e.metric("Temperature", show(gpu["temperature_c"], "°C", 0), help="DCGM_FI_DEV_GPU_TEMP.")
     if gpu["xid_error"] is not None:
         st.error(f"XID error {gpu['xid_error']:.0f} on {gpu['host']}/{gpu['index']}")
-frame = view.gpus
-if not frame.empty:
+end = data.now()
+start = end - view_filter.range_seconds
+
+
+def draw(
+    column: str, title: str, percent: bool = False, unit: str = "", y_title: str | None = None
+) -> go.Figure:
+    """A few GPUs' lines; a fleet's chart as the database computes it (app/fleet_data.py),
+    never every GPU's readings in the page run."""
+    if fleet:
+        return fleet_data.gpu_lines(column, start, end, title, percent, unit, y_title, chosen=mine)
+    return lines(view.gpus, column, title, "gpu", percent, unit, y_title, chosen=mine)
+
+
+if fleet or not view.gpus.empty:
     left, right = st.columns(2)
-    busy = "GPU busy (GPU_UTIL)"
-    chart(
-        lines(frame, "utilization", busy, "gpu", percent=True, y_title="busy", chosen=mine),
-        left,
-    )
-    active = "Graphics engine active"
-    chart(lines(frame, "gr_engine_active", active, "gpu", percent=True, chosen=mine), right)
-    chart(lines(frame, "dram_active", "DRAM active", "gpu", percent=True, chosen=mine), left)
-    power = lines(frame, "power_watts", "Power", "gpu", unit="W", y_title="power", chosen=mine)
-    chart(power, right)
+    chart(draw("utilization", "GPU busy (GPU_UTIL)", percent=True, y_title="busy"), left)
+    chart(draw("gr_engine_active", "Graphics engine active", percent=True), right)
+    chart(draw("dram_active", "DRAM active", percent=True), left)
+    chart(draw("power_watts", "Power", unit="W", y_title="power"), right)

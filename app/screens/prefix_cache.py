@@ -2,15 +2,20 @@
 
 from __future__ import annotations
 
+from typing import Any
+
+import pandas as pd
+import plotly.graph_objects as go
 import streamlit as st
 
-from app import data, filters
+from app import data, filters, fleet_data
 from app import tables as t
 from app.fleet import at_fleet_size, worst_first
 from app.format import compact, show, why
 from app.plots import chart
 from dashboards.charts import events, lines
 from kneepoint.derived.details import divergence
+from kneepoint.views import _bucket as coarse_rule
 
 view_filter = filters.current(data.replica_names())
 st.title("Prefix cache")
@@ -88,24 +93,38 @@ for replica in view.status["replicas"]:
         show(extra["prefix_cross_check"], "%"),
         help="Δprompt_tokens_by_source{local_cache_hit} ÷ Δprompt_tokens.",
     )
-coarse = view.coarse
-if coarse.empty:
+end = data.now()
+start = end - view_filter.range_seconds
+# The page's intervals (views.build_view's `coarse`): hit rates of summed increases.
+every = int(pd.Timedelta(coarse_rule(view_filter.range_seconds)).total_seconds())
+
+
+def draw(column: str, title: str, **style: Any) -> go.Figure:
+    """A small fleet's lines, every replica's as always; a large fleet's chart as the
+    database computes it (app/fleet_data.py), with the sidebar's replicas on top."""
+    if fleet:
+        return fleet_data.replica_lines(
+            column, start, end, title, chosen=view_filter.replicas, resample=every, **style
+        )
+    return lines(view.coarse, column, title, **style)
+
+
+if fleet:
+    empty = not fleet_data.replica_chart(
+        "hit_rate", start, end, "lower", view_filter.replicas, every
+    ).size
+else:
+    empty = view.coarse.empty
+if empty:
     st.info("No samples in this time range yet.")
 else:
-    # A small fleet's charts draw every replica, as they always did; a large one's draw the
-    # distribution with the sidebar's replicas on top.
-    mine = view_filter.replicas if fleet else ()
-    figure = lines(
-        coarse, "hit_rate", "Prefix-cache hit rate", percent=True, worse="lower", chosen=mine
-    )
+    figure = draw("hit_rate", "Prefix-cache hit rate", percent=True, worse="lower")
     chart(events(figure, [e.start for e in view.events["hit_rate_drops"]], "drop"))
-    storms = lines(
-        coarse,
+    storms = draw(
         "computed_prompt_tokens_per_second",
         "Computed prompt tokens / s",
         unit="tok/s",
         y_title="computed prompt tokens",
-        chosen=mine,
     )
     chart(events(storms, [e.start for e in view.events["prefill_storms"]], "storm"))
 found = [

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import streamlit as st
 
-from app import data, filters
+from app import data, filters, fleet_data
 from app import tables as t
 from app.fleet import at_fleet_size, worst_first
 from app.format import show
@@ -80,16 +80,29 @@ for replica in drafting if not fleet or view_filter.replicas else ():
                 y_title="accepted",
             )
         )
-series = view.series.dropna(subset=["spec_acceptance"])
-if not series.empty:
-    chart(
-        lines(
-            series,
-            "spec_acceptance",
-            "Acceptance rate over time",
-            percent=True,
-            y_title="accepted",
-            worse="lower",
-            chosen=view_filter.replicas if fleet else (),  # a small fleet's: all, as before
+TITLE = "Acceptance rate over time"
+if fleet:
+    # The database computes a fleet's chart (app/fleet_data.py): its distribution, the
+    # least accepting and the sidebar's replicas, never every replica's series.
+    end = data.now()
+    start = end - view_filter.range_seconds
+    mine = view_filter.replicas
+    if fleet_data.replica_chart("spec_acceptance", start, end, "lower", mine).size:
+        chart(
+            fleet_data.replica_lines(
+                "spec_acceptance",
+                start,
+                end,
+                TITLE,
+                percent=True,
+                y_title="accepted",
+                worse="lower",
+                chosen=mine,
+            )
         )
-    )
+else:
+    series = view.series.dropna(subset=["spec_acceptance"])
+    if not series.empty:  # a small fleet's: every replica, as before
+        chart(
+            lines(series, "spec_acceptance", TITLE, percent=True, y_title="accepted", worse="lower")
+        )

@@ -46,6 +46,7 @@ from dashboards.charts import (
 )
 from kneepoint.series import COLUMNS as SERIES_COLUMNS
 from kneepoint.series import SERIES, gpu_series, replica_series
+from kneepoint.series import resample as resampled
 from kneepoint.store import queries
 from kneepoint.store.models import RAW, GpuRow
 
@@ -59,6 +60,7 @@ class Metric(NamedTuple):
 
     kind: Kind
     columns: tuple[str, ...]
+    resample: int = 0  # seconds: a ratio of the increases summed per interval first
 
 
 # The replica chart columns (kneepoint/series.py SERIES_COLUMNS) a fleet chart may draw.
@@ -69,6 +71,12 @@ REPLICA_METRICS: dict[str, Metric] = {
     },
     "hit_rate": Metric("ratio", ("prefix_cache_hits", "prefix_cache_queries")),
     "spec_acceptance": Metric("ratio", ("spec_decode_accepted_tokens", "spec_decode_draft_tokens")),
+}
+# The columns kneepoint/series.py `resample` recomputes from summed increases: a ratio of
+# two counters' increases, or of one's to the seconds ("ts": its increase is the seconds).
+RESAMPLED: dict[str, Metric] = {
+    "hit_rate": REPLICA_METRICS["hit_rate"],
+    "computed_prompt_tokens_per_second": Metric("ratio", ("prompt_tokens_local_compute", "ts")),
 }
 # GPU readings are gauges, charted as stored (kneepoint/series.py gpu_series).
 GPU_COLUMNS = ("utilization", "gr_engine_active", "dram_active", "power_watts", "temperature_c")
@@ -93,18 +101,26 @@ def replica_fleet(
     worse: Worse = "higher",
     chosen: Sequence[str] = (),
     k: int = WORST,
+    resample: int = 0,
 ) -> Fleet:
     """The fleet chart of replica series `column` (REPLICA_METRICS) over [start, end]: the
-    rows read are replica_frame's; the rows drawn are those of the `k` worst and `chosen`."""
+    rows read are replica_frame's; the rows drawn are those of the `k` worst and `chosen`.
+    With `resample` seconds, of each replica's series resampled first as
+    kneepoint/series.py `resample` does (a ratio or rate of the increases summed per
+    interval; RESAMPLED: those it recomputes)."""
     names = {row.id: name for name, row in queries.targets(session).items()}
+    metric = REPLICA_METRICS[column]
+    if resample:
+        metric = RESAMPLED[column]._replace(resample=resample)
     fleet, ids = _fleet(
-        session, REPLICAS, names, start, end, REPLICA_METRICS[column], scrape_interval, worse, k,
-        chosen,
-    )  # fmt: skip
+        session, REPLICAS, names, start, end, metric, scrape_interval, worse, k, chosen
+    )
     if not ids:
         return fleet._replace(rows=pd.DataFrame({"time": [], "replica": [], column: []}))
     frame = queries.replica_frame(session, start, end, target_ids=ids, columns=SERIES_COLUMNS)
     rows = replica_series(frame, names)
+    if resample:
+        rows = resampled(rows, f"{resample}s")
     return fleet._replace(rows=rows[["time", "replica", column]])
 
 
@@ -160,7 +176,8 @@ def _fleet(
     coarsest = queries.coarsest_for(end - start)
     reach = queries.reach(session, source.rollups) if coarsest else {}
     pieces = queries.plan(start, end, reach, coarsest)
-    width = width_for(pd.Timedelta(seconds=end - start), spacing(pieces, scrape_interval))
+    every = max(spacing(pieces, scrape_interval), pd.Timedelta(seconds=metric.resample))
+    width = width_for(pd.Timedelta(seconds=end - start), every)
     query = fleet_query(session, source, list(names), start, end, metric, pieces, width, worse)
     found = queries.read_frame(session, query)
     buckets = found[found.kind == "bucket"].sort_values("bucket")
@@ -209,14 +226,21 @@ def fleet_query(
     """One statement: rows `kind` "bucket" (`bucket` start in seconds, `median`, `tail`)
     and "series" (`key`, its mean over the range in `median`; NULL where it has no value)."""
     key = source.key
+    stored = [c for c in metric.columns if c != "ts"]
     rows = queries._range_rows(
-        source.samples, source.rollups, key, keys, start, end, list(metric.columns), pieces
+        source.samples, source.rollups, key, keys, start, end, stored, pieces
     )
     seconds = max(1, int(width.total_seconds()))
+    if metric.resample:
+        intervals = _intervals(session, rows, key, metric)
+        at, value = intervals.c.at, intervals.c.v
+        keyed = intervals.c[key]
+    else:
+        at, value, keyed = rows.c.ts, _value(rows, key, metric), rows.c[key]
     values = select(
-        rows.c[key].label("key"),
-        queries._bucket_of(session, rows.c.ts, seconds).label("bucket"),
-        _value(rows, key, metric).label("v"),
+        keyed.label("key"),
+        queries._bucket_of(session, at, seconds).label("bucket"),
+        value.label("v"),
     ).subquery("values")
     per = (
         select(
@@ -271,6 +295,32 @@ def _value(rows: Any, key: str, metric: Metric) -> ColumnElement[Any]:
         return increase(metric.columns[0]) / (rows.c.ts - func.lag(rows.c.ts).over(**order))
     part, whole = (increase(c) for c in metric.columns)
     return case((whole > 0, part / whole))
+
+
+def _intervals(session: Session, rows: Any, key: str, metric: Metric) -> Any:
+    """Each key's `metric.resample`-second intervals (`at`, their start), as
+    kneepoint/series.py `resample` computes them: the ratio of the increases summed over
+    the interval (a sum of no value is 0), none where the second sums to 0 or less."""
+    order = {"partition_by": rows.c[key], "order_by": rows.c.ts}
+
+    def increase(column: str) -> ColumnElement[Any]:
+        step = rows.c[column] - func.lag(rows.c[column]).over(**order)
+        return case((step < 0, rows.c[column]), else_=step)
+
+    part, whole = metric.columns
+    steps = select(
+        rows.c[key],
+        queries._bucket_of(session, rows.c.ts, metric.resample).label("at"),
+        increase(part).label("part"),
+        increase(whole).label("whole"),
+    ).subquery("steps")
+    summed = func.coalesce(func.sum(steps.c.whole), 0.0)
+    ratio = case((summed > 0, func.coalesce(func.sum(steps.c.part), 0.0) / summed))
+    return (
+        select(steps.c[key], steps.c.at, ratio.label("v"))
+        .group_by(steps.c[key], steps.c.at)
+        .subquery("intervals")
+    )
 
 
 def _quantile(session: Session, ranked: Any, q: float) -> ColumnElement[Any]:

@@ -8,6 +8,7 @@ import copy
 import dataclasses
 import json
 import time
+from collections import Counter
 from pathlib import Path
 from typing import Any
 
@@ -186,3 +187,28 @@ def test_a_small_fleet_keeps_its_tiles_and_a_line_per_replica(
     assert not [d for d in app.dataframe if "Time saturated" in _frame(d.value).columns]
     for names in charts(app):
         assert sorted(n for n in names if n != CHANGES) == ["replica-a", "replica-b"]
+
+
+@pytest.mark.parametrize("page", ["overview.py", "capacity.py", "prefix_cache.py", "gpus.py"])
+def test_a_fleet_page_run_never_charts_from_every_series(
+    fleet: Path, monkeypatch: pytest.MonkeyPatch, page: str
+) -> None:
+    """At fleet size the database computes the charts (app/fleet_data.py): a page run
+    computes no distribution or worst series in pandas and builds no every-replica series
+    for them (the Overview's data.series)."""
+    from app import data
+    from dashboards import charts as kernel
+
+    calls: Counter[str] = Counter()
+    for module, name in ((kernel, "distribution"), (kernel, "worst"), (data, "replica_series")):
+        original = getattr(module, name)
+
+        def counted(*args: Any, _name: str = name, _original: Any = original, **kw: Any) -> Any:
+            calls[_name] += 1
+            return _original(*args, **kw)
+
+        monkeypatch.setattr(module, name, counted)
+    app = run(page)
+    drawn = charts(app)
+    assert drawn and all(names[0] == MEDIAN for names in drawn), drawn
+    assert calls == Counter()

@@ -21,12 +21,13 @@ from dashboards import charts
 from dashboards.charts import MEDIAN, Worse, tail_name
 from kneepoint.config import Retention
 from kneepoint.series import COLUMNS as SERIES_COLUMNS
-from kneepoint.series import gpu_series, replica_series
+from kneepoint.series import gpu_series, replica_series, resample
 from kneepoint.store import fleet_series, queries
 from kneepoint.store.db import open_store
 from kneepoint.store.models import Base, GpuRow
 from kneepoint.store.rollup import rollup
 from kneepoint.store.writer import ensure_targets
+from kneepoint.views import _bucket as coarse_rule
 from tests.postgres import running_postgres
 
 DAY, HOUR = 86400.0, 3600.0
@@ -48,13 +49,20 @@ METRICS: list[tuple[str, Worse]] = [
     ("spec_acceptance", "lower"),
 ]
 
+RESAMPLED: list[tuple[str, Worse]] = [
+    ("hit_rate", "lower"),
+    ("computed_prompt_tokens_per_second", "higher"),
+]
+
 
 def _rows(name: str, target_id: int, index: int) -> list[dict[str, Any]]:
     """A replica's samples: every 5 minutes, every minute in the newest 26 h, every 15 s
     in the newest 2 h, each replica at its own offset; counters whole and growing at a
     rate of their own."""
     rows: list[dict[str, Any]] = []
-    counters = dict.fromkeys(("generation", "preemptions", "accepted", "draft"), 0.0)
+    counters = dict.fromkeys(
+        ("generation", "preemptions", "accepted", "draft", "hits", "queries", "compute"), 0.0
+    )
     # r06 is r05's twin (the same values at the same times): ties.
     twin = 5 if name == "r06" else index
     level = 12 if twin == 5 else twin
@@ -81,6 +89,9 @@ def _rows(name: str, target_id: int, index: int) -> list[dict[str, Any]]:
         counters["generation"] += 30 + twin * 3 + step % 7
         counters["preemptions"] += step % (20 + twin) == 0
         counters["draft"] += 0 if step % 9 == 0 else 40
+        counters["queries"] += 0 if step % 13 == 0 else 50
+        counters["hits"] += 0 if step % 13 == 0 else (step * 3 + twin) % 51
+        counters["compute"] += 20 + (step * twin) % 300
         counters["accepted"] += 0 if step % 9 == 0 else (step + twin) % 41
         row: dict[str, Any] = {
             "target_id": target_id,
@@ -92,6 +103,9 @@ def _rows(name: str, target_id: int, index: int) -> list[dict[str, Any]]:
             "generation_tokens": counters["generation"],
             "preemptions": counters["preemptions"],
             "spec_decode_draft_tokens": counters["draft"],
+            "prefix_cache_queries": counters["queries"],
+            "prefix_cache_hits": counters["hits"],
+            "prompt_tokens_local_compute": counters["compute"],
             # A counter missing at some rows only (a partial scrape).
             "spec_decode_accepted_tokens": None
             if name == "r07" and step % 11 == 0
@@ -203,6 +217,15 @@ def _compare(url: str) -> None:
             for column, worse in METRICS:
                 fleet = fleet_series.replica_fleet(session, start, end, column, SCRAPE, worse)
                 _same_fleet(fleet, series, column, "replica", worse)
+            # The Prefix cache page's: each replica's series resampled first (views.py).
+            rule = coarse_rule(end - start)
+            coarse = resample(series, rule)
+            every = int(pd.Timedelta(rule).total_seconds())
+            for column, worse in RESAMPLED:
+                fleet = fleet_series.replica_fleet(
+                    session, start, end, column, SCRAPE, worse, resample=every
+                )
+                _same_fleet(fleet, coarse, column, "replica", worse)
 
 
 def test_the_databases_fleet_charts_are_pandas_on_every_series(sqlite: str) -> None:
