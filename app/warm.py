@@ -243,6 +243,15 @@ class Warmer:
         self.warmed = found
         return True
 
+    def settle(self, tries: int = 3) -> bool:
+        """Replay until the version read now is warmed (at most `tries` replays, each cut
+        short when the version moves): what the thread does, at once. True if warmed."""
+        for _ in range(tries):
+            self.once()
+            if self.warmed is not None and self.warmed == self._read(self.path):
+                return True
+        return False
+
     def run(self) -> None:
         while not self._stop.is_set():
             try:

@@ -127,6 +127,20 @@ def test_a_version_that_moves_during_the_replay_stops_it_for_the_newer() -> None
     assert second.args == [(PATH, 2.0, 1030.0, (2.0,))] and warmer.warmed == store.at
 
 
+def test_settle_replays_until_the_version_read_now_is_warmed() -> None:
+    registry, store = warm.Registry(), Store(version(1015.0))
+    later = Made()
+
+    def moving(*args: Any) -> None:
+        store.at = version(1030.0, samples=2.0)
+
+    registry.record(spec(later), PATH, (PATH, 2.0, 1000.0, None), 1000.0, kept=False)
+    registry.record(spec(moving), PATH, (PATH, 1.0, 1000.0, None), 1000.0, kept=False)
+    warmer = warm.Warmer(PATH, store.read, registry)
+    assert warmer.settle()
+    assert warmer.warmed == store.at and later.args == [(PATH, 2.0, 1030.0, (2.0,))]
+
+
 def test_the_thread_outlives_a_store_that_cannot_be_read() -> None:
     registry, made = warm.Registry(), Made()
     registry.record(spec(made), PATH, (PATH, 1.0, 1000.0, None), 1000.0, kept=False)
@@ -166,3 +180,32 @@ def test_a_page_asking_while_the_warmer_computes_waits_for_its_result() -> None:
     warmer.join(30)
     page.join(30)
     assert computed == [21.0] and results == [42.0, 42.0]
+
+
+def test_one_warmer_per_config_file_started_on_first_need(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    monkeypatch.setattr(warm, "_WARMERS", {})
+    store = Store(version(1015.0))
+    first = warm.ensure(PATH, store.read)
+    try:
+        assert warm.ensure(PATH, store.read) is first
+        assert [t.name for t in threading.enumerate()].count(warm.THREAD) >= 1
+    finally:
+        first.stop()
+
+
+def test_an_apptest_runtime_is_not_a_served_app() -> None:
+    from streamlit.testing.v1 import AppTest
+
+    app = AppTest.from_function(_served_page)
+    app.run()
+    assert not app.exception and app.markdown[0].value == "served: False"
+
+
+def _served_page() -> None:
+    import streamlit as st
+
+    from app import warm
+
+    st.markdown(f"served: {warm.served()}")
