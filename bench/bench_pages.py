@@ -18,8 +18,12 @@ and `git worktree add /tmp/old 4f6a22f`, to get before and after from one run an
 - evaluation: `evaluate_once` with a latency and an availability SLO, --eval-rounds rounds
   15 s apart (store time); those entering a new minute recompute burn rates;
 - each page: the whole script run of app/main.py with ?page=<url_path>&range=<range> through
-  streamlit.testing.v1.AppTest, cold (after st.cache_data.clear()) and warm (a second
-  session in the same collection round, no new data); a page that raises shows its error;
+  streamlit.testing.v1.AppTest, cold (after st.cache_data.clear()), warm (a second
+  session in the same collection round, no new data), and after a new round (`round`: a
+  round written, the app's cache warmer, app/warm.py, run to the end for it and timed,
+  `warmer`, then the page in a fresh session; a checkout without a warmer runs the page
+  right after the round); a page that raises shows its error;
+- the warmer's cost per round (wall and CPU seconds) with every page visited at 1 h;
 - the weekly review: `review.weekly.build_report` over 7 days.
 
 Prints one table (seconds) with the aims (pages ≤ 1.0 s at 1 h and 24 h and ≤ 2.0 s at 7 d,
@@ -153,12 +157,10 @@ def table(
     lines = []
     head = f"{'page':<22} {'range':>5} |"
     for label in sources:
-        head += f" {label[:21]:^33} |"
+        head += f" {label[:21]:^49} |"
     lines.append(head)
-    sub = f"{'':<22} {'':>5} |" + f" {'cold s':>7} {'warm s':>7} {'aim':>4} {'met':>11} |" * len(
-        sources
-    )
-    lines.append(sub)
+    heads = f" {'cold s':>7} {'warm s':>7} {'round s':>7} {'warmer':>7} {'aim':>4} {'met':>11} |"
+    lines.append(f"{'':<22} {'':>5} |" + heads * len(sources))
     errors: list[str] = []
     pages = [row["page"] for row in results[0]["pages"] if row["range"] == ranges[0]]
     for label in ranges:
@@ -167,8 +169,8 @@ def table(
             for source, result in zip(sources, results, strict=True):
                 row = next(r for r in result["pages"] if r["page"] == page and r["range"] == label)
                 aim = PAGE_AIM.get(label, 1.0)
-                cells = []
-                for kind in ("cold", "warm"):
+                cells: list[str] = []
+                for kind in ("cold", "warm", "round"):
                     run = row[kind]
                     if not run["error"] and run["title"] != titles.get(page):
                         # The router showed another page than asked: say so, time it anyway.
@@ -178,13 +180,23 @@ def table(
                         errors.append(f"{source} {page} {label} {kind}: {run['error']}")
                     else:
                         cells.append(f"{run['seconds']:7.2f}")
-                worst = max(row["cold"]["seconds"], row["warm"]["seconds"])
-                met = (
-                    "error" if row["cold"]["error"] or row["warm"]["error"] else verdict(worst, aim)
-                )
-                line += f" {cells[0]} {cells[1]} {aim:4.1f} {met:>11} |"
+                warmer = row["round"]["warmer"]["seconds"]
+                cells.append(f"{'-':>7}" if warmer is None else f"{warmer:7.2f}")
+                worst = max(row[kind]["seconds"] for kind in ("cold", "warm", "round"))
+                failed = any(row[kind]["error"] for kind in ("cold", "warm", "round"))
+                met = "error" if failed else verdict(worst, aim)
+                line += f" {' '.join(cells)} {aim:4.1f} {met:>11} |"
             lines.append(line)
     # Evaluation: burn-rate rounds and plain rounds, median and max of each.
+    line = f"{'warmer, a round, 1 h pages':<28} |"
+    for result in results:
+        done = result.get("warmer") or {}
+        if done.get("seconds") is None:
+            line += f" {'(no warmer)':>49} |"
+        else:
+            cost = f"{done['seconds']:.2f} s ({done['cpu']:.2f} s CPU), {done['calls']} calls"
+            line += f" {cost:>49} |"
+    lines.append(line)
     for kind, burn in (("evaluation, burn-rate rounds", True), ("evaluation, plain rounds", False)):
         line = f"{kind:<28} |"
         for source, result in zip(sources, results, strict=True):
@@ -287,6 +299,7 @@ def main() -> None:
                     *("--now", repr(seeded["now"]), "--pages", ",".join(pages)),
                     *("--ranges", ",".join(ranges), "--eval-rounds", str(args.eval_rounds)),
                     *(() if args.no_review else ("--review",)),
+                    "--warmer-round",
                     *("--timeout", str(args.timeout), "--out", str(out)),
                 )
                 results.append(json.loads(out.read_text()))

@@ -15,11 +15,18 @@ reused) and prints the seeded clock. `measure` runs, in this order:
 2. every page as its router runs it: the whole script run of app/main.py with
    ?page=<url_path>&range=<range> through streamlit.testing.v1.AppTest, cold (after
    st.cache_data.clear()) and warm (a second session 5 s later by the app's clock: the same
-   collection round, no new data);
-3. the weekly review (`review.weekly.build_report`, 7 days).
+   collection round, no new data), then after a new round: a round written (every target's
+   newest samples copied 15 s on), the app's cache warmer (app/warm.py, where the checkout
+   has one) run to the end for it, timed (wall and CPU seconds), and the page run in a fresh
+   session (`round`); a checkout without a warmer just runs the page after the round. The
+   round is deleted afterwards, so the store stays as seeded;
+3. the warmer's cost per round with every page visited at the default range (1 h): each
+   page run once, a round written, the warmer run (where the checkout has one);
+4. the weekly review (`review.weekly.build_report`, 7 days).
 
 The app's clock (time.time) is set back to the seeded clock at the start of each run and runs
-on in real time from there, so that the store's data is as fresh as a collector would keep it
+on in real time from there (held still after a new round, while the warmer runs and the
+page after it), so that the store's data is as fresh as a collector would keep it
 however long the bench has been running; evaluation and review are given the time directly.
 """
 
@@ -34,18 +41,20 @@ from pathlib import Path
 from typing import Any
 
 _real_time = time.time
-_clock = {"base": 0.0, "mark": 0.0, "set": False}
+_clock = {"base": 0.0, "mark": 0.0, "set": False, "held": False}
 
 
 def _bench_time() -> float:
     if not _clock["set"]:
         return _real_time()
+    if _clock["held"]:
+        return _clock["base"]
     return _clock["base"] + (time.perf_counter() - _clock["mark"])
 
 
-def set_clock(at: float) -> None:
-    """From now on time.time() reads `at`, advancing in real time."""
-    _clock.update(base=at, mark=time.perf_counter(), set=True)
+def set_clock(at: float, held: bool = False) -> None:
+    """From now on time.time() reads `at`, advancing in real time unless `held`."""
+    _clock.update(base=at, mark=time.perf_counter(), set=True, held=held)
 
 
 # Before any product or Streamlit import: a module that did `from time import time` gets this.
@@ -138,6 +147,100 @@ def page_run(app_file: str, path: str, label: str, timeout: float) -> dict[str, 
     return {"seconds": seconds, "error": error, "title": title}
 
 
+ROUND = 15.0  # the seeded scrape interval
+
+
+def _columns(session: Any, table: str) -> list[str]:
+    from sqlalchemy import text
+
+    query = "SELECT column_name FROM information_schema.columns WHERE table_name = :t"
+    return [str(c) for c in session.execute(text(query), {"t": table}).scalars()]
+
+
+def write_round(sessions: Any, at: float) -> None:
+    """A collection round at `at`: every replica's and GPU's newest sample copied there (any
+    schema: the columns are the table's), the targets' last scrape moved to it."""
+    from sqlalchemy import text
+
+    with sessions.begin() as session:
+        for table in ("replica_samples", "gpu_samples"):
+            columns = _columns(session, table)
+            copied = ", ".join(":at" if c == "ts" else c for c in columns)
+            session.execute(
+                text(
+                    f"INSERT INTO {table} ({', '.join(columns)}) SELECT {copied} FROM {table} "
+                    f"WHERE ts = (SELECT max(ts) FROM {table} WHERE ts < :at)"
+                ),
+                {"at": at},
+            )
+        session.execute(
+            text("UPDATE targets SET last_scrape_at = :at WHERE last_scrape_at IS NOT NULL"),
+            {"at": at},
+        )
+
+
+def drop_rounds(sessions: Any, seeded: float) -> None:
+    """The store back as seeded: the rounds written after `seeded` deleted."""
+    from sqlalchemy import text
+
+    with sessions.begin() as session:
+        for table in ("replica_samples", "gpu_samples"):
+            session.execute(text(f"DELETE FROM {table} WHERE ts > :t"), {"t": seeded})
+        session.execute(
+            text("UPDATE targets SET last_scrape_at = :t WHERE last_scrape_at > :t"),
+            {"t": seeded},
+        )
+
+
+def warmer_of(config_file: str) -> Any:
+    """The checkout's cache warmer over a fresh record of calls, or None where it has none."""
+    try:
+        from app import data, warm
+
+        read = data.read_version
+    except (ImportError, AttributeError):  # an older checkout (its app/data.py has no warmer)
+        return None
+    warm.REGISTRY = warm.Registry()  # this measure's page runs only
+    return warm.Warmer(str(Path(config_file).resolve()), read, warm.REGISTRY)
+
+
+def warm_round(warmer: Any) -> dict[str, Any]:
+    """Run the warmer to the end for the version now (as its thread would), timed."""
+    if warmer is None:
+        return {"seconds": None, "cpu": None, "calls": 0, "failed": 0, "settled": False}
+    made, failed = warmer.computed, warmer.failed
+    began, cpu = time.perf_counter(), time.process_time()
+    settled = warmer.settle()
+    return {
+        "seconds": time.perf_counter() - began,
+        "cpu": time.process_time() - cpu,
+        "calls": warmer.computed - made,
+        "failed": warmer.failed - failed,
+        "settled": settled,
+    }
+
+
+def after_round(
+    args: argparse.Namespace, sessions: Any, path: str, label: str, number: int
+) -> dict[str, Any]:
+    """Round `number` written, the warmer run to the end, the page run in a fresh session."""
+    at = args.now + ROUND * number
+    try:
+        write_round(sessions, at)
+        # A second into the round ("now" is `at`), held there: the warmer is given the time
+        # it needs (its seconds are reported; more than a round's 15 s: it cannot keep up).
+        set_clock(at + 1, held=True)
+        warmer = WARMER["it"]
+        done = warm_round(warmer)
+        run = page_run(args.app, path, label, args.timeout)
+    finally:
+        drop_rounds(sessions, args.now)
+    return run | {"warmer": done}
+
+
+WARMER: dict[str, Any] = {}
+
+
 def measure(args: argparse.Namespace) -> None:
     import os
 
@@ -156,23 +259,37 @@ def measure(args: argparse.Namespace) -> None:
 
     config = load_config(args.config)
     sessions = connect_store(config.database)
-    results: dict[str, Any] = {"evaluation": [], "pages": [], "review": None}
+    results: dict[str, Any] = {"evaluation": [], "pages": [], "review": None, "warmer": None}
+    drop_rounds(sessions, args.now)  # an interrupted run's rounds
     if args.eval_rounds:
         results["evaluation"] = evaluation(config, sessions, args.now, args.eval_rounds)
+    rounds = 0
     for label in args.ranges.split(","):
         for path in args.pages.split(","):
             row: dict[str, Any] = {"page": path, "range": label}
             st.cache_data.clear()
+            WARMER["it"] = warmer_of(args.config)  # what this page asks, nothing before
             set_clock(args.now)
             row["cold"] = page_run(args.app, path, label, args.timeout)
             set_clock(args.now + 5)  # a click or a second session, same collection round
             row["warm"] = page_run(args.app, path, label, args.timeout)
+            rounds += 1  # each page its own round: no cache left from another page's
+            row["round"] = after_round(args, sessions, path, label, rounds)
+            warmed = row["round"]["warmer"]
             say(
                 f"  {path} {label}: cold {row['cold']['seconds']:.2f} s, "
-                f"warm {row['warm']['seconds']:.2f} s"
+                f"warm {row['warm']['seconds']:.2f} s, "
+                f"after a round {row['round']['seconds']:.2f} s"
+                + (
+                    f" (warmer {warmed['seconds']:.2f} s, {warmed['calls']} calls)"
+                    if warmed["seconds"] is not None
+                    else ""
+                )
                 + (f" ERROR {row['cold']['error']}" if row["cold"]["error"] else "")
             )
             results["pages"].append(row)
+    if args.warmer_round:
+        results["warmer"] = every_page_round(args, sessions, rounds + 1)
     if args.review:
         from review.weekly import build_report
 
@@ -186,6 +303,27 @@ def measure(args: argparse.Namespace) -> None:
         results["review"] = {"seconds": time.perf_counter() - began, "error": error}
         say(f"  weekly review: {results['review']['seconds']:.2f} s")
     Path(args.out).write_text(json.dumps(results))
+
+
+def every_page_round(args: argparse.Namespace, sessions: Any, number: int) -> dict[str, Any]:
+    """The warmer's cost for one round after every page was visited at the default range."""
+    WARMER["it"] = warmer_of(args.config)
+    set_clock(args.now + 5)
+    for path in args.pages.split(","):
+        page_run(args.app, path, "1h", args.timeout)
+    at = args.now + ROUND * number
+    try:
+        write_round(sessions, at)
+        set_clock(at + 1, held=True)
+        done = warm_round(WARMER["it"])
+    finally:
+        drop_rounds(sessions, args.now)
+    if done["seconds"] is not None:
+        say(
+            f"  warmer, every page visited at 1h: {done['seconds']:.2f} s "
+            f"({done['cpu']:.2f} s CPU) for {done['calls']} calls, {done['failed']} failed"
+        )
+    return done
 
 
 def main() -> None:
@@ -203,6 +341,7 @@ def main() -> None:
     measuring.add_argument("--now", type=float, required=True)
     measuring.add_argument("--eval-rounds", type=int, default=8)
     measuring.add_argument("--review", action="store_true")
+    measuring.add_argument("--warmer-round", action="store_true")
     measuring.add_argument("--timeout", type=float, default=900.0)
     args = parser.parse_args()
     seed(args) if args.command == "seed" else measure(args)
