@@ -55,13 +55,15 @@ def versioned(
     step: float = 0.0,
     kept: int = KEPT,
     spinner: bool | str = False,
+    pin: bool = True,
 ) -> Callable[[Callable[..., R]], warm.Versioned[R]]:
     """st.cache_data over `def _f(path, ..., version)`, its `version` the data version's
     `part` (samples, changes or the whole key; None: no such parameter), the parameters in
     `times` times relative to the tick (floored to `step`): the warmer makes the calls pages
     made again for each new version. E.g. `@data.versioned("samples", times=("start", "end"))`.
-    """
-    return warm.versioned(part, times, step, kept, spinner, lambda path: known(path))
+    `pin=False` for a function of a moment or a replica (not a view): the default page's and
+    range's calls are otherwise kept for an hour of rounds."""
+    return warm.versioned(part, times, step, kept, spinner, lambda path: known(path), pin)
 
 
 def store() -> tuple[Config, sessionmaker[Session]]:
@@ -250,7 +252,7 @@ def production_curve(replica: str, start: float, end: float) -> ProductionCurve:
     return _production_curve(path, replica, start, end, known(path).samples)
 
 
-@versioned("samples", times=("start", "end"))
+@versioned("samples", times=("start", "end"), pin=False)
 def _production_curve(
     path: str, replica: str, start: float, end: float, version: Key
 ) -> ProductionCurve:

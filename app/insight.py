@@ -44,7 +44,7 @@ def cause(
 
 # Keyed on the data version (a change written late, or an annotation, shows at once); the
 # onset is a fixed time, not one moved with the tick.
-@data.versioned("key")
+@data.versioned("key", pin=False)
 def _changes(path: str, began: float, version: data.Key) -> tuple[causes.Event, ...]:
     config, sessions = data._open(path)
     with sessions() as session:

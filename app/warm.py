@@ -9,7 +9,8 @@ the recorded calls again with their time arguments moved to the new tick and the
 version, through the same caches, so the next page run reads instead of computing.
 
 Bounded: the calls asked for within the last ROUNDS versions, newest first, at most LIMIT;
-the default page's calls and the default range's are kept however long ago they were asked.
+the default page's calls and the default range's within the last PINNED_ROUNDS (an hour of
+15 s rounds), so the first visitor after a quiet spell finds them warm too.
 st.cache_data computes a key once (a page asking while the warmer computes it waits for that
 result), and never caches an error: a failed warm call is logged and the page computes as
 before.
@@ -37,6 +38,7 @@ log = logging.getLogger(__name__)
 R = TypeVar("R")
 Part = Literal["samples", "changes", "key"]  # which part of the version a cache keys on
 ROUNDS = 4  # a call not asked for again within this many new versions is dropped
+PINNED_ROUNDS = 240  # the same for the default page's and the default range's calls
 LIMIT = 48  # distinct calls remembered (and replayed per version) per config file
 POLL = 1.0  # seconds between the warmer's version reads
 THREAD = "kneepoint-warmer"
@@ -64,6 +66,7 @@ class Spec:
     version_at: int | None
     times: tuple[int, ...]
     step: float
+    pin: bool = True  # False: its arguments name a moment or a replica, not a view: never pinned
 
     def asked(self, args: tuple[Any, ...], tick: float) -> tuple[Any, ...]:
         """`args` with the version left out and each time as its offset from the tick."""
@@ -90,14 +93,16 @@ class Asked:
     args: tuple[Any, ...]  # as Spec.asked keeps them
     round: int  # the version count of the path when a page last asked
     order: int  # newest ask last
-    kept: bool  # the default page or range: never dropped for age
+    pinned: bool  # asked by the default page or at the default range: kept longer
 
 
 class Registry:
     """The calls pages asked for, per config file, and the count of versions each saw."""
 
-    def __init__(self, limit: int = LIMIT, rounds: int = ROUNDS) -> None:
-        self.limit, self.rounds = limit, rounds
+    def __init__(
+        self, limit: int = LIMIT, rounds: int = ROUNDS, pinned_rounds: int = PINNED_ROUNDS
+    ) -> None:
+        self.limit, self.rounds, self.pinned_rounds = limit, rounds, pinned_rounds
         self._lock = threading.Lock()
         self._asked: dict[str, dict[tuple[Any, ...], Asked]] = {}
         self._round: dict[str, int] = {}
@@ -114,19 +119,21 @@ class Registry:
                 asked,
                 self._round.get(path, 0),
                 next(self._order),
-                kept or (before is not None and before.kept),
+                spec.pin and (kept or (before is not None and before.pinned)),
             )
             if len(calls) > self.limit:  # the oldest ask goes, the default's last
-                del calls[min(calls, key=lambda k: (calls[k].kept, calls[k].order))]
+                del calls[min(calls, key=lambda k: (calls[k].pinned, calls[k].order))]
 
     def advance(self, path: str, version: Version) -> list[tuple[Spec, tuple[Any, ...]]]:
-        """A new version: count it, drop the calls not asked for within `rounds` versions,
-        and give the others' arguments for it, newest ask first."""
+        """A new version: count it, drop the calls not asked for within `rounds` versions
+        (`pinned_rounds` for pinned ones), and give the others' arguments for it, newest ask
+        first."""
         with self._lock:
             now = self._round[path] = self._round.get(path, 0) + 1
             calls = self._asked.get(path, {})
-            for key in [k for k, a in calls.items() if not a.kept and now - a.round > self.rounds]:
-                del calls[key]
+            for key, asked in list(calls.items()):
+                if now - asked.round > (self.pinned_rounds if asked.pinned else self.rounds):
+                    del calls[key]
             ordered = sorted(calls.values(), key=lambda a: a.order, reverse=True)
         return [(a.spec, a.spec.replayed(a.args, version)) for a in ordered]
 
@@ -169,11 +176,13 @@ def versioned(
     kept: int,
     spinner: bool | str,
     known: Callable[[str], Version],
+    pin: bool = True,
 ) -> Callable[[Callable[..., R]], Versioned[R]]:
     """st.cache_data(max_entries=kept) over a function whose first argument is the config
     file; with `part`, its parameter `version` takes that part of the data version; the
     parameters named in `times` are times relative to the version's tick, floored to
-    `step`. `known(path)` is the version pages compute as of."""
+    `step`. `known(path)` is the version pages compute as of. `pin`: the default view's
+    calls are kept for PINNED_ROUNDS (not for a function of a moment or a replica)."""
 
     def wrap(func: Callable[..., R]) -> Versioned[R]:
         signature = inspect.signature(func)
@@ -185,6 +194,7 @@ def versioned(
             names.index("version") if part is not None else None,
             tuple(names.index(t) for t in times),
             step,
+            pin,
         )
         return Versioned(spec, signature, known)
 
@@ -192,7 +202,7 @@ def versioned(
 
 
 def _default_view() -> bool:
-    """Whether this page run is the default page or at the default range (kept always)."""
+    """Whether this page run is the default page or at the default range (kept longer)."""
     try:
         params = st.query_params
         return params.get("page") == PAGES[0].url_path or (

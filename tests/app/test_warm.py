@@ -59,14 +59,17 @@ def test_a_time_floored_to_a_step_moves_to_the_new_ticks_step() -> None:
     assert registry.advance(PATH, version(1205.0)) == [(weekly, (PATH, 1200.0))]
 
 
-def test_a_call_not_asked_for_within_the_rounds_is_dropped_the_default_views_are_kept() -> None:
-    registry = warm.Registry(rounds=2)
+def test_a_call_not_asked_for_within_the_rounds_is_dropped_the_default_views_kept_longer() -> None:
+    registry = warm.Registry(rounds=2, pinned_rounds=3)
     f, default = spec(Made()), spec(Made(), times=())
+    moment = warm.Spec("onset", Made(), "samples", 2, (), 0.0, pin=False)
     registry.record(f, PATH, (PATH, 60.0, 1000.0, None), 1000.0, kept=False)
     registry.record(default, PATH, (PATH, 3600.0, 1000.0, None), 1000.0, kept=True)
-    assert len(registry.advance(PATH, version(1015.0))) == 2
-    assert len(registry.advance(PATH, version(1030.0))) == 2
+    registry.record(moment, PATH, (PATH, 900.0, None), 1000.0, kept=True)  # not a view
+    assert len(registry.advance(PATH, version(1015.0))) == 3
+    assert len(registry.advance(PATH, version(1030.0))) == 3
     assert [s for s, _ in registry.advance(PATH, version(1045.0))] == [default]
+    assert [s for s, _ in registry.advance(PATH, version(1060.0))] == []
 
 
 def test_at_most_the_limit_newest_ask_first() -> None:
