@@ -1,4 +1,5 @@
-"""Cap glibc's malloc arenas in-process, so every way of starting the collector gets it.
+"""Cap glibc's malloc arenas and give freed pages back, in-process, so every way of starting
+the collector gets it.
 
 glibc gives each thread that allocates while the others hold their arena a new arena (up to
 8 per core) and keeps their pages: at 1,000 replicas the collector's resident memory grew in
@@ -14,13 +15,12 @@ log line. An explicit MALLOC_ARENA_MAX in the environment wins: glibc has read i
 and it is left as it is.
 
 Capped arenas still keep what they once held: glibc gives memory back only from the top of
-a heap, so the pages a round's temporaries freed below a block still in use stay resident.
-On a fresh store the rounds' peaks grow with the data (the rollups and the evaluation's
-windows fill), and at 100 targets the collector's RSS rose by the freed-but-kept pages while
-the bytes malloc had in use stayed flat. `release()` hands those free pages back
-(malloc_trim), and Arrow's pool (pandas keeps its strings there) its unused memory; the
-scheduler calls it after a job run, at most once per `RELEASE_EVERY` seconds
-(collectors/schedule.py `guarded`).
+a heap, so the pages a job's temporaries freed below a block still in use stay resident. At
+100 targets (bench/bench_memory.py) the collector's RSS rose while the bytes malloc had in
+use stayed about flat and its free bytes grew (mallinfo2 in its process). `release()` hands
+the free pages back (malloc_trim(0)), and Arrow's pool (pandas keeps its strings there) its
+unused memory; the scheduler calls it after a job run, at most once per `RELEASE_EVERY`
+seconds (collectors/schedule.py `guarded`).
 """
 
 from __future__ import annotations
