@@ -1,14 +1,14 @@
 """Fleet charts' data, computed by the database (kneepoint/store/fleet_series.py) and cached
-as app/data.py caches: keyed on the config file, the arguments and the store's data version,
-shared by every session. A fleet-size page run reads a few hundred buckets, one mean per
-series and the rows of the few series drawn, never every replica's series."""
+as app/data.py caches (data.versioned): keyed on the config file, the arguments and the
+store's data version, shared by every session, and made again by the warmer for a new
+round. A fleet-size page run reads a few hundred buckets, one mean per series and the rows
+of the few series drawn, never every replica's series."""
 
 from __future__ import annotations
 
 from collections.abc import Sequence
 
 import plotly.graph_objects as go
-import streamlit as st
 
 from app import data
 from dashboards import charts
@@ -33,7 +33,7 @@ def replica_chart(
     return _replica_chart(path, column, start, end, worse, tuple(chosen), resample, version)
 
 
-@st.cache_data(max_entries=data.KEPT, show_spinner=False)
+@data.versioned("samples", times=("start", "end"))
 def _replica_chart(
     path: str,
     column: str,
@@ -59,7 +59,7 @@ def gpu_chart(
     return _gpu_chart(path, column, start, end, worse, tuple(chosen), data.known(path).samples)
 
 
-@st.cache_data(max_entries=data.KEPT, show_spinner=False)
+@data.versioned("samples", times=("start", "end"))
 def _gpu_chart(
     path: str,
     column: str,
