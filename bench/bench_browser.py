@@ -34,6 +34,13 @@ For each page, median of --repeats:
 
 Prints each time and its ratio to the bare page's, and the aims of issue 25 (open and new tab
 ≤ 1.2× the bare page, first session ≤ 2× it, N sessions' median ≤ 1.5× a single session's).
+A median is the middle try's (the lower of the two middle ones for an even count), so that
+its breakdown can be printed with it: where an open tab's, a new tab's and a first session's
+time went, as the page saw it (STATES_HOOK): the script runs the server made (a chat link's
+switch to its page is a second one, and so is the footer's rerun every 15 s when a try lasts
+that long), when the last one ended (its deltas all received: the server's script time plus
+their transfer), what came over the WebSocket until rendered, and the rest: Chromium drawing
+what had arrived. Each phase's figures are also printed as soon as they are measured.
 """
 
 from __future__ import annotations
@@ -42,13 +49,13 @@ import argparse
 import os
 import signal
 import sqlite3
-import statistics
 import subprocess
 import sys
 import tempfile
 import time
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager, suppress
+from dataclasses import dataclass
 from functools import partial
 from pathlib import Path
 from typing import Any
@@ -102,6 +109,50 @@ DONE_JS = """(want) => {
     if (w.__kpSince === undefined) { w.__kpSince = now; w.__kpFrames = 0; return false; }
     w.__kpFrames += 1;
     return w.__kpFrames >= 2 ? w.__kpSince : false;
+}"""
+# Installed in every page before its scripts: notes each change of the app's script state
+# (running, notRunning, ...) and each WebSocket message received (its size), with its
+# performance.now(), so a try's time can be split (WHERE_JS).
+STATES_HOOK = """(() => {
+    const w = window;
+    w.__kpStates = [];
+    w.__kpMessages = [];
+    const note = (e) => {
+        const state = e.dataset && e.dataset.testScriptState;
+        const last = w.__kpStates[w.__kpStates.length - 1];
+        if (state && (!last || last[1] !== state)) w.__kpStates.push([performance.now(), state]);
+    };
+    new MutationObserver(records => { for (const r of records) {
+        if (r.type === 'attributes') { note(r.target); continue; }
+        for (const n of r.addedNodes) if (n.nodeType === 1) {
+            note(n); n.querySelectorAll('[data-test-script-state]').forEach(note);
+        }
+    } }).observe(document, {subtree: true, childList: true, attributes: true,
+                            attributeFilter: ['data-test-script-state']});
+    const Native = w.WebSocket;
+    w.WebSocket = class extends Native {
+        constructor(...args) {
+            super(...args);
+            this.addEventListener('message', (m) => {
+                const d = m.data;
+                w.__kpMessages.push([performance.now(), d.byteLength ?? d.size ?? d.length ?? 0]);
+            });
+        }
+    };
+})();"""
+# A try's breakdown between its start and its rendered-and-idle frame (performance.now()):
+# script runs begun, the end of the last one, WebSocket messages and bytes received.
+WHERE_JS = """([t0, t1]) => {
+    const within = (list) => list.filter(([t]) => t >= t0 && t <= t1);
+    const states = within(window.__kpStates || []);
+    const ends = states.filter(([, s]) => s === 'notRunning').map(([t]) => t);
+    const messages = within(window.__kpMessages || []);
+    return {
+        runs: states.filter(([, s]) => s === 'running').length,
+        script: ends.length ? ends[ends.length - 1] - t0 : null,
+        messages: messages.length,
+        bytes: messages.reduce((sum, [, n]) => sum + n, 0),
+    };
 }"""
 # Clicks the sidebar link to a page (url path; '' for the default page) and notes when.
 CLICK_JS = """(path) => {
@@ -234,36 +285,60 @@ def bare_command(script: Path, port: int) -> list[str]:
 # -- timing in Chromium -----------------------------------------------------------------------
 
 
+@dataclass(frozen=True)
+class Timing:
+    """One try: seconds to rendered and idle, and where they went (WHERE_JS)."""
+
+    seconds: float
+    script: float | None  # seconds to the end of the last script run; None: none seen
+    runs: int  # script runs begun
+    messages: int  # WebSocket messages received
+    bytes: int
+
+
 def rendered(page: Any, title: str, timeout_ms: float = PAGE_NEVER_MS) -> float:
     """performance.now() of the first frame of the rendered-and-idle state (DONE_JS)."""
     handle = page.wait_for_function(DONE_JS, arg=title, polling="raf", timeout=timeout_ms)
     return float(handle.json_value())
 
 
-def seconds_to_render(page: Any, title: str, deadline: float) -> float:
-    """Seconds from the navigation's start (the document's time origin) to rendered and idle,
+def timing(page: Any, began: float, done: float) -> Timing:
+    """The try from `began` to `done` (performance.now(), ms) and its breakdown."""
+    where = page.evaluate(WHERE_JS, [began, done])
+    script = None if where["script"] is None else float(where["script"]) / 1000
+    return Timing((done - began) / 1000, script, where["runs"], where["messages"], where["bytes"])
+
+
+def seconds_to_render(page: Any, title: str, deadline: float) -> Timing:
+    """From the navigation's start (the document's time origin) to rendered and idle,
     waiting until `deadline` (time.monotonic()) at most."""
-    return rendered(page, title, max(1.0, deadline - time.monotonic()) * 1000) / 1000
+    return timing(page, 0.0, rendered(page, title, max(1.0, deadline - time.monotonic()) * 1000))
 
 
-def navigate(page: Any, url: str, title: str) -> float:
-    """Seconds from the navigation's start to rendered and idle."""
+def navigate(page: Any, url: str, title: str) -> Timing:
+    """From the navigation's start to rendered and idle."""
     page.goto(url, wait_until="commit", timeout=PAGE_NEVER_MS)
-    return rendered(page, title) / 1000
+    return timing(page, 0.0, rendered(page, title))
 
 
-def click(page: Any, path: str, title: str) -> float:
-    """Seconds from a click on the page's sidebar link to rendered and idle."""
+def click(page: Any, path: str, title: str) -> Timing:
+    """From a click on the page's sidebar link to rendered and idle."""
     began = page.evaluate(CLICK_JS, path)
     if began is None:
         raise RuntimeError(f"no sidebar link to /{path}")
-    return (rendered(page, title) - float(began)) / 1000
+    return timing(page, float(began), rendered(page, title))
+
+
+def hooked(browser: Any) -> Any:
+    """A fresh browser profile whose pages run CANVAS_HOOK and STATES_HOOK."""
+    context = browser.new_context(viewport=DESKTOP)
+    context.add_init_script(CANVAS_HOOK)
+    context.add_init_script(STATES_HOOK)
+    return context
 
 
 def fresh_tab(browser: Any) -> Any:
-    context = browser.new_context(viewport=DESKTOP)
-    context.add_init_script(CANVAS_HOOK)
-    return context.new_page()
+    return hooked(browser).new_page()
 
 
 def close(page: Any) -> None:
@@ -282,10 +357,10 @@ def direct(base: str, path: str) -> str:
     return f"{base}/{path}"
 
 
-Timed = dict[str, list[float] | str]  # kind → seconds of each try, or an error
+Try = Timing | str  # a try's timing, or its error
 
 
-def guarded(work: Callable[[], float]) -> float | str:
+def guarded(work: Callable[[], Timing]) -> Try:
     try:
         return work()
     except Exception as error:  # a page that never renders is reported, not a crash
@@ -294,10 +369,10 @@ def guarded(work: Callable[[], float]) -> float | str:
 
 def open_tab(
     browser: Any, base: str, pages: list[tuple[str, str]], other: tuple[str, str], repeats: int
-) -> dict[str, list[float | str]]:
+) -> dict[str, list[Try]]:
     """Click through `pages` in one tab, `repeats` times; a page is always reached from
     another one (`other` when it is the only one)."""
-    times: dict[str, list[float | str]] = {path: [] for path, _ in pages}
+    times: dict[str, list[Try]] = {path: [] for path, _ in pages}
     tab = fresh_tab(browser)
     try:
         start = other if len(pages) == 1 else pages[-1]
@@ -318,12 +393,11 @@ def open_tab(
 
 def new_tab(
     browser: Any, base: str, pages: list[tuple[str, str]], repeats: int, bare: bool = False
-) -> dict[str, list[float | str]]:
+) -> dict[str, list[Try]]:
     """Each page's chat link in a new tab of one browser profile (its cache warm)."""
     address = direct if bare else link
-    context = browser.new_context(viewport=DESKTOP)
-    context.add_init_script(CANVAS_HOOK)
-    times: dict[str, list[float | str]] = {path: [] for path, _ in pages}
+    context = hooked(browser)
+    times: dict[str, list[Try]] = {path: [] for path, _ in pages}
     try:
         warm = context.new_page()
         navigate(warm, address(base, pages[0][0]), pages[0][1])  # the static files, cached
@@ -340,11 +414,11 @@ def new_tab(
 
 def first_session(
     browser: Any, start: Callable[[], Any], base: str, spec: tuple[str, str], repeats: int
-) -> list[float | str]:
+) -> list[Try]:
     """The page as the first session of a just-started app, in a fresh profile."""
     path, title = spec
     address = direct(base, path) if title.startswith("Bare") else link(base, path)
-    times: list[float | str] = []
+    times: list[Try] = []
     for _ in range(repeats):
         with start():
             tab = fresh_tab(browser)
@@ -355,7 +429,7 @@ def first_session(
     return times
 
 
-def concurrent(browser: Any, address: str, title: str, sessions: int) -> list[float | str]:
+def concurrent(browser: Any, address: str, title: str, sessions: int) -> list[Try]:
     """`sessions` fresh profiles open the link together; each one's time from its own start."""
     tabs = [fresh_tab(browser) for _ in range(sessions)]
     try:
@@ -372,22 +446,44 @@ def concurrent(browser: Any, address: str, title: str, sessions: int) -> list[fl
 # -- the report -------------------------------------------------------------------------------
 
 
-def median(times: list[float | str]) -> float | str:
-    numbers = [t for t in times if isinstance(t, float)]
+def median(times: list[Try]) -> Timing | str:
+    """The middle try (the lower middle one of an even count), or the first error."""
     errors = [t for t in times if isinstance(t, str)]
-    return errors[0] if errors else statistics.median(numbers) if numbers else "not run"
+    timings = sorted((t for t in times if isinstance(t, Timing)), key=lambda t: t.seconds)
+    return errors[0] if errors else timings[(len(timings) - 1) // 2] if timings else "not run"
 
 
-def cell(value: float | str | None, reference: float | str | None, aim: float) -> str:
+def cell(value: Timing | str | None, reference: Timing | str | None, aim: float) -> str:
     """'2.31 s 1.9× no' (its ratio to the reference, and whether it meets the aim)."""
     if value is None:
         return f"{'–':>18}"
     if isinstance(value, str):
         return f"{'ERROR':>18}"
-    if not isinstance(reference, float):
-        return f"{value:6.2f} s {'':>10}"
-    ratio = value / reference
+    if not isinstance(reference, Timing):
+        return f"{value.seconds:6.2f} s {'':>10}"
+    ratio = value.seconds / reference.seconds
     return f"{value:6.2f} s {ratio:4.1f}× {'yes' if ratio <= aim else 'no':>3}"
+
+
+def breakdown(value: Timing | str | None) -> str:
+    """'2 runs script  1.20 +0.40  31 msg   118 KiB' for one try."""
+    if value is None:
+        return f"{'–':>42}"
+    if isinstance(value, str):
+        return f"{'ERROR':>42}"
+    script = "script    – " if value.script is None else f"script {value.script:5.2f}"
+    drawn = "" if value.script is None else f"+{value.seconds - value.script:4.2f}"
+    return (
+        f"{value.runs} run{'s' if value.runs != 1 else ' '} {script} {drawn:>5} "
+        f"{value.messages:3d} msg {value.bytes / 1024:5.0f} KiB"
+    )
+
+
+def brief(value: Timing | str) -> str:
+    """'2.31 s (1 run  script  1.20 +1.11  31 msg   118 KiB)', or the error."""
+    if isinstance(value, str):
+        return value
+    return f"{value.seconds:.2f} s ({breakdown(value).strip()})"
 
 
 def main() -> int:
@@ -478,6 +574,8 @@ def main() -> int:
             for page, (path, _) in zip(pages, specs, strict=True):
                 results[page] = {"open": median(opened[path]), "new": median(newly[path])}
             say(f"  open and new tabs timed ({time.monotonic() - began:.0f} s)")
+            for page, row in results.items():  # as they come: a run cut short still says them
+                say(f"    {page:<16} open {brief(row['open'])}; new {brief(row['new'])}")
             # N sessions at once, then the app's memory.
             rows = [("bare page", direct(bare_base, BARE[0]), BARE[1])] + [
                 (p, link(base, path), title)
@@ -486,6 +584,7 @@ def main() -> int:
             ]
             for page, address, title in rows:
                 results[page]["many"] = median(concurrent(browser, address, title, args.sessions))
+                say(f"    {page:<16} {args.sessions} sessions {brief(results[page]['many'])}")
             app_memory = memory_mib(app_pid(port))
             bare_memory = memory_mib(app_pid(bare_port))
             say(f"  {args.sessions} sessions at once timed ({time.monotonic() - began:.0f} s)")
@@ -509,6 +608,7 @@ def main() -> int:
                     args.repeats,
                 )
             )
+            say(f"    {'bare page':<16} first session {brief(results['bare page']['first'])}")
             for page, (path, title) in zip(pages, specs, strict=True):
                 if page in first_pages:
                     results[page]["first"] = median(
@@ -520,6 +620,7 @@ def main() -> int:
                             args.repeats,
                         )
                     )
+                    say(f"    {page:<16} first session {brief(results[page]['first'])}")
             browser.close()
     bare_row = results["bare page"]
     say()
@@ -543,6 +644,17 @@ def main() -> int:
             f"{cell(row['new'], reference.get('new'), NEW_TAB_AIM)} | "
             f"{cell(row.get('first'), reference.get('first'), FIRST_AIM)} | "
             f"{cell(row.get('many'), row['new'], CONCURRENT_AIM)}"
+        )
+    say()
+    say(
+        "== where the time went (the median try): script runs, the last one's end as the page "
+        "saw it, then drawing; WebSocket messages and KiB received"
+    )
+    say(f"{'page':<16} | {'open tab':^42} | {'new tab (chat link)':^42} | {'first session':^42}")
+    for page, row in results.items():
+        say(
+            f"{page:<16} | {breakdown(row['open'])} | {breakdown(row['new'])} | "
+            f"{breakdown(row.get('first'))}"
         )
     say(
         f"app memory after {args.sessions} sessions: kneepoint app {app_memory[0]:.0f} MiB "

@@ -183,7 +183,8 @@ def test_bench_pages_times_the_router_per_page_cold_and_warm_at_four_replicas() 
 def test_bench_browser_times_a_page_against_the_bare_one_in_chromium(tmp_path: Path) -> None:
     """One page, one try, two sessions at once, in Chromium, on the app serving a small seeded
     store (--config: no demo backfill to wait for): a row for the bare page and one for the
-    page, each time a number, each ratio the printed times' ratio, and the app's memory."""
+    page, each time a number, each ratio the printed times' ratio, each time split into the
+    script's part and the drawing's, and the app's memory."""
     if not Path("/usr/bin/chromium").exists():
         require_real("no Chromium at /usr/bin/chromium (apt-get install chromium)")
     import time
@@ -212,6 +213,16 @@ def test_bench_browser_times_a_page_against_the_bare_one_in_chromium(tmp_path: P
     for times in (bare, page):  # two sessions at once: the ratio is to the row's own new tab
         seconds, ratio = times[3]
         assert ratio == pytest.approx(seconds / times[1][0], rel=0.1, abs=0.06), output
+    # Where each time went, as the page saw it: script runs, the last one's end (within the
+    # time), then drawing; what came over the WebSocket.
+    split = rf"(\d+) runs?\s+script\s+{NUMBER}\s+\+{NUMBER}\s+(\d+) msg\s+(\d+) KiB"
+    for name, times in (("bare page", bare), ("health", page)):
+        row = line(rf"^{name}\s+\|\s+{split}\s+\|\s+{split}\s+\|\s+{split}$", output)
+        for column in range(3):  # open tab, new tab, first session
+            runs, script, drawn, messages, _kib = row.groups()[5 * column : 5 * column + 5]
+            assert int(runs) >= 1 and int(messages) >= 1, output
+            assert float(script) + float(drawn) == pytest.approx(times[column][0], abs=0.02)
+        assert int(row[5]) > 0 or name == "bare page"  # KiB: the health page's tables
     memory = line(
         r"kneepoint app (\d+) MiB resident \(peak (\d+) MiB\); bare app (\d+) MiB", output
     )
