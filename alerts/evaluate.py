@@ -16,6 +16,7 @@ import json
 import math
 from dataclasses import asdict
 from datetime import UTC, datetime
+from typing import Any
 
 import pandas as pd
 from sqlalchemy import select
@@ -33,7 +34,7 @@ from kneepoint.samples import HISTOGRAMS, Histogram
 from kneepoint.secrets import Secret
 from kneepoint.status import hit_rates, stale_after, stall_after
 from kneepoint.store import queries, slo_sums, stall_rows
-from kneepoint.store.models import AlertHistoryRow, AlertRow, NotificationRow, TargetRow
+from kneepoint.store.models import RAW, AlertHistoryRow, AlertRow, NotificationRow, TargetRow
 from kneepoint.views import build_view
 
 WINDOW = 300.0  # rates, ratios and quantiles over the last five minutes
@@ -88,8 +89,9 @@ def burn_rates(
 ) -> dict[str, dict[float, float | None]]:
     """Each SLO's burn rate over every window the burn alerts use, for the fleet (`direct`:
     from the samples alone, without the running sums)."""
+    shared = _shared(now)  # what every window shares, read once
     fleet = {
-        seconds: measure(session, config, now - seconds, now, direct)
+        seconds: measure(session, config, now - seconds, now, direct, shared)
         for seconds in slo.windows_needed()
     }
     rates: dict[str, dict[float, float | None]] = {}
@@ -119,7 +121,12 @@ def slo_problems(session: Session, config: Config, now: float) -> list[str]:
 
 
 def measure(
-    session: Session, config: Config, since: float, until: float, direct: bool = False
+    session: Session,
+    config: Config,
+    since: float,
+    until: float,
+    direct: bool = False,
+    shared: Shared | None = None,
 ) -> slo.Measured:
     """The fleet's histograms and availability counts over [since, until], without the time
     maintenance windows cover: each replica's window is cut into the stretches no window
@@ -145,10 +152,10 @@ def measure(
     availability = slo.Availability()
     for cut, members in groups.items():
         if not cut and not direct:
-            summed = _summed(session, since, until, sorted(members), layouts)
+            summed = _summed(session, since, until, sorted(members), layouts, shared)
             if summed:
                 stalled = (
-                    _stalled_in_store(session, config, sorted(summed), since, until)
+                    _stalled_in_store(session, config, sorted(summed), since, until, shared)
                     if wanted
                     else {}
                 )
@@ -172,12 +179,89 @@ def measure(
     return slo.Measured(merged.histograms, availability if windows else None)
 
 
+class Shared:
+    """What every window ending at the same time reads alike, read once for all of them
+    (a burn-rate round's seven windows, the SLOs page's reports): each replica's newest
+    summed row before the partial end bucket, and that bucket's samples."""
+
+    def __init__(self, raw_since: float | None = None) -> None:
+        self._ends: dict[tuple[float, float, tuple[int, ...]], Ends] = {}
+        # The start of the round's longest window read from the raw samples alone: the
+        # stall candidates of the shorter such windows are sliced from its.
+        self.raw_since = raw_since
+        self._stall: dict[tuple[float, float], tuple[set[int], pd.DataFrame]] = {}
+
+    def stall_candidates(
+        self, session: Session, ids: list[int], start: float, end: float
+    ) -> pd.DataFrame:
+        """stall_rows.candidates(session, ids, start, end), from one read for every window
+        of raw samples that ends at `end`."""
+        longest = self.raw_since
+        if (
+            longest is None
+            or start < longest
+            or queries.coarsest_for(end - start) != RAW
+            or queries.coarsest_for(end - longest) != RAW
+        ):
+            return stall_rows.candidates(session, ids, start, end)
+        read, rows = self._stall.get((longest, end), (set(), None))
+        if rows is None or not read.issuperset(ids):  # each target's rows are its own
+            read, rows = set(ids), stall_rows.candidates(session, ids, longest, end)
+            self._stall[(longest, end)] = (read, rows)
+        return stall_rows.sliced(rows[rows.target_id.isin(ids)], start)
+
+    def end(
+        self,
+        session: Session,
+        ids: list[int],
+        high: float,
+        until: float,
+        layouts: dict[int, tuple[float, ...]],
+    ) -> Ends:
+        key = (high, until, tuple(ids))
+        if key not in self._ends:
+            self._ends[key] = _ends(session, ids, high, until, layouts)
+        return self._ends[key]
+
+
+def _shared(now: float) -> Shared:
+    """A Shared for the windows of slo.windows_needed() that end `now`."""
+    # now - (now - s): the span the window's reader sees, rounding and all.
+    raw = [now - s for s in slo.windows_needed() if queries.coarsest_for(now - (now - s)) == RAW]
+    return Shared(min(raw, default=None))
+
+
+Ends = tuple[dict[int, dict[str, Any]], dict[int, slo_sums.Stretch]]
+
+
+def _ends(
+    session: Session,
+    ids: list[int],
+    high: float,
+    until: float,
+    layouts: dict[int, tuple[float, ...]],
+) -> Ends:
+    """For `ids`: their latest sums row before `high` (its columns, and its running sums
+    parsed as "part"), and the stretch of their samples in [high, until], each continuing
+    from that row (slo_sums.stretches)."""
+    ends = slo_sums.latest(session, ids, high, ("last_ts", "sig", "sums", "last", "breaks"))
+    for row in ends.values():
+        row["part"] = _part(row["sums"])
+    carried = {
+        t: slo_sums.Carry(e["last_ts"], e["sig"], json.loads(e["last"]), slo_sums.Part(), 0)
+        for t, e in ends.items()
+    }
+    rows = slo_sums.raw(session, ids, high, until, closed=True)
+    return ends, slo_sums.stretches(rows, layouts, carried)
+
+
 def _summed(
     session: Session,
     since: float,
     until: float,
     ids: list[int],
     layouts: dict[int, tuple[float, ...]],
+    shared: Shared | None = None,
 ) -> dict[int, Window]:
     """The windows over [since, until] of the replicas in `ids` that the running sums give
     exactly (those with samples in the window; the others are left to the samples): the
@@ -200,9 +284,8 @@ def _summed(
     if whole - high > size:
         return {}
     head_rows = slo_sums.raw(session, ids, since, low, closed=False)
-    tail_rows = slo_sums.raw(session, ids, high, until, closed=True)
     headed = set(head_rows.target_id.astype(int)) if len(head_rows) else set()
-    ends = slo_sums.latest(session, ids, high, ("last_ts", "sig", "sums", "last", "breaks"))
+    ends, tails = (shared or Shared()).end(session, ids, high, until, layouts)
     starts = slo_sums.rows_at(session, [t for t in ids if t in headed], low - size, SUM_BREAKS)
     firsts = slo_sums.first_in(
         session,
@@ -211,15 +294,7 @@ def _summed(
         high,
         (*SUM_BREAKS, "inner", "inner_break"),
     )
-    # Each target's tail continues from its last summed sample, where its head or first
-    # row reached the sums (a target left out below never reads its tail).
-    carried = {
-        t: slo_sums.Carry(e["last_ts"], e["sig"], json.loads(e["last"]), slo_sums.Part(), 0)
-        for t, e in ends.items()
-        if t in headed or t in firsts
-    }
     heads = slo_sums.stretches(head_rows, layouts)
-    tails = slo_sums.stretches(tail_rows, layouts, carried)
     out: dict[int, Window] = {}
     for target_id in ids:
         total = slo_sums.Part()
@@ -232,19 +307,23 @@ def _summed(
                 continue
             inner, _, _, sigs, _ = head
             # From the head's last sample (its bucket's last) to the last before `high`.
-            total = inner.plus(_part(end["sums"])).plus(_part(start["sums"]), -1.0)
+            total = inner.plus(end["part"]).plus(_part(start["sums"]), -1.0)
         elif (first := firsts.get(target_id)) is not None:
             assert end is not None  # a row in [low, high) is one before `high`
             if end["breaks"] - first["breaks"] + int(first["inner_break"]) != 0:
                 continue
             # The first bucket's own increases, not the step into it from before `since`.
-            total = _part(end["sums"]).plus(_part(first["sums"]), -1.0).plus(_part(first["inner"]))
+            total = end["part"].plus(_part(first["sums"]), -1.0).plus(_part(first["inner"]))
             sigs = [end["sig"]]
         tail = tails.get(target_id)
         if tail is not None:
-            if target_id in carried:
-                sigs.append(carried[target_id].sig)
             inner, entry, _, tail_sigs, _ = tail
+            # The tail continues from the last summed sample where the head or first row
+            # reached the sums; else it is the whole window, with no step into it.
+            if sigs and end is not None:
+                sigs.append(end["sig"])
+            else:
+                entry = slo_sums.Part()
             sigs += tail_sigs
             total = total.plus(entry).plus(inner)
         if not sigs or total.n == 0:
@@ -340,14 +419,19 @@ def _stalled_seconds(
 
 
 def _stalled_in_store(
-    session: Session, config: Config, ids: list[int], start: float, end: float
+    session: Session,
+    config: Config,
+    ids: list[int],
+    start: float,
+    end: float,
+    shared: Shared | None = None,
 ) -> dict[int, float]:
     """What `_stalled_seconds` gives on replica_frame(start, end, ids), from the rows of
     candidate stuck pairs only (kneepoint/store/stall_rows.py: the database drops the
     rest). Each stretch of rows that were consecutive in the window is read on its own, so
     no two rows the database left apart are taken for a pair; every stuck pair lies in one,
     so the runs are those of the whole window."""
-    rows = stall_rows.candidates(session, ids, start, end)
+    rows = (shared or Shared()).stall_candidates(session, ids, start, end)
     if rows.empty:
         return {}
     # A pair further apart than stale_after may still be stuck: up to twice the replica's
@@ -454,15 +538,16 @@ def slo_reports(
     maintenance windows left out (`direct`: from the samples alone, without the sums)."""
     if not config.slos:  # nothing to report: no fleet windows to read (8 s at 1,000 replicas)
         return []
+    shared = _shared(now)  # what every window shares, read once
     fleet = {
-        seconds: measure(session, config, now - seconds, now, direct)
+        seconds: measure(session, config, now - seconds, now, direct, shared)
         for seconds in slo.windows_needed()
     }
     wholes: dict[float, slo.Measured] = {}
     reports = []
     for s in config.slos:
         if s.window not in wholes:
-            wholes[s.window] = measure(session, config, now - s.window, now, direct)
+            wholes[s.window] = measure(session, config, now - s.window, now, direct, shared)
         windows = {seconds: w.of(s) for seconds, w in fleet.items()}
         reports.append(slo.report(s, windows, wholes[s.window].of(s)))
     return reports

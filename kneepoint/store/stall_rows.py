@@ -180,6 +180,21 @@ def candidates(session: Session, ids: Sequence[int], start: float, end: float) -
         return queries.read_bulk(session, query)
 
 
+def sliced(rows: pd.DataFrame, start: float) -> pd.DataFrame:
+    """`candidates` over [start, end] from those over a longer window of raw samples that
+    ends at the same time (the same rows from `start` on): a target's first row at or after
+    `start` has no previous row there, so it is in no pair, and the rows left in no pair
+    are dropped. Every stuck pair of the shorter window is one of the longer, and a row's
+    next one in `rows` is its next sample wherever that pair is stuck, so the rows are
+    those `candidates` gives for the shorter window."""
+    out = rows[rows.ts >= start].copy()
+    first = out.prev_ts < start
+    out.loc[first, "prev_ts"] = float("nan")
+    out.loc[first, "stuck"] = 0
+    following = out.groupby("target_id", sort=False).stuck.shift(-1, fill_value=0)
+    return out[(out.stuck == 1) | (following == 1)].reset_index(drop=True)
+
+
 def steps(session: Session, ids: Sequence[int], start: float, end: float) -> dict[int, float]:
     """Each target's median time between consecutive rows of the window (pandas' median of
     `ts.diff()`: the mean of the two middle ones for an even count), 0 for one row."""
