@@ -204,7 +204,7 @@ def table(
             errors += [f"{source} {kind}: {r['error']}" for r in rounds if r["error"]]
             times = [r["seconds"] for r in rounds]
             if not times:
-                line += f" {'(none)':>33} |"
+                line += f" {'(none)':>49} |"
                 continue
             median, most = statistics.median(times), max(times)
             met = (
@@ -212,19 +212,21 @@ def table(
                 if median <= EVAL_MEDIAN_AIM and most <= EVAL_MAX_AIM
                 else f"no ({max(median / EVAL_MEDIAN_AIM, most / EVAL_MAX_AIM):.1f}×)"
             )
-            line += f" med {median:5.2f} max {most:5.2f} n={len(times):<2} {met:>9} |"
+            cell = f"med {median:5.2f} max {most:5.2f} n={len(times):<2} {met:>9}"
+            line += f" {cell:>49} |"
         lines.append(line)
     line = f"{'weekly review (7 d)':<28} |"
     for source, result in zip(sources, results, strict=True):
         review = result["review"]
         if review is None:
-            line += f" {'(not run)':>33} |"
+            line += f" {'(not run)':>49} |"
         elif review["error"]:
-            line += f" {'ERROR':>33} |"
+            line += f" {'ERROR':>49} |"
             errors.append(f"{source} weekly review: {review['error']}")
         else:
             met = verdict(review["seconds"], REVIEW_AIM)
-            line += f" {review['seconds']:7.2f} s  aim {REVIEW_AIM:4.0f}  {met:>11} |"
+            cell = f"{review['seconds']:7.2f} s  aim {REVIEW_AIM:4.0f}  {met:>11}"
+            line += f" {cell:>49} |"
     lines.append(line)
     lines += [f"error: {e}" for e in errors]
     return lines
