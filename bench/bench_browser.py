@@ -462,7 +462,7 @@ def cell(value: Timing | str | None, reference: Timing | str | None, aim: float)
     if not isinstance(reference, Timing):
         return f"{value.seconds:6.2f} s {'':>10}"
     ratio = value.seconds / reference.seconds
-    return f"{value:6.2f} s {ratio:4.1f}× {'yes' if ratio <= aim else 'no':>3}"
+    return f"{value.seconds:6.2f} s {ratio:4.1f}× {'yes' if ratio <= aim else 'no':>3}"
 
 
 def breakdown(value: Timing | str | None) -> str:
