@@ -15,8 +15,7 @@ from rows that were not."""
 
 from __future__ import annotations
 
-from collections.abc import Iterator, Sequence
-from contextlib import contextmanager
+from collections.abc import Sequence
 from typing import Any
 
 import pandas as pd
@@ -32,7 +31,6 @@ from sqlalchemy import (
     literal,
     or_,
     select,
-    text,
     union_all,
 )
 from sqlalchemy.orm import Session
@@ -112,21 +110,6 @@ def frame_rows(session: Session, ids: Sequence[int], start: float, end: float) -
     return union_all(head, kept).subquery("frame")
 
 
-@contextmanager
-def without_jit(session: Session) -> Iterator[None]:
-    """On PostgreSQL, these queries run with JIT compilation off, then the setting is put
-    back for the rest of the transaction. Their estimated cost (a union of tiers with window
-    functions, tens of millions at 200 replicas) passes jit_above_cost, and compiling took
-    7.9 s of an 8.8 s query over 2 hours (EXPLAIN ANALYZE, 200 replicas × 3 days)."""
-    if session.connection().dialect.name != "postgresql":
-        yield
-        return
-    before = session.execute(text("SELECT current_setting('jit')")).scalar()
-    session.execute(text("SELECT set_config('jit', 'off', true)"))
-    yield  # after an error the transaction is aborted, and its settings with it
-    session.execute(text("SELECT set_config('jit', :value, true)"), {"value": before})
-
-
 def _busy(running: Any, waiting: Any) -> ColumnElement[bool]:
     return func.coalesce(running, 0.0) + func.coalesce(waiting, 0.0) > 0
 
@@ -176,8 +159,7 @@ def candidates(session: Session, ids: Sequence[int], start: float, end: float) -
         .where(or_(edged.c.stuck == 1, edged.c.next_stuck == 1))
         .order_by(edged.c.target_id, edged.c.ts)
     )
-    with without_jit(session):
-        return queries.read_bulk(session, query)
+    return queries.read_bulk(session, query)
 
 
 def sliced(rows: pd.DataFrame, start: float) -> pd.DataFrame:
@@ -224,6 +206,5 @@ def steps(session: Session, ids: Sequence[int], start: float, end: float) -> dic
         .where(or_(middle == ranked.c.n, middle == ranked.c.n + 1, middle == ranked.c.n + 2))
         .group_by(ranked.c.target_id)
     )
-    with without_jit(session):
-        found = {int(t): float(s) for t, s in session.execute(query).all()}
+    found = {int(t): float(s) for t, s in session.execute(query).all()}
     return {int(t): found.get(int(t), 0.0) for t in ids}
