@@ -1,4 +1,4 @@
-"""Pages at fleet size: above charts.FLEET_THRESHOLD replicas (or GPUs) a page shows one
+"""Pages at fleet size: above distribution.FLEET_THRESHOLD replicas (or GPUs) a page shows one
 table of them, worst first and a page of rows at a time (app/tables.py people_table), and
 the tiles of the replicas chosen in the sidebar only; a block of st.metric tiles per replica
 (1,000 blocks) kept Chromium's renderer busy for minutes."""
@@ -9,14 +9,14 @@ import math
 from collections.abc import Mapping, Sequence
 from typing import Any
 
-from dashboards import charts
-from dashboards.charts import Worse
+from kneepoint import distribution
+from kneepoint.distribution import Worse
 
 
 def at_fleet_size(count: int) -> bool:
     """Whether `count` replicas (or GPUs) are too many to draw one by one. Reads the
     threshold when called, so a test can lower it."""
-    return count > charts.FLEET_THRESHOLD
+    return count > distribution.FLEET_THRESHOLD
 
 
 def _missing(value: Any) -> bool:

@@ -12,7 +12,7 @@ import plotly.graph_objects as go
 
 from app import data
 from dashboards import charts
-from dashboards.charts import Fleet, Worse
+from kneepoint.distribution import Fleet, Worse
 from kneepoint.store import fleet_series
 
 Key = data.Key

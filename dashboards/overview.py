@@ -7,7 +7,8 @@ from collections.abc import Sequence
 import pandas as pd
 import plotly.graph_objects as go
 
-from dashboards.charts import Fleet, Worse, fleet_lines, lines
+from dashboards.charts import fleet_lines, lines
+from kneepoint.distribution import Fleet, Worse
 
 TITLES = {
     "kv_cache_occupancy": "KV-cache occupancy",
@@ -40,7 +41,7 @@ WORSE: dict[str, Worse] = {
 
 def replica_lines(series: pd.DataFrame, column: str, chosen: Sequence[str] = ()) -> go.Figure:
     """One line per replica of `column` over time (only `chosen`, when any are); above
-    charts.FLEET_THRESHOLD replicas the fleet's median, tail and worst replicas, with the
+    distribution.FLEET_THRESHOLD replicas the fleet's median, tail and worst replicas, with the
     `chosen` ones as their own lines (charts.lines)."""
     name, unit = AXES.get(column, (column, ""))
     return lines(

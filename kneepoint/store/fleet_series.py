@@ -34,7 +34,7 @@ from sqlalchemy import (
 )
 from sqlalchemy.orm import Session
 
-from dashboards.charts import (
+from kneepoint.distribution import (
     MEDIAN,
     WORST,
     Fleet,

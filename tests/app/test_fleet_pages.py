@@ -19,8 +19,9 @@ import alerts.evaluate  # noqa: F401  the package: AppTest puts app/screens (wit
 from app.registry import PAGES_DIR
 from collectors.dcgm import parse_dcgm
 from collectors.vllm import parse_vllm
-from dashboards.charts import CHANGES, MEDIAN, WORST
+from dashboards.charts import CHANGES
 from kneepoint.config import load_config
+from kneepoint.distribution import MEDIAN, WORST
 from kneepoint.store.db import open_store
 from kneepoint.store.writer import ensure_targets, record_gpus, record_replica
 from tests.conftest import DCGM_T4, VLLM_032, read

@@ -12,20 +12,16 @@ import plotly.graph_objects as go
 import pytest
 
 from app.tables import page_rows
-from dashboards import charts
-from dashboards.charts import (
-    CHANGES,
+from dashboards.charts import CHANGES, MARKERS, Marker, data_frame, lines
+from dashboards.overview import replica_lines
+from kneepoint.distribution import (
     CHOSEN_LIMIT,
     FLEET_THRESHOLD,
-    MARKERS,
+    MAX_POINTS,
     MEDIAN,
     WORST,
-    Marker,
-    data_frame,
     distribution,
-    lines,
 )
-from dashboards.overview import replica_lines
 
 START = pd.Timestamp("2026-11-30 10:00", tz="UTC")
 MOST_TRACES = 2 + WORST  # median, tail, the worst named
@@ -186,7 +182,7 @@ def test_replicas_scraped_at_different_instants_share_a_bucket() -> None:
 def test_a_long_range_is_at_most_max_points_wide() -> None:
     frame = fleet(20, points=7 * 24 * 60)  # a week of minutes
     spread = distribution(frame, "kv_cache_occupancy", "replica")
-    assert len(spread) <= charts.MAX_POINTS
+    assert len(spread) <= MAX_POINTS
 
 
 def test_the_csv_names_the_fleet_series() -> None:

@@ -17,9 +17,9 @@ import pytest
 from sqlalchemy import Table, insert, select
 from sqlalchemy.orm import Session
 
-from dashboards import charts
-from dashboards.charts import MEDIAN, Worse, tail_name
+from kneepoint import distribution
 from kneepoint.config import Retention
+from kneepoint.distribution import MEDIAN, Worse, tail_name
 from kneepoint.series import COLUMNS as SERIES_COLUMNS
 from kneepoint.series import gpu_series, replica_series, resample
 from kneepoint.store import fleet_series, queries
@@ -34,7 +34,7 @@ DAY, HOUR = 86400.0, 3600.0
 NOW = 1_700_000_100.0  # on a 5-minute boundary
 SPAN = 7.5 * DAY
 SCRAPE = 15.0
-NAMES = [f"r{i:02d}" for i in range(12)]  # over charts.FLEET_THRESHOLD
+NAMES = [f"r{i:02d}" for i in range(12)]  # over distribution.FLEET_THRESHOLD
 RANGES = [
     (NOW - HOUR, NOW),
     (NOW - DAY, NOW),
@@ -71,7 +71,7 @@ def _rows(name: str, target_id: int, index: int) -> list[dict[str, Any]]:
         step += 1
         grid += 300.0 if grid < NOW - 26 * HOUR else 60.0 if grid < NOW - 2 * HOUR else SCRAPE
         # Off the grid by multiples of 1/4 s, but the first replica, whose spacing
-        # charts.bucket_width reads: the scrape interval, as the database assumes.
+        # distribution.bucket_width reads: the scrape interval, as the database assumes.
         ts = grid + twin + (step % 4) * 0.25 * (index > 0)
         if ts > NOW:
             break
@@ -193,15 +193,15 @@ def _every_series(session: Session, start: float, end: float) -> pd.DataFrame:
 
 
 def _same_fleet(
-    fleet: charts.Fleet, series: pd.DataFrame, column: str, color: str, worse: Worse
+    fleet: distribution.Fleet, series: pd.DataFrame, column: str, color: str, worse: Worse
 ) -> None:
-    expected = charts.distribution(series, column, color, worse)
+    expected = distribution.distribution(series, column, color, worse)
     tail = tail_name(worse)
     assert len(expected) > 3
     assert list(fleet.spread["time"]) == list(expected["time"])
     np.testing.assert_allclose(fleet.spread[MEDIAN], expected[MEDIAN], rtol=1e-9, atol=1e-12)
     np.testing.assert_allclose(fleet.spread[tail], expected[tail], rtol=1e-9, atol=1e-12)
-    assert fleet.worst == charts.worst(series, column, color, worse)
+    assert fleet.worst == distribution.worst(series, column, color, worse)
     assert fleet.size == series.dropna(subset=[column])[color].nunique()
     drawn = series[series[color].isin(fleet.worst)].sort_values([color, "time"])
     got = fleet.rows.sort_values([color, "time"])
@@ -245,7 +245,7 @@ def test_the_seeded_cases_are_in_the_ranges(sqlite: str) -> None:
         series = _every_series(session, NOW - HOUR, NOW)
     twins = series[series.replica.isin(["r05", "r06"])].groupby("replica")
     assert twins["kv_cache_occupancy"].mean().nunique() == 1
-    assert charts.worst(series, "kv_cache_occupancy", "replica")[:2] == ["r05", "r06"]
+    assert distribution.worst(series, "kv_cache_occupancy", "replica")[:2] == ["r05", "r06"]
     names = {row: name for name, row in zip(NAMES, sorted(frame.target_id.unique()), strict=False)}
     falls = frame.groupby("target_id").generation_tokens.diff() < 0
     assert {names[t] for t in frame.target_id[falls]} == {"r03"}
@@ -286,5 +286,16 @@ def test_a_fleet_chart_reads_buckets_means_and_the_drawn_rows_only(
     # One row per bucket and per series, then the worst three series' own rows (and where
     # a summary row starts one, the samples before it that replica_frame reads in its place).
     assert 0 <= read - (len(fleet.spread) + fleet.size + len(fleet.rows)) <= 3 * 20
-    assert len(fleet.spread) <= charts.MAX_POINTS + 1
+    assert len(fleet.spread) <= distribution.MAX_POINTS + 1
     assert read < every / 2
+
+
+def test_the_store_draws_nothing() -> None:
+    """The kernel's fleet aggregation imports no drawing library (the distribution's
+    definitions live in kneepoint/distribution.py, the chart module only draws them)."""
+    import subprocess
+    import sys
+
+    probe = "import sys, kneepoint.store.fleet_series; print('plotly' in sys.modules)"
+    done = subprocess.run([sys.executable, "-c", probe], capture_output=True, text=True, check=True)
+    assert done.stdout.strip() == "False"
