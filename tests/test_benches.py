@@ -161,20 +161,24 @@ def test_bench_pages_times_the_router_per_page_cold_and_warm_at_four_replicas() 
     seen = {}
     for page in ("overview", "health"):
         row = line(
-            rf"^{page}\s+1h \|\s+{NUMBER}\s+{NUMBER}\s+1\.0\s+(yes|no \({NUMBER}×\)) \|$", output
+            rf"^{page}\s+1h \|\s+{NUMBER}\s+{NUMBER}\s+{NUMBER}\s+{NUMBER}\s+1\.0\s+"
+            rf"(yes|no \({NUMBER}×\)) \|$",
+            output,
         )
-        cold, warm = float(row[1]), float(row[2])
-        assert cold > 0 and warm > 0
-        worst = max(cold, warm)
+        cold, warm, after_round, warmer = (float(row[i]) for i in (1, 2, 3, 4))
+        assert cold > 0 and warm > 0 and after_round > 0 and warmer >= 0
+        worst = max(cold, warm, after_round)  # the aim holds for each way a page is opened
         # Printed rounded: a time near the aim may fall either side.
         if worst > 1.01:
-            assert row[3].startswith("no"), row[0]
+            assert row[5].startswith("no"), row[0]
         elif worst < 0.99:
-            assert row[3] == "yes", row[0]
+            assert row[5] == "yes", row[0]
         seen[page] = row
     assert "error:" not in output, output  # both pages ran and showed the page asked for
-    burn = line(rf"^evaluation, burn-rate rounds \| med\s+{NUMBER} max\s+{NUMBER} n=1 ", output)
-    plain = line(rf"^evaluation, plain rounds\s+\| med\s+{NUMBER} max\s+{NUMBER} n=1 ", output)
+    warmer_row = rf"^warmer, a round, 1 h pages\s+\|\s+{NUMBER} s \({NUMBER} s CPU\), \d+ calls \|$"
+    line(warmer_row, output)
+    burn = line(rf"^evaluation, burn-rate rounds\s+\|\s+med\s+{NUMBER} max\s+{NUMBER} n=1 ", output)
+    plain = line(rf"^evaluation, plain rounds\s+\|\s+med\s+{NUMBER} max\s+{NUMBER} n=1 ", output)
     assert float(burn[1]) == float(burn[2]) and float(plain[1]) == float(plain[2])
     line(rf"^weekly review \(7 d\)\s+\|\s+{NUMBER} s\s+aim\s+30\s+yes \|$", output)
     line(rf"^done in {NUMBER} min$", output)
