@@ -44,8 +44,8 @@ MIGRATION_LOCK = zlib.crc32(b"kneepoint migrate")
 def _jit_off(connection: Any, _record: Any) -> None:
     """PostgreSQL's JIT compilation off for every connection kneepoint opens. kneepoint's
     reads (unions of summary tiers with window functions) are estimated far above
-    jit_above_cost at fleet size, and compiling them cost more than it saved: 7.9 s of an
-    8.8 s stall-candidate query over 2 hours at 200 replicas (EXPLAIN ANALYZE). A session
+    jit_above_cost at fleet size; compiling took 7.9 s of an 8.8 s stall-candidate query
+    over 2 hours at 200 replicas (EXPLAIN ANALYZE; other queries not profiled). A session
     setting on connect, not a startup `options` parameter, which poolers such as PgBouncer
     refuse; `pg_settings` is filtered so a server without JIT is left as it is."""
     cursor = connection.cursor()
