@@ -24,12 +24,15 @@ from sqlalchemy import (
     Text,
     and_,
     case,
+    exists,
     func,
     literal,
+    null,
     or_,
     select,
     union_all,
 )
+from sqlalchemy import cast as sql_cast
 from sqlalchemy.orm import Session
 
 from kneepoint.samples import Histogram
@@ -184,9 +187,7 @@ def _tiered(
         # bitmap scan's rows in the table's order (by time, as they were written), and rows
         # out of order would read as counter resets.
         query = (
-            select(*_selected(table, key, columns))
-            .where(*where)
-            .order_by(table.c[key], table.c.ts)
+            select(*_selected(table, key, columns)).where(*where).order_by(table.c[key], table.c.ts)
         )
         frames.append(read_bulk(session, query).assign(summary=resolution != RAW))
     filled = [f for f in frames if len(f)] or frames[:1]
@@ -320,9 +321,7 @@ def _rows_at(session: Session, table: Table, pairs: set[tuple[int, float]]) -> p
         )
         return read_frame(
             session,
-            select(table).join(
-                keys, and_(table.c.target_id == keys.c.t, table.c.ts == keys.c.ts)
-            ),
+            select(table).join(keys, and_(table.c.target_id == keys.c.t, table.c.ts == keys.c.ts)),
         )
     # One (target_id, ts IN …) term per target: each is a few lookups of the primary key.
     # (A tuple IN over a time range scanned every row of the range: 0.3 s for a week.)
@@ -470,6 +469,13 @@ def _range_rows(
     samples from `start` up to it in its place (as `_from_first_sample`: a sample wins over
     a summary row of the same time)."""
 
+    def column(table: Table, name: str) -> Any:
+        # A summary-only column (SUMMARY_ONLY) is NULL in the samples' rows, as in the
+        # frame _tiered concatenates; typed, so PostgreSQL's UNION matches its type.
+        if name in table.c:
+            return table.c[name].label(name)
+        return sql_cast(null(), rollups.c[name].type).label(name)
+
     def piece(number: int, low: float, high: float, resolution: int) -> Select[Any]:
         table = samples if resolution == RAW else rollups
         closed = number == len(pieces) - 1
@@ -477,7 +483,7 @@ def _range_rows(
         return select(
             table.c[key].label(key),
             table.c.ts.label("ts"),
-            *(table.c[c].label(c) for c in columns),
+            *(column(table, c) for c in columns),
             literal(int(resolution != RAW), Integer).label("summary"),
         ).where(*where)
 
@@ -494,23 +500,30 @@ def _range_rows(
         select(rows.c[key], rows.c.ts)
         .join(firsts, and_(rows.c[key] == firsts.c[key], rows.c.ts == firsts.c.first_ts))
         .where(rows.c.summary == 1)
-        .subquery("late")
+        .cte("late")
     )
     head = (
         select(
             samples.c[key].label(key),
             samples.c.ts.label("ts"),
-            *(samples.c[c].label(c) for c in columns),
+            *(column(samples, c) for c in columns),
             literal(0, Integer).label("summary"),
         )
         .join(late, and_(samples.c[key] == late.c[key], samples.c.ts <= late.c.ts))
         .where(samples.c.ts >= start)
         .cte("head")
     )
-    replaced = select(head.c.ts).where(head.c[key] == rows.c[key], head.c.ts == rows.c.ts)
+    # Only a late key's first row can meet a head row: the one summary row a sample of the
+    # same time replaces. (Asked of every row against the head, SQLite evaluated the head
+    # again for each: seconds for a day of 14 replicas.)
+    replaced = exists().where(
+        late.c[key] == rows.c[key],
+        late.c.ts == rows.c.ts,
+        exists().where(samples.c[key] == rows.c[key], samples.c.ts == rows.c.ts),
+    )
     return union_all(
         select(head),
-        select(rows).where(~replaced.exists()),
+        select(rows).where(~and_(rows.c.summary == 1, replaced)),
     ).subquery("range_rows")
 
 
@@ -565,10 +578,7 @@ def fleet_intervals(
             steps.c.bucket,
             func.coalesce(func.sum(steps.c.seconds), 0.0).label("seconds"),
             func.sum(steps.c.first).label("firsts"),
-            *(
-                func.coalesce(func.sum(steps.c[f"d_{c}"]), 0.0).label(f"d_{c}")
-                for c in increases
-            ),
+            *(func.coalesce(func.sum(steps.c[f"d_{c}"]), 0.0).label(f"d_{c}") for c in increases),
         )
         .group_by(steps.c.bucket)
         .order_by(steps.c.bucket)
@@ -612,9 +622,7 @@ def counter_windows(
     for name in counters:
         value, prev = steps.c[name], steps.c[f"prev_{name}"]
         known = func.count(value)
-        total = func.sum(
-            case((prev.is_(None), 0.0), (value < prev, value), else_=value - prev)
-        )
+        total = func.sum(case((prev.is_(None), 0.0), (value < prev, value), else_=value - prev))
         increases += [
             case((or_(known == func.count(), known == 0), total)).label(name),
             known.label(f"{name}_known"),
