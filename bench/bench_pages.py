@@ -23,7 +23,8 @@ and `git worktree add /tmp/old 4f6a22f`, to get before and after from one run an
   round written, the app's cache warmer, app/warm.py, run to the end for it and timed,
   `warmer`, then the page in a fresh session; a checkout without a warmer runs the page
   right after the round); a page that raises shows its error;
-- the warmer's cost per round (wall and CPU seconds) with every page visited at 1 h;
+- the warmer's cost per round (wall and CPU seconds) with every page visited at 1 h: the
+  mean of a minute of rounds (the SLO reports are made once a minute), and each round's;
 - the weekly review: `review.weekly.build_report` over 7 days.
 
 Prints one table (seconds) with the aims (pages ≤ 1.0 s at 1 h and 24 h and ≤ 2.0 s at 7 d,
@@ -187,16 +188,27 @@ def table(
                 met = "error" if failed else verdict(worst, aim)
                 line += f" {' '.join(cells)} {aim:4.1f} {met:>11} |"
             lines.append(line)
-    # Evaluation: burn-rate rounds and plain rounds, median and max of each.
+    # The warmer per round: the mean of a minute of rounds, then each of them.
     line = f"{'warmer, a round, 1 h pages':<28} |"
+    each = f"{'warmer, a minute of rounds':<28} |"
     for result in results:
         done = result.get("warmer") or {}
         if done.get("seconds") is None:
             line += f" {'(no warmer)':>49} |"
+            each += f" {'':>49} |"
         else:
             cost = f"{done['seconds']:.2f} s ({done['cpu']:.2f} s CPU), {done['calls']} calls"
             line += f" {cost:>49} |"
+            rounds = " / ".join(f"{r['seconds']:.2f}" for r in done.get("rounds") or [done])
+            each += f" {rounds + ' s':>49} |"
+    lines += [line, each]
+    line = f"{'alerts pending or firing':<28} |"
+    for result in results:
+        counts = result.get("alerts") or {}
+        cell = ", ".join(f"{n} {state}" for state, n in sorted(counts.items())) or "none"
+        line += f" {cell:>49} |"
     lines.append(line)
+    # Evaluation: burn-rate rounds and plain rounds, median and max of each.
     for kind, burn in (("evaluation, burn-rate rounds", True), ("evaluation, plain rounds", False)):
         line = f"{kind:<28} |"
         for source, result in zip(sources, results, strict=True):

@@ -21,7 +21,8 @@ reused) and prints the seeded clock. `measure` runs, in this order:
    session (`round`); a checkout without a warmer just runs the page after the round. The
    round is deleted afterwards, so the store stays as seeded;
 3. the warmer's cost per round with every page visited at the default range (1 h): each
-   page run once, a round written, the warmer run (where the checkout has one);
+   page run once (caches cleared first), then a minute of rounds (MINUTE_ROUNDS), each
+   written and the warmer run for it (where the checkout has one), each timed;
 4. the weekly review (`review.weekly.build_report`, 7 days).
 
 The app's clock (time.time) is set back to the seeded clock at the start of each run and runs
@@ -34,9 +35,12 @@ from __future__ import annotations
 
 import argparse
 import json
+import statistics
 import sys
 import time
 import traceback
+from collections.abc import Callable
+from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
@@ -128,6 +132,15 @@ def evaluation(config: Any, sessions: Any, now: float, rounds: int) -> list[dict
     return done
 
 
+def alert_count(sessions: Any) -> dict[str, int]:
+    """The pending and firing alerts the Alerts page lists (and finds a likely cause for)."""
+    from sqlalchemy import text
+
+    with sessions() as session:
+        rows = session.execute(text("SELECT state, count(*) FROM alerts GROUP BY state"))
+        return {str(state): int(n) for state, n in rows if state in ("pending", "firing")}
+
+
 def page_run(app_file: str, path: str, label: str, timeout: float) -> dict[str, Any]:
     from streamlit.logger import set_log_level
     from streamlit.testing.v1 import AppTest
@@ -192,23 +205,53 @@ def drop_rounds(sessions: Any, seeded: float) -> None:
         )
 
 
+REPLAYED: list[tuple[str, float]] = []  # each call the warmer made: its function, wall seconds
+
+
 def warmer_of(config_file: str) -> Any:
-    """The checkout's cache warmer over a fresh record of calls, or None where it has none."""
+    """The checkout's cache warmer over a fresh record of calls, or None where it has none;
+    each call it makes is timed into REPLAYED (where it spends a round)."""
     try:
         from app import data, warm
 
         read = data.read_version
     except (ImportError, AttributeError):  # an older checkout (its app/data.py has no warmer)
         return None
-    warm.REGISTRY = warm.Registry()  # this measure's page runs only
-    return warm.Warmer(str(Path(config_file).resolve()), read, warm.REGISTRY)
+    registry = warm.REGISTRY = warm.Registry()  # this measure's page runs only
+    recorded = registry.advance
+
+    def advance(path: str, version: Any) -> list[tuple[Any, tuple[Any, ...]]]:
+        return [(replace(spec, call=_timed(spec)), args) for spec, args in recorded(path, version)]
+
+    registry.advance = advance  # type: ignore[method-assign]
+    return warm.Warmer(str(Path(config_file).resolve()), read, registry)
+
+
+def _timed(spec: Any) -> Callable[..., Any]:
+    def call(*args: Any) -> Any:
+        began = time.perf_counter()
+        try:
+            return spec.call(*args)
+        finally:
+            REPLAYED.append((spec.name.rsplit(".", 2)[-2:][-1], time.perf_counter() - began))
+
+    return call
 
 
 def warm_round(warmer: Any) -> dict[str, Any]:
-    """Run the warmer to the end for the version now (as its thread would), timed."""
+    """Run the warmer to the end for the version now (as its thread would), timed, with the
+    seconds of each call it made (`replayed`: function name and seconds, in its order)."""
     if warmer is None:
-        return {"seconds": None, "cpu": None, "calls": 0, "failed": 0, "settled": False}
+        return {
+            "seconds": None,
+            "cpu": None,
+            "calls": 0,
+            "failed": 0,
+            "settled": False,
+            "replayed": [],
+        }
     made, failed = warmer.computed, warmer.failed
+    REPLAYED.clear()
     began, cpu = time.perf_counter(), time.process_time()
     settled = warmer.settle()
     return {
@@ -217,7 +260,14 @@ def warm_round(warmer: Any) -> dict[str, Any]:
         "calls": warmer.computed - made,
         "failed": warmer.failed - failed,
         "settled": settled,
+        "replayed": [[name, round(seconds, 3)] for name, seconds in REPLAYED],
     }
+
+
+def replayed(done: dict[str, Any]) -> str:
+    """The warmer's calls, slowest first: "_view 3.1 s, _status 0.8 s"."""
+    calls = sorted(done.get("replayed") or [], key=lambda c: -c[1])
+    return ", ".join(f"{name} {seconds:.2f} s" for name, seconds in calls)
 
 
 def after_round(
@@ -263,6 +313,8 @@ def measure(args: argparse.Namespace) -> None:
     drop_rounds(sessions, args.now)  # an interrupted run's rounds
     if args.eval_rounds:
         results["evaluation"] = evaluation(config, sessions, args.now, args.eval_rounds)
+    results["alerts"] = alert_count(sessions)
+    say(f"  alerts pending or firing: {results['alerts']}")
     rounds = 0
     for label in args.ranges.split(","):
         for path in args.pages.split(","):
@@ -281,7 +333,8 @@ def measure(args: argparse.Namespace) -> None:
                 f"warm {row['warm']['seconds']:.2f} s, "
                 f"after a round {row['round']['seconds']:.2f} s"
                 + (
-                    f" (warmer {warmed['seconds']:.2f} s, {warmed['calls']} calls)"
+                    f" (warmer {warmed['seconds']:.2f} s, {warmed['calls']} calls: "
+                    f"{replayed(warmed)})"
                     if warmed["seconds"] is not None
                     else ""
                 )
@@ -305,25 +358,43 @@ def measure(args: argparse.Namespace) -> None:
     Path(args.out).write_text(json.dumps(results))
 
 
+MINUTE_ROUNDS = 4  # a minute of 15 s rounds: one enters a new minute, the others do not
+
+
 def every_page_round(args: argparse.Namespace, sessions: Any, number: int) -> dict[str, Any]:
-    """The warmer's cost for one round after every page was visited at the default range."""
+    """The warmer's cost per round after every page was visited at the default range, over a
+    minute of rounds (some computations are made once a minute, not each round): the mean
+    of MINUTE_ROUNDS consecutive rounds, and each of them (`rounds`)."""
+    import streamlit as st
+
+    st.cache_data.clear()  # what the visits compute, not what an earlier measure left
     WARMER["it"] = warmer_of(args.config)
     set_clock(args.now + 5)
     for path in args.pages.split(","):
         page_run(args.app, path, "1h", args.timeout)
-    at = args.now + ROUND * number
+    rounds = []
     try:
-        write_round(sessions, at)
-        set_clock(at + 1, held=True)
-        done = warm_round(WARMER["it"])
+        for at in (args.now + ROUND * (number + i) for i in range(MINUTE_ROUNDS)):
+            write_round(sessions, at)
+            set_clock(at + 1, held=True)
+            rounds.append(warm_round(WARMER["it"]) | {"at": at})
     finally:
         drop_rounds(sessions, args.now)
-    if done["seconds"] is not None:
+    if rounds[0]["seconds"] is None:
+        return rounds[0]
+    for done in rounds:
         say(
-            f"  warmer, every page visited at 1h: {done['seconds']:.2f} s "
-            f"({done['cpu']:.2f} s CPU) for {done['calls']} calls, {done['failed']} failed"
+            f"  warmer, every page visited at 1h, round at {done['at']:.0f}: "
+            f"{done['seconds']:.2f} s ({done['cpu']:.2f} s CPU) for {done['calls']} calls, "
+            f"{done['failed']} failed: {replayed(done)}"
         )
-    return done
+    return {
+        "seconds": statistics.mean(r["seconds"] for r in rounds),
+        "cpu": statistics.mean(r["cpu"] for r in rounds),
+        "calls": round(statistics.mean(r["calls"] for r in rounds)),
+        "failed": sum(r["failed"] for r in rounds),
+        "rounds": rounds,
+    }
 
 
 def main() -> None:
