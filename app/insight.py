@@ -5,13 +5,12 @@ warmed for each new version (app/warm.py)."""
 
 from __future__ import annotations
 
-import math
-from dataclasses import replace
-
-from app import data
+from alerts.rules import effective_rules
+from alerts.slo import burn_rules
+from app import changes, data
 from kneepoint import causes, forecast
-
-STEP = 30.0  # an onset's changes are read as of the next 30 s: onsets that close share them
+from kneepoint.config import ConfigError
+from kneepoint.store import queries
 
 
 def signals(now: float) -> causes.Signals:
@@ -24,8 +23,14 @@ def signals(now: float) -> causes.Signals:
 @data.versioned("key", times=("now",))
 def _signals(path: str, now: float, version: data.Key) -> causes.Signals:
     config, sessions = data._open(path)
+    try:
+        # The hour's changes as the 1-hour charts' markers read them (the same cache entry,
+        # app/changes.py), not read from the timeline a second time each version.
+        hour = tuple(changes._events(path, now - causes.LOOKBACK, now, version))
+    except Exception:  # the timeline is a witness: gather reads it again, and logs its error
+        hour = None
     with sessions() as session:
-        return causes.gather(session, config, now)
+        return causes.gather(session, config, now, events=hour)
 
 
 def cause(
@@ -33,22 +38,88 @@ def cause(
 ) -> causes.Cause:
     """The likely cause now, for one replica or (None) the fleet, of a trouble that began at
     `began` (causes.onset; None: now): only the changes in the hour before it count."""
-    found = signals(now)
-    if began is not None and began.at < found.at:
-        path = data.config_file()
-        # Rounded up, so the hour read still holds every change up to the onset.
-        at = math.ceil(began.at / STEP) * STEP
-        found = replace(found, events=_changes(path, at, data.known(path).key))
-    return causes.classify(found, replica, began)
+    path = data.config_file()
+    key = data.known(path).key
+    (found,) = causes.causes_of(
+        signals(now),
+        [causes.Trouble(replica, began)],
+        lambda since, until: _changes(path, since, until, key),
+    )
+    return found
+
+
+def alert_causes(now: float) -> dict[str, causes.Cause]:
+    """Every pending or firing alert's likely cause as of `now`, by its fingerprint: one
+    cached call per data version, not one per alert or onset (an SLO burn's onset moves
+    with the tick), so the warmer makes it again for each new version, and the Alerts page
+    reads one small dict instead of the fleet's signals once per alert."""
+    path = data.config_file()
+    return _alert_causes(path, now, data.known(path).key)
+
+
+@data.versioned("key", times=("now",))
+def _alert_causes(path: str, now: float, version: data.Key) -> dict[str, causes.Cause]:
+    config, sessions = data._open(path)
+    try:
+        rules = effective_rules(config)
+    except ConfigError:  # a bad config rule: the Alerts page says which; its metrics unknown
+        rules = []
+    metrics = {rule.name: rule.metric for rule in rules + burn_rules(config.slos)}
+    with sessions() as session:
+        frame = queries.alert_states(session)
+        troubles = {
+            str(row["fingerprint"]): causes.Trouble(
+                str(row["replica"] or "") or None,
+                causes.onset(
+                    metrics.get(str(row["rule"]), ""), now, data._number(row["pending_since"])
+                ),
+            )
+            for row in frame.to_dict("records")
+        }
+        if not troubles:
+            return {}
+        found = causes.causes_of(
+            _signals(path, now, version),
+            list(troubles.values()),
+            lambda since, until: causes.changes_between(session, config, since, until),
+        )
+    return dict(zip(troubles, found, strict=True))
+
+
+def slo_causes(now: float) -> dict[str, causes.Cause]:
+    """Each burning SLO's likely cause as of `now`, by the SLO's name (the burn began at the
+    shortest long window that tripped, of the reports of `now`'s minute: data.slo_reports):
+    one cached call per data version, warmed for each new one (the onset moves with it)."""
+    path = data.config_file()
+    return _slo_causes(path, now, data.known(path).key)
+
+
+@data.versioned("key", times=("now",))
+def _slo_causes(path: str, now: float, version: data.Key) -> dict[str, causes.Cause]:
+    config, sessions = data._open(path)
+    burning = {
+        r.slo.name: causes.Trouble(None, causes.burn_onset(now, [w.long for w in r.burning]))
+        for r in data._slo_reports(path, data.slo_minute(now))
+        if r.burning
+    }
+    if not burning:
+        return {}
+    with sessions() as session:
+        found = causes.causes_of(
+            _signals(path, now, version),
+            list(burning.values()),
+            lambda since, until: causes.changes_between(session, config, since, until),
+        )
+    return dict(zip(burning, found, strict=True))
 
 
 # Keyed on the data version (a change written late, or an annotation, shows at once); the
-# onset is a fixed time, not one moved with the tick.
+# span is around a fixed onset, not one moved with the tick.
 @data.versioned("key", pin=False)
-def _changes(path: str, began: float, version: data.Key) -> tuple[causes.Event, ...]:
+def _changes(path: str, since: float, until: float, version: data.Key) -> tuple[causes.Event, ...]:
     config, sessions = data._open(path)
     with sessions() as session:
-        return causes.changes_before(session, config, began)
+        return causes.changes_between(session, config, since, until)
 
 
 def forecasts(now: float) -> list[forecast.Forecast]:

@@ -32,8 +32,9 @@ the stored runs, and the timeline's events over the `LOOKBACK` before the onset.
 from __future__ import annotations
 
 import logging
-from collections.abc import Sequence
-from dataclasses import dataclass, field
+import math
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field, replace
 from datetime import UTC, datetime
 from typing import Protocol
 
@@ -61,6 +62,7 @@ PREEMPTIONS_PER_SECOND = 0.05  # the `preemptions-sustained` rule's threshold
 SOFTWARE_KINDS = ("restart", "config_change", "upgrade", "engine_change", "annotation")
 HARDWARE_KINDS = ("gpu_xid", "gpu_throttle", "gpu_power_cap", "gpu_gone")
 SHOWN = 2  # replicas or events named in one sentence; the rest are counted
+STEP = 300.0  # onsets within the same 5 minutes share one read of the changes before them
 
 
 class Event(Protocol):
@@ -283,6 +285,45 @@ def classify(signals: Signals, replica: str | None = None, began: Onset | None =
     return Cause(primary, matched[primary], tuple(others), matched)
 
 
+@dataclass(frozen=True)
+class Trouble:
+    """What a likely cause is asked for: one replica's trouble (None: the fleet's) that
+    began at `began` (None: now)."""
+
+    replica: str | None = None
+    began: Onset | None = None
+
+
+def lookback(began: float) -> tuple[float, float]:
+    """The span read for the changes before an onset: its LOOKBACK, widened out to STEP
+    bounds, so that onsets within the same STEP share one read (`classify` keeps each
+    trouble's own hour of it)."""
+    return math.floor((began - LOOKBACK) / STEP) * STEP, math.ceil(began / STEP) * STEP
+
+
+def causes_of(
+    signals: Signals,
+    troubles: Sequence[Trouble],
+    changes: Callable[[float, float], tuple[Event, ...]],
+) -> list[Cause]:
+    """Each trouble's likely cause from one gathering of `signals`: a trouble that began
+    before them weighs the changes before its own onset, `changes(since, until)` over its
+    `lookback` span (`changes_between`), read once per span however many troubles share it
+    (one per 5 minutes of onsets, not one per alert)."""
+    read: dict[tuple[float, float], tuple[Event, ...]] = {}
+    out = []
+    for trouble in troubles:
+        found = signals
+        began = trouble.began
+        if began is not None and began.at < signals.at:
+            span = lookback(began.at)
+            if span not in read:
+                read[span] = changes(*span)
+            found = replace(signals, events=read[span])
+        out.append(classify(found, trouble.replica, began))
+    return out
+
+
 def _ts(iso: str | None) -> float | None:
     if not iso:
         return None
@@ -295,9 +336,10 @@ def gather(
     now: float,
     window: float = WINDOW,
     began: float | None = None,
+    events: Sequence[Event] | None = None,
 ) -> Signals:
     """Every replica's signals over the window ending `now`, and the changes in the LOOKBACK
-    before `began` (None: now)."""
+    before `began` (None: now), or `events` where the caller read them already."""
     from kneepoint.knee.detect import assess, knee_for_replica
     from kneepoint.store.runs import load_runs
     from kneepoint.views import build_view
@@ -339,17 +381,26 @@ def gather(
                 replica.get("requests_waiting"),
             )
         )
-    return Signals(now, tuple(out), changes_before(session, config, min(now, began or now)))
+    if events is None:
+        events = changes_before(session, config, min(now, began or now))
+    return Signals(now, tuple(out), tuple(events))
 
 
 def changes_before(session: Session, config: Config, began: float) -> tuple[Event, ...]:
     """The timeline's events in the LOOKBACK before `began`: what `classify` weighs for a
     trouble that began then (a caller with signals in hand swaps them in for another onset).
     """
+    return changes_between(session, config, began - LOOKBACK, began)
+
+
+def changes_between(
+    session: Session, config: Config, since: float, until: float
+) -> tuple[Event, ...]:
+    """The timeline's events in [since, until]; none when it cannot be read (logged)."""
     try:
         from kneepoint import timeline
 
-        return tuple(timeline.events(session, config, began - LOOKBACK, began))
+        return tuple(timeline.events(session, config, since, until))
     except Exception:  # the timeline is a witness, not a dependency: the rest still counts
         log.exception("causes: the timeline could not be read")
         return ()

@@ -84,13 +84,18 @@ else:
         "before an SLO burn's window began), load (concurrency at or past "
         "the knee), capacity (KV saturated, waiting for capacity, preemptions), else unknown."
     )
+    # Every alert's cause in one cached call per data version (warmed for each new one).
+    found = insight.alert_causes(end)
     for alert in current.itertuples():
-        replica = None if alert.replica == "fleet" else str(alert.replica)
-        metric = rules[alert.rule].metric if alert.rule in rules else ""
-        pending = alert.pending_since  # a Timestamp (app/data.py made the times readable)
-        pending_since = None if pd.isna(pending) else pd.Timestamp(pending).timestamp()
-        # Only the changes before its trouble began (its burn window, or when it went pending).
-        cause = insight.cause(end, replica, causes.onset(metric, end, pending_since))
+        cause = found.get(str(alert.fingerprint))
+        if cause is None:  # stored after the causes were read: its own, as of the same `end`
+            replica = None if alert.replica == "fleet" else str(alert.replica)
+            metric = rules[alert.rule].metric if alert.rule in rules else ""
+            pending = alert.pending_since  # a Timestamp (app/data.py made the times readable)
+            pending_since = None if pd.isna(pending) else pd.Timestamp(pending).timestamp()
+            # Only the changes before its trouble began (its burn window, or when it went
+            # pending).
+            cause = insight.cause(end, replica, causes.onset(metric, end, pending_since))
         link = runbooks.url(".", str(alert.rule))  # relative: works under any base path
         book = f" · [runbook]({link})" if link else ""
         st.markdown(f"**{alert.rule}** on {alert.replica} ({alert.state}): {cause.line()}{book}")

@@ -11,7 +11,7 @@ from alerts import maintenance
 from alerts.slo import BURN_WINDOWS, window_label
 from app import data, filters, insight
 from app import tables as t
-from app.format import show
+from app.format import clock, show
 from kneepoint import causes
 from kneepoint.config import Maintenance
 
@@ -27,10 +27,18 @@ st.caption(
 )
 now = data.now()
 reports = data.slo_reports(now)
+if reports:
+    st.caption(
+        f"As of {clock(data.slo_minute(now), now)}: recomputed each minute, as the burn-rate "
+        "alerts are."
+    )
 asked = st.query_params.get("slo")  # an SLO's burn-rate alert links here with its SLO: first
 reports = sorted(reports, key=lambda r: r.slo.name != asked)
 if not reports:
     st.info("No SLO is configured (`slos:` in kneepoint.yaml).")
+# Every burning SLO's likely cause in one cached call per data version (warmed for each new
+# one: its onset moves with the tick); only asked for when one burns.
+found = insight.slo_causes(now) if any(r.burning for r in reports) else {}
 for r in reports:
     s = r.slo
     if s.kind == "availability":
@@ -60,8 +68,10 @@ for r in reports:
         help="Alert windows whose long and short burn rates both exceed their factor.",
     )
     if r.burning:  # why it burns (kneepoint/causes.py), and what to do (docs/runbooks.md)
-        began = causes.burn_onset(now, [w.long for w in r.burning])  # the changes before it
-        cause = insight.cause(now, None, began)
+        cause = found.get(s.name)
+        if cause is None:  # not among the cached reports' burns (never expected): its own
+            began = causes.burn_onset(now, [w.long for w in r.burning])  # the changes before
+            cause = insight.cause(now, None, began)
         st.warning(f"Likely cause: {cause.line()} · [runbook](./?page=alerts&rule=slo-burn)")
     rows = [
         {

@@ -12,6 +12,7 @@ import copy
 import dataclasses
 import logging
 import math
+import re
 import time
 from collections import Counter
 from collections.abc import Callable, Iterator
@@ -25,6 +26,8 @@ import streamlit as st
 from streamlit.testing.v1 import AppTest
 
 import alerts.evaluate  # noqa: F401  the package: AppTest puts app/screens (with alerts.py) first
+from alerts.rules import effective_rules
+from alerts.slo import burn_rules
 from app import warm
 from app.registry import PAGES
 from collectors.vllm import parse_vllm
@@ -32,6 +35,7 @@ from kneepoint.annotations import annotate
 from kneepoint.auth import Identity
 from kneepoint.config import load_config
 from kneepoint.store.db import open_store
+from kneepoint.store.models import AlertRow, ReplicaSampleRow
 from kneepoint.store.writer import ensure_targets, record_replica
 from tests.conftest import VLLM_032, read
 from tests.seed import seed
@@ -72,9 +76,11 @@ def calls(monkeypatch: pytest.MonkeyPatch) -> Counter[str]:
         module = importlib.import_module(module_name)
         real = getattr(module, attribute)
 
-        def counting(*args: Any, _real: Callable[..., Any] = real, _name: str = name) -> Any:
+        def counting(
+            *args: Any, _real: Callable[..., Any] = real, _name: str = name, **kwargs: Any
+        ) -> Any:
             counted[_name] += 1
-            return _real(*args)
+            return _real(*args, **kwargs)
 
         monkeypatch.setattr(module, attribute, counting)
     return counted
@@ -217,8 +223,10 @@ def warmer_of(config: Path, registry: warm.Registry) -> warm.Warmer:
     return warm.Warmer(str(config.resolve()), app.data.read_version, registry)
 
 
-# Pages whose run after a new round computes an expensive function (test above).
-WARMED_PAGES = ["overview", "capacity", "gpus", "slos", "timeline"]
+# Pages whose run after a new round computes an expensive function (test above). The SLOs
+# and Alerts pages read nothing a round changes on this store (no SLO, no alert): they are
+# tested on one with both below.
+WARMED_PAGES = ["overview", "capacity", "gpus", "timeline"]
 
 
 @pytest.mark.parametrize("page", WARMED_PAGES)
@@ -310,3 +318,148 @@ def same(a: Any, b: Any) -> bool:
     if isinstance(a, float) and isinstance(b, float) and math.isnan(a):
         return math.isnan(b)
     return bool(a == b)
+
+
+# -- likely causes (app/insight.py): read after a round and the warmer, never per alert -----
+
+ONSETS = 36  # pending alerts with onsets 30 s steps apart: more than a cache's KEPT entries
+
+
+@pytest.fixture
+def troubled(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, clock: Clock, calls: Counter[str]
+) -> Iterator[Path]:
+    """A spent SLO budget (its burn-rate alerts fire), a stalled and a down replica
+    (tests/app/test_overview_landing.py `troubled_store`), and ONSETS pending alerts that
+    each went pending in another 30 s step of the last 20 minutes."""
+    from tests.app.test_overview_landing import troubled_store
+
+    config = troubled_store(tmp_path)
+    sessions = open_store(load_config(config).database)
+    with sessions.begin() as session:
+        for number in range(ONSETS):
+            began = clock.at - 60.0 - 30.0 * number
+            session.add(
+                AlertRow(
+                    fingerprint=f"pending-{number}",
+                    rule="kv-cache-saturated",
+                    replica=f"replica-{number}",
+                    state="pending",
+                    value=0.95,
+                    threshold=0.9,
+                    pending_since=began,
+                    fired_at=None,
+                    resolved_at=None,
+                    updated_at=began,
+                    notified_at=None,
+                )
+            )
+    monkeypatch.setenv("KNEEPOINT_CONFIG", str(config))
+    st.cache_data.clear()
+    yield config
+    st.cache_data.clear()
+
+
+def a_copied_round(config_file: Path, at: float) -> None:
+    """A collection round stored at `at`: every replica's newest sample again (the same
+    counters: nothing served since), as a collector that found no change writes it."""
+    from sqlalchemy import text
+
+    sessions = open_store(load_config(config_file).database)
+    with sessions.begin() as session:
+        columns = [c.name for c in ReplicaSampleRow.__table__.columns]
+        copied = ", ".join(":at" if c == "ts" else c for c in columns)
+        session.execute(
+            text(
+                f"INSERT INTO replica_samples ({', '.join(columns)}) SELECT {copied} "
+                "FROM replica_samples AS s WHERE ts = (SELECT max(ts) FROM replica_samples "
+                "WHERE target_id = s.target_id)"
+            ),
+            {"at": at},
+        )
+        session.execute(
+            text("UPDATE targets SET last_scrape_at = :at WHERE last_scrape_at IS NOT NULL"),
+            {"at": at},
+        )
+
+
+def causes_shown(app: AppTest) -> list[str]:
+    """The likely causes a page names: the Alerts page's lines, the SLOs page's warnings."""
+    lines = [
+        m.value
+        for m in app.markdown
+        if re.match(r"\*\*[^*]+\*\* on .* \((firing|pending)\)", m.value)
+    ]
+    return lines + [w.value for w in app.warning if w.value.startswith("Likely cause: ")]
+
+
+@pytest.mark.parametrize("page", ["alerts", "slos"])
+def test_after_new_rounds_and_the_warmer_likely_causes_are_read_not_computed(
+    troubled: Path, calls: Counter[str], clock: Clock, registry: warm.Registry, page: str
+) -> None:
+    """An SLO burn's onset (now − its window) moves with every round, and the Alerts page
+    lists more onsets than a cache keeps: after the warmer, the page still computes nothing
+    (on 9642920 it read the timeline again for every moved or evicted onset)."""
+    warmer = warmer_of(troubled, registry)
+    before = causes_shown(page_run(page))
+    burns = [line for line in before if "-burn-" in line or line.startswith("Likely cause")]
+    assert burns, "no SLO burn on the page: the test would prove nothing"
+    if page == "alerts":
+        assert len(before) >= ONSETS + 3  # the seeded ones, burns, stalled, down, a ticket
+    warmer.once()
+    clock.at += 45.0  # three rounds on: every burn's onset moved to another 30 s step
+    a_copied_round(troubled, clock.at - 0.5)
+    calls.clear()
+    assert warmer.once() and warmer.failed == 0
+    assert calls["causes.gather"] == 1, dict(calls)  # the signals, once, by the warmer
+    calls.clear()
+    after = causes_shown(page_run(page))
+    assert sum(calls.values()) == 0, f"{page} computed {dict(calls)} after the warmer"
+    assert len(after) == len(before)
+
+
+def test_every_alert_s_cause_in_one_call_equals_each_alert_s_own(
+    troubled: Path, clock: Clock
+) -> None:
+    """insight.alert_causes (one cached call) gives each alert the cause insight.cause
+    gives it alone, as the Alerts page computed it per alert before."""
+    import app.data
+    from app import insight
+    from kneepoint import causes
+
+    now = app.data.now()
+    every = insight.alert_causes(now)
+    current, _ = app.data.alerts(now - 3600.0, now)
+    config = load_config(troubled)
+    metrics = {r.name: r.metric for r in effective_rules(config) + burn_rules(config.slos)}
+    assert len(every) == len(current) >= ONSETS + 3
+    for alert in current.itertuples():
+        replica = None if alert.replica == "fleet" else str(alert.replica)
+        pending = None if pd.isna(alert.pending_since) else alert.pending_since.timestamp()
+        began = causes.onset(metrics.get(str(alert.rule), ""), now, pending)
+        assert every[str(alert.fingerprint)] == insight.cause(now, replica, began), alert.rule
+
+
+def test_slo_reports_are_computed_once_a_minute_not_every_round(
+    troubled: Path, calls: Counter[str], clock: Clock, registry: warm.Registry
+) -> None:
+    """As alert evaluation recomputes burn rates once a minute, the warmer recomputes the
+    SLO reports when the tick enters a new minute, not for each round within it (on 9642920
+    every round, the costliest call it makes); the Overview still reads them all."""
+    import app.data
+
+    warmer = warmer_of(troubled, registry)
+    assert "budget exhausted" in " ".join(m.value for m in page_run("overview").markdown)
+    warmer.once()
+    minute = math.floor(app.data.read_version(str(troubled.resolve())).tick / 60) * 60 + 60
+    for at, made in ((minute + 1, 1), (minute + 31, 0)):  # a new minute, then a round in it
+        a_copied_round(troubled, at)
+        clock.at = at + 0.5
+        calls.clear()
+        assert warmer.once() and warmer.failed == 0
+        assert calls["slo_reports"] == made, (at - minute, dict(calls))
+        assert calls["build_status"] >= 1  # the round's status is made again all the same
+    calls.clear()
+    shown = " ".join(m.value for m in page_run("overview").markdown)
+    assert sum(calls.values()) == 0, dict(calls)
+    assert "budget exhausted" in shown
