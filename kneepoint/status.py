@@ -15,6 +15,7 @@ import numpy as np
 import pandas as pd
 from sqlalchemy.orm import Session
 
+from kneepoint import distribution
 from kneepoint.config import ENGINE_KINDS, Config
 from kneepoint.counters import increase
 from kneepoint.derived import ratios
@@ -23,7 +24,7 @@ from kneepoint.derived.latency import quantiles
 from kneepoint.derived.stall import PROGRESS, STALL_AFTER, Point, stalled_since
 from kneepoint.derived.window import Window, counter_deltas, frame_windows, merge
 from kneepoint.samples import QUANTITIES
-from kneepoint.store import queries
+from kneepoint.store import queries, window_rows
 from kneepoint.store.models import RAW, TargetRow
 
 
@@ -35,13 +36,25 @@ def build_status(
     samples: pd.DataFrame | None = None,
     spans: dict[int, Window] | None = None,
     gpu_rows: pd.DataFrame | None = None,
+    edges: window_rows.Edges | None = None,
+    aggregate: bool | None = None,
 ) -> dict[str, Any]:
     """The status over [now − window, now]; `samples` are that window's replica rows,
     `spans` their windows (frame_windows) and `gpu_rows` its GPU rows (queries.gpu_frame)
-    when the caller has them already."""
+    when the caller has them already.
+
+    Instead of every row, `edges` (kneepoint/store/window_rows.py: the database's few rows
+    per replica) give the same numbers; they are read when the caller gives neither and
+    `aggregate` says so (None: above distribution.FLEET_THRESHOLD replicas, where reading
+    every replica's rows was most of a page's time)."""
     start = now - window
     rows = queries.targets(session)
-    if samples is None:
+    fleet = at_fleet_size(config) if aggregate is None else aggregate
+    if samples is None and edges is None and fleet:
+        edges = window_rows.read(session, start, now)
+    if edges is not None:
+        samples = edges.frame
+    elif samples is None:
         samples = queries.replica_frame(session, start, now, columns=queries.LIGHT_COLUMNS)
     layouts = queries.histogram_layouts(session)
     gpus = queries.gpu_frame(session, start, now) if gpu_rows is None else gpu_rows
@@ -64,8 +77,19 @@ def build_status(
         spans = frame_windows(samples, layouts, _edge_reader(session, samples))
     # Each replica's latest row, all at once; its rows only where a stall may be going on.
     latest_rows = _last_rows(samples)
-    rows_of = _Rows(samples)
     maybe_stuck = _maybe_stuck(samples, stale_after(config))
+    rows_of = _Rows(samples)
+    if edges is not None:
+        # Edge rows end with each target's last two rows: enough to rule a stall out. The
+        # few that may be stalled are read whole, once, when first asked for.
+        wanted = set(names)
+        engines = {row.id for name, row in rows.items() if name in wanted}
+        suspects = sorted(engines if maybe_stuck is None else engines & maybe_stuck)
+        rows_of = _Rows(
+            lambda: queries.replica_frame(
+                session, start, now, suspects, columns=queries.LIGHT_COLUMNS
+            )
+        )
     for name in names:
         row = rows.get(name)
         latest = latest_rows.get(row.id) if row is not None else None
@@ -371,13 +395,18 @@ def _points(frame: pd.DataFrame) -> list[Point]:
 
 
 class _Rows:
-    """A target's rows of a frame, found when first asked for (one grouping for all)."""
+    """A target's rows of a frame, found when first asked for (one grouping for all); the
+    frame itself read then too when given as a function."""
 
-    def __init__(self, frame: pd.DataFrame) -> None:
-        self.frame = frame
+    def __init__(self, frame: pd.DataFrame | Callable[[], pd.DataFrame]) -> None:
+        self.source = frame
+        self.frame: pd.DataFrame | None = None
         self.positions: dict[Any, Any] | None = None
 
     def of(self, target_id: int) -> pd.DataFrame:
+        if self.frame is None:
+            source = self.source
+            self.frame = source if isinstance(source, pd.DataFrame) else source()
         if self.positions is None:
             self.positions = self.frame.groupby("target_id", sort=False).indices
         return self.frame.iloc[self.positions[target_id]]
@@ -747,7 +776,10 @@ def _mean(values: list[Any]) -> float | None:
 def fleet_window(session: Session, config: Config, now: float, window: float) -> Window:
     """The fleet's window over [now − window, now] (its counter increases and histograms),
     from the same reads and the same merge as the status's fleet numbers."""
-    samples = queries.replica_frame(session, now - window, now, columns=queries.LIGHT_COLUMNS)
+    if at_fleet_size(config):  # the database's few rows per replica (build_status)
+        samples = window_rows.read(session, now - window, now).frame
+    else:
+        samples = queries.replica_frame(session, now - window, now, columns=queries.LIGHT_COLUMNS)
     spans = frame_windows(
         samples, queries.histogram_layouts(session), _edge_reader(session, samples)
     )
@@ -758,3 +790,10 @@ def fleet_window(session: Session, config: Config, now: float, window: float) ->
 
 def _replica_names(config: Config) -> set[str]:
     return {t.name for t in config.targets if t.kind in ENGINE_KINDS}
+
+
+def at_fleet_size(config: Config) -> bool:
+    """More replicas than distribution.FLEET_THRESHOLD: where pages draw from the database
+    and the window's numbers come from its few rows per replica (window_rows). Reads the
+    threshold when called, so a test can lower it."""
+    return len(_replica_names(config)) > distribution.FLEET_THRESHOLD

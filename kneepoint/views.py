@@ -15,8 +15,8 @@ from kneepoint.derived.window import Window, frame_windows
 from kneepoint.knee.detect import assess, knee_for_replica, knee_throughput
 from kneepoint.samples import SATURATION
 from kneepoint.series import gpu_series, replica_series, resample
-from kneepoint.status import build_status
-from kneepoint.store import queries
+from kneepoint.status import at_fleet_size, build_status
+from kneepoint.store import queries, window_rows
 from kneepoint.store.runs import load_runs
 
 EVENT_INTERVAL, EVENT_SECONDS = "5min", 300
@@ -33,19 +33,43 @@ class View:
 
 
 def build_view(
-    session: Session, config: Config, now: float, window: float, pages: bool = True
+    session: Session,
+    config: Config,
+    now: float,
+    window: float,
+    pages: bool = True,
+    series: bool | None = None,
 ) -> View:
     """Status over the window plus every page's extra numbers and series. With `pages`
     false, what alert rules read only (alerts/values.py): the status and each replica's
     window numbers (`_numbers`, peaks left out), no series, peaks, knees, costs or events,
-    which cost evaluation half its time and no rule reads."""
+    which cost evaluation half its time and no rule reads.
+
+    `series`: whether to build `series` and `coarse` (the charts' points), which takes
+    every replica's rows of the range. None: only up to distribution.FLEET_THRESHOLD
+    replicas; above it pages draw from the database (app/fleet_data.py), and the window's
+    numbers come from its few rows per replica (kneepoint/store/window_rows.py), the same
+    numbers (tests/kneepoint/test_window_sql.py)."""
     start = now - window
-    frame = queries.replica_frame(session, start, now, columns=queries.LIGHT_COLUMNS)
+    if series is None:
+        series = not at_fleet_size(config)
+    edges = None if series else window_rows.read(session, start, now)
+    if edges is None:
+        frame = queries.replica_frame(session, start, now, columns=queries.LIGHT_COLUMNS)
+    else:
+        frame = edges.frame
     layouts = queries.histogram_layouts(session)
     windows = frame_windows(frame, layouts, lambda keys: queries.replica_rows_at(session, keys))
     gpu_rows = queries.gpu_frame(session, start, now)
     status = build_status(
-        session, config, now, window, samples=frame, spans=windows, gpu_rows=gpu_rows
+        session,
+        config,
+        now,
+        window,
+        samples=frame,
+        spans=windows,
+        gpu_rows=gpu_rows,
+        edges=edges,
     )
     targets = queries.targets(session)
     by_replica: dict[str | None, list[dict[str, Any]]] = {}
@@ -59,16 +83,12 @@ def build_view(
             gpus = by_replica.get(replica["name"], [])
             rows[replica["name"]] = _numbers(replica, NO_PEAKS, span, gpus)
         return View(status, rows=rows)
-    names = {row.id: name for name, row in targets.items()}
-    series = replica_series(frame, names)
-    coarse = resample(series, _bucket(window))
-    view = View(
-        status,
-        series=series,
-        coarse=coarse,
-        gpus=gpu_series(gpu_rows),
-    )
-    peaks = _peaks(frame)
+    view = View(status, gpus=gpu_series(gpu_rows))
+    if edges is None:
+        names = {row.id: name for name, row in targets.items()}
+        view.series = replica_series(frame, names)
+        view.coarse = resample(view.series, _bucket(window))
+    peaks = _peaks(frame) if edges is None else edges.peaks
     assessments = [assess(run, config.slos) for run in load_runs(session)]
     for replica in status["replicas"]:
         row = targets.get(replica["name"])
@@ -93,13 +113,20 @@ def build_view(
     # vanishes in the hourly points of a week's chart.
     # Over a week that is every replica's 5-minute rows (2 million at 1,000 replicas): the
     # database sums them per fleet interval and returns one row each (2,016).
-    if queries.coarsest_for(window) > EVENT_SECONDS:
+    # Without the series, shorter ranges sum them the same way, from the rows they read.
+    coarsest = queries.coarsest_for(window)
+    if coarsest > EVENT_SECONDS or edges is not None:
         sums, replicas = queries.fleet_intervals(
-            session, start, now, EVENT_SECONDS, EVENT_INCREASES, coarsest=EVENT_SECONDS
+            session,
+            start,
+            now,
+            EVENT_SECONDS,
+            EVENT_INCREASES,
+            coarsest=min(coarsest, EVENT_SECONDS),
         )
         fleet = _fleet_ratios(sums, replicas)
     else:
-        fleet = _fleet_intervals(resample(series, EVENT_INTERVAL))
+        fleet = _fleet_intervals(resample(view.series, EVENT_INTERVAL))
     view.events = {
         "hit_rate_drops": details.hit_rate_drops(fleet) if len(fleet) else [],
         "prefill_storms": details.prefill_storms(fleet) if len(fleet) else [],

@@ -106,7 +106,7 @@ def build_report(session: Session, config: Config, now: float, since: float) -> 
 
 
 def period(session: Session, config: Config, end: float, window: float) -> Period:
-    view = build_view(session, config, end, window)
+    view = build_view(session, config, end, window, series=True)  # p95 occupancy, charts
     assessments = [assess(run, config.slos) for run in load_runs(session)]
     targets = queries.targets(session)
     replicas: dict[str, dict[str, Any]] = {}

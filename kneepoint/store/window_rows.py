@@ -1,0 +1,194 @@
+"""A window's replica rows at fleet size, reduced by the database to the few each number
+needs: what views.build_view and status.build_status read instead of every replica's rows
+of the range (240 a replica at 1 h, 2,016 at 7 d through the 5-minute tier).
+
+One SQL statement (the same text on SQLite and PostgreSQL) over exactly the rows
+queries.replica_frame reads (queries._range_rows: the same summary-tier pieces) returns, per
+target:
+
+- its *edge rows*: the first and the last, the one before the last (stall detection's
+  last pair, status._maybe_stuck), and the two rows around every counter reset (a counter of
+  REPLICA_COUNTERS lower than at the row before). derived/window.py `frame_windows` on these
+  rows gives the window of all of them: between two edge rows no counter falls, so each
+  counter's increase telescopes (the sum of the steps between them is the difference of
+  their values), and frame_windows' own edges (first, last, the pairs around resets: where
+  it reads histograms and per-position counts) are the same rows. Whole numbers, as counters
+  are, add up exactly in either order.
+- every row where the telescoping does not hold: a target with a counter missing at some of
+  its rows but not all (frame_windows steps over the gap from the last known value, and
+  counts the rows that know it), as queries.counter_windows leaves those to its caller;
+- views._peaks' numbers, computed in the same statement (`peaks`).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any
+
+import pandas as pd
+from sqlalchemy import ColumnElement, and_, case, func, literal, or_, select
+from sqlalchemy.orm import Session
+
+from kneepoint.samples import REPLICA_COUNTERS, SATURATION
+from kneepoint.store import queries
+from kneepoint.store.models import RAW, TargetRow
+
+# Columns this statement adds to the rows; dropped before the rows are returned.
+HELPERS = (
+    "n_rows",
+    "saturated_total",
+    "spans_total",
+    "kv_max",
+    "waiting_max",
+    "running_max",
+    "running_known",
+)
+
+Peaks = dict[str, float | None]
+
+
+@dataclass
+class Edges:
+    """The window's edge rows (module docstring) as a replica_frame with LIGHT_COLUMNS
+    would give them, ordered by target and time, and each target's views._peaks numbers."""
+
+    frame: pd.DataFrame
+    peaks: dict[int, Peaks] = field(default_factory=dict)
+    rows: dict[int, int] = field(default_factory=dict)  # each target's rows in the range
+
+
+def read(session: Session, start: float, end: float) -> Edges:
+    """The edge rows and peaks of every target's replica rows in [start, end]."""
+    keys = list(session.scalars(select(TargetRow.id)))
+    coarsest = queries.coarsest_for(end - start)
+    reach = queries.reach(session, queries.REPLICA_ROLLUPS) if coarsest else {}
+    pieces = queries.plan(start, end, reach, coarsest)
+    summary = any(resolution != RAW for _, _, resolution in pieces)
+    # replica_frame's columns: the summary-only ones where a summary tier is read.
+    columns = [*queries.LIGHT_COLUMNS, *(queries.SUMMARY_ONLY if summary else ())]
+    empty = pd.DataFrame(columns=["target_id", "ts", *columns])
+    if not keys:
+        return Edges(empty)
+    rows = queries._range_rows(
+        queries.REPLICA_SAMPLES,
+        queries.REPLICA_ROLLUPS,
+        "target_id",
+        keys,
+        start,
+        end,
+        columns,
+        pieces,
+    )
+    frame = queries.read_bulk(session, _statement(rows, columns, summary))
+    if frame.empty:
+        return Edges(empty)
+    firsts = frame.drop_duplicates("target_id")
+    peaks = {int(record["target_id"]): _peaks(record) for record in firsts.to_dict("records")}
+    counts = dict(zip(firsts.target_id.astype(int), firsts.n_rows.astype(int), strict=True))
+    frame = frame.drop(columns=list(HELPERS)).reset_index(drop=True)
+    return Edges(frame, peaks, counts)
+
+
+def _statement(rows: Any, columns: list[str], summary: bool) -> Any:
+    order = {"partition_by": rows.c.target_id, "order_by": rows.c.ts}
+    whole = {"partition_by": rows.c.target_id}
+    counters = [c for c in REPLICA_COUNTERS if c in columns]
+    # views._peaks: a row is saturated when its KV occupancy is above SATURATION; a summary
+    # row says so itself (`ends_saturated`) where it has it.
+    above: ColumnElement[Any] = case((rows.c.kv_cache_usage > SATURATION, 1), else_=0)
+    if summary:
+        above = case((rows.c.ends_saturated.is_(None), above), (rows.c.ends_saturated, 1), else_=0)
+    prev_ts = func.lag(rows.c.ts).over(**order)
+    # The seconds saturated since the previous row: the summary row's own count, else the
+    # span when the previous row ended saturated; none at a target's first row.
+    span = rows.c.ts - prev_ts
+    saturated = span * func.lag(above).over(**order)
+    if summary:
+        saturated = case(
+            (prev_ts.is_(None), None), else_=func.coalesce(rows.c.saturated_seconds, saturated)
+        )
+    known = [func.count(rows.c[c]).over(**whole) for c in counters]
+    total = func.count().over(**whole)
+    marked = select(
+        rows.c.target_id,
+        rows.c.ts,
+        *(rows.c[c] for c in columns),
+        total.label("n_rows"),
+        prev_ts.label("prev_ts"),
+        func.lead(rows.c.ts).over(**order).label("next_ts"),
+        func.lead(rows.c.ts, 2).over(**order).label("after_next_ts"),
+        case(
+            (or_(*(rows.c[c] < func.lag(rows.c[c]).over(**order) for c in counters)), 1),
+            else_=0,
+        ).label("reset"),
+        case(
+            (or_(*(func.lead(rows.c[c]).over(**order) < rows.c[c] for c in counters)), 1),
+            else_=0,
+        ).label("before_reset"),
+        # A counter known at some rows but not all: every row comes back.
+        case((or_(*(and_(k > 0, k < total) for k in known)), 1), else_=0).label("irregular"),
+        span.label("span"),
+        saturated.label("saturated"),
+        func.max(func.coalesce(rows.c.kv_cache_usage_peak, rows.c.kv_cache_usage))
+        .over(**whole)
+        .label("kv_max"),
+        func.max(func.coalesce(rows.c.requests_waiting_peak, rows.c.requests_waiting))
+        .over(**whole)
+        .label("waiting_max"),
+        func.max(func.coalesce(rows.c.requests_running_peak, rows.c.requests_running))
+        .over(**whole)
+        .label("running_max"),
+        func.count(rows.c.requests_running).over(**whole).label("running_known"),
+    ).subquery("marked")
+    m = marked.c
+    summed = select(
+        marked,
+        # pandas' sum of none is 0: COALESCE.
+        func.coalesce(func.sum(m.saturated).over(partition_by=m.target_id), literal(0.0)).label(
+            "saturated_total"
+        ),
+        func.coalesce(func.sum(m.span).over(partition_by=m.target_id), literal(0.0)).label(
+            "spans_total"
+        ),
+    ).subquery("summed")
+    s = summed.c
+    edge = or_(
+        s.prev_ts.is_(None),
+        s.next_ts.is_(None),
+        s.after_next_ts.is_(None),
+        s.reset == 1,
+        s.before_reset == 1,
+        s.irregular == 1,
+    )
+    return (
+        select(
+            s.target_id,
+            s.ts,
+            *(s[c] for c in columns),
+            *(s[c] for c in HELPERS),
+        )
+        .where(edge)
+        .order_by(s.target_id, s.ts)
+    )
+
+
+def _peaks(record: dict[str, Any]) -> Peaks:
+    """views._peaks' numbers of one target from the statement's totals."""
+    rows, spans = int(record["n_rows"]), float(record["spans_total"])
+
+    def peak(value: Any) -> float:
+        # pandas' max of nothing known is NaN, and _peaks gives it as it is.
+        return float("nan") if _missing(value) else float(value)
+
+    return {
+        "time_saturated": float(record["saturated_total"]) / spans
+        if rows >= 2 and spans > 0
+        else None,
+        "peak_kv_occupancy": peak(record["kv_max"]),
+        "peak_waiting": peak(record["waiting_max"]),
+        "peak_running": peak(record["running_max"]) if record["running_known"] else None,
+    }
+
+
+def _missing(value: Any) -> bool:
+    return value is None or value != value
