@@ -11,9 +11,11 @@ when the window ends. SLO numbers leave the windows' time out (`measure`)."""
 
 from __future__ import annotations
 
+import bisect
 import itertools
 import json
 import math
+from collections.abc import Sequence
 from dataclasses import asdict
 from datetime import UTC, datetime
 from typing import Any
@@ -182,10 +184,14 @@ def measure(
 class Shared:
     """What every window ending at the same time reads alike, read once for all of them
     (a burn-rate round's seven windows, the SLOs page's reports): each replica's newest
-    summed row before the partial end bucket, and that bucket's samples."""
+    summed row before the partial end bucket, and that bucket's samples; and the partial
+    bucket at the start of every window of `starts`, with the summed rows before them, in
+    one statement each for all windows."""
 
-    def __init__(self, raw_since: float | None = None) -> None:
+    def __init__(self, raw_since: float | None = None, starts: Sequence[float] = ()) -> None:
         self._ends: dict[tuple[float, float, tuple[int, ...]], Ends] = {}
+        self.starts = _apart(starts)
+        self._heads: dict[tuple[int, ...], dict[float, Heads]] = {}
         # The start of the round's longest window read from the raw samples alone: the
         # stall candidates of the shorter such windows are sliced from its.
         self.raw_since = raw_since
@@ -223,15 +229,81 @@ class Shared:
             self._ends[key] = _ends(session, ids, high, until, layouts)
         return self._ends[key]
 
+    def head(
+        self,
+        session: Session,
+        ids: list[int],
+        since: float,
+        layouts: dict[int, tuple[float, ...]],
+    ) -> Heads:
+        """_heads(session, ids, [since]) for the window starting at `since`: from one read
+        for every window of `starts` when it is one of them (per set of replicas: a
+        maintenance window may leave a window fewer)."""
+        if since not in self.starts:
+            return _heads(session, ids, [since], layouts)[since]
+        key = tuple(ids)
+        if key not in self._heads:
+            self._heads[key] = _heads(session, ids, self.starts, layouts)
+        return self._heads[key][since]
 
-def _shared(now: float) -> Shared:
-    """A Shared for the windows of slo.windows_needed() that end `now`."""
+
+def _apart(starts: Sequence[float]) -> tuple[float, ...]:
+    """The starts, oldest first, whose partial buckets do not overlap the one before's
+    (windows whose lengths differ by whole buckets: all of a round's); `_heads` tells a
+    row's window by its time, so another is read on its own."""
+    kept: list[float] = []
+    for start in sorted(set(starts)):
+        if not kept or start >= math.ceil(kept[-1] / slo_sums.BUCKET) * slo_sums.BUCKET:
+            kept.append(start)
+    return tuple(kept)
+
+
+def _shared(now: float, spans: Sequence[float] = ()) -> Shared:
+    """A Shared for the windows of slo.windows_needed() (and of `spans`) that end `now`."""
     # now - (now - s): the span the window's reader sees, rounding and all.
     raw = [now - s for s in slo.windows_needed() if queries.coarsest_for(now - (now - s)) == RAW]
-    return Shared(min(raw, default=None))
+    starts = [now - s for s in (*slo.windows_needed(), *spans)]
+    return Shared(min(raw, default=None), starts)
 
 
-Ends = tuple[dict[int, dict[str, Any]], dict[int, slo_sums.Stretch]]
+Ends = tuple[dict[int, dict[str, Any]], dict[int, slo_sums.Stretch], pd.DataFrame]
+# A window's partial start bucket: each replica's stretch of samples in it, the summed row
+# just before that bucket (its running sums and breaks) for those that have samples, and
+# the samples themselves.
+Heads = tuple[dict[int, slo_sums.Stretch], dict[int, dict[str, Any]], pd.DataFrame]
+
+
+def _heads(
+    session: Session,
+    ids: list[int],
+    starts: Sequence[float],
+    layouts: dict[int, tuple[float, ...]],
+) -> dict[float, Heads]:
+    """For the window starting at each of `starts`: the stretch of each replica's samples in
+    [start, B0) (B0: the first bucket bound at or after it), and, for the replicas with
+    one, their sums row at B0 − BUCKET. Two statements for all windows: the samples of every
+    partial bucket, and the rows at every B0 − BUCKET."""
+    size = slo_sums.BUCKET
+    lows = {start: math.ceil(start / size) * size for start in starts}
+    rows = slo_sums.raw_spans(session, ids, [(start, lows[start]) for start in starts])
+    stored = slo_sums.rows_in(
+        session, ids, sorted({low - size for low in lows.values()}), SUM_BREAKS
+    )
+    # Each row's window: the start whose partial bucket holds it (they do not overlap).
+    ordered = sorted(lows)
+    parts = [ordered[bisect.bisect_right(ordered, ts) - 1] for ts in rows.ts.astype(float)]
+    found = slo_sums.stretches_by(rows, layouts, parts)
+    out: dict[float, Heads] = {
+        start: ({}, {}, rows[(rows.ts >= start) & (rows.ts < low)] if len(rows) else rows)
+        for start, low in lows.items()
+    }
+    for (start, target_id), stretch in found.items():
+        heads, before, _ = out[start]
+        heads[target_id] = stretch
+        row = stored.get(lows[start] - size, {}).get(target_id)
+        if row is not None:
+            before[target_id] = row
+    return out
 
 
 def _ends(
@@ -252,7 +324,7 @@ def _ends(
         for t, e in ends.items()
     }
     rows = slo_sums.raw(session, ids, high, until, closed=True)
-    return ends, slo_sums.stretches(rows, layouts, carried)
+    return ends, slo_sums.stretches(rows, layouts, carried), rows
 
 
 def _summed(
@@ -275,26 +347,28 @@ def _summed(
     low = math.ceil(since / size) * size
     whole = math.floor(until / size) * size
     high = min(whole, progress.until)
-    if high - low < size or low - size < progress.since:
-        return {}
     # Sums still being built (a first run catches up a day per round): the raw tail from
     # where they reach would be hours of samples with their histograms, which the samples'
     # path reads through the summary tiers instead. One bucket behind is the steady state
     # (a bucket is summed SETTLE seconds after it ends).
     if whole - high > size:
         return {}
-    head_rows = slo_sums.raw(session, ids, since, low, closed=False)
-    headed = set(head_rows.target_id.astype(int)) if len(head_rows) else set()
-    ends, tails = (shared or Shared()).end(session, ids, high, until, layouts)
-    starts = slo_sums.rows_at(session, [t for t in ids if t in headed], low - size, SUM_BREAKS)
+    shared = shared or Shared()
+    if low >= high:  # no whole summed bucket inside (5 minutes): the samples read at the ends
+        tail = shared.end(session, ids, high, until, layouts)[2]
+        head = shared.head(session, ids, since, layouts)[2] if since < high else tail[:0]
+        return _samples_only(pd.concat([head, tail[tail.ts >= since]]), layouts)
+    if high - low < size or low - size < progress.since:
+        return {}
+    heads, starts, _ = shared.head(session, ids, since, layouts)
+    ends, tails, _ = shared.end(session, ids, high, until, layouts)
     firsts = slo_sums.first_in(
         session,
-        [t for t in ids if t not in headed],
+        [t for t in ids if t not in heads],
         low,
         high,
         (*SUM_BREAKS, "inner", "inner_break"),
     )
-    heads = slo_sums.stretches(head_rows, layouts)
     out: dict[int, Window] = {}
     for target_id in ids:
         total = slo_sums.Part()
@@ -331,6 +405,18 @@ def _summed(
         if len(set(sigs)) > 1:
             continue
         out[target_id] = _window(total, sigs[0], layouts)
+    return out
+
+
+def _samples_only(rows: pd.DataFrame, layouts: dict[int, tuple[float, ...]]) -> dict[int, Window]:
+    """The windows from every sample in them (`rows`: a window no whole summed bucket lies
+    in, from the reads of its partial buckets at both ends that the round's other windows
+    share): each replica's increases within its samples, as the sums' path counts them."""
+    out: dict[int, Window] = {}
+    rows = rows.sort_values(["target_id", "ts"], kind="stable")
+    for target_id, (inner, _, _, sigs, _) in slo_sums.stretches(rows, layouts).items():
+        if inner.n and len(set(sigs)) == 1:
+            out[target_id] = _window(inner, sigs[0], layouts)
     return out
 
 
@@ -538,7 +624,7 @@ def slo_reports(
     maintenance windows left out (`direct`: from the samples alone, without the sums)."""
     if not config.slos:  # nothing to report: no fleet windows to read (8 s at 1,000 replicas)
         return []
-    shared = _shared(now)  # what every window shares, read once
+    shared = _shared(now, [s.window for s in config.slos])  # what every window shares, read once
     fleet = {
         seconds: measure(session, config, now - seconds, now, direct, shared)
         for seconds in slo.windows_needed()

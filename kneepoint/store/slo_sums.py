@@ -35,7 +35,7 @@ from dataclasses import dataclass, field
 from typing import Any, cast
 
 import pandas as pd
-from sqlalchemy import Table, and_, delete, func, select
+from sqlalchemy import Table, and_, delete, func, select, union_all
 from sqlalchemy.orm import Session
 
 from kneepoint.samples import HISTOGRAMS, REPLICA_COUNTERS
@@ -147,9 +147,11 @@ class _Rows:
     went_down: list[bool]  # a counter went down from the target's previous row
 
     @staticmethod
-    def of(frame: pd.DataFrame) -> _Rows:
+    def of(frame: pd.DataFrame, parts: pd.Series | None = None) -> _Rows:
+        """`parts`: a label per row; a target's rows under different labels are separate
+        stretches (a reset is looked for within each)."""
         values = frame[list(COLUMNS)].astype(float)
-        groups = frame.target_id
+        groups = [frame.target_id] if parts is None else [frame.target_id, parts]
         down = (values.groupby(groups).ffill().groupby(groups).diff() < 0).any(axis=1)
         return _Rows(
             frame.ts.astype(float).tolist(),
@@ -197,6 +199,28 @@ def stretches(
         out[targets[first]] = _stretch(
             rows, first, end, layouts, (before or {}).get(targets[first])
         )
+        first = end
+    return out
+
+
+def stretches_by(
+    frame: pd.DataFrame, layouts: dict[int, tuple[float, ...]], parts: list[float]
+) -> dict[tuple[float, int], Stretch]:
+    """`stretches` (with no `before`) of each part of each target, by (part, target):
+    `parts` labels each row of `frame` (ordered by target and time, each target's rows of
+    one part consecutive). One conversion for every part: a round's windows' partial start
+    buckets are read together (alerts/evaluate.py `_heads`)."""
+    if frame.empty:
+        return {}
+    frame = frame.reset_index(drop=True)
+    rows = _Rows.of(frame, pd.Series(parts, index=frame.index))
+    keys = list(zip(parts, frame.target_id.astype(int).tolist(), strict=True))
+    out: dict[tuple[float, int], Stretch] = {}
+    first = 0
+    for end in range(1, len(keys) + 1):
+        if end < len(keys) and keys[end] == keys[first]:
+            continue
+        out[keys[first]] = _stretch(rows, first, end, layouts, None)
         first = end
     return out
 
@@ -402,6 +426,43 @@ def raw(session: Session, ids: list[int], start: float, end: float, closed: bool
         .order_by(SAMPLES.c.target_id, SAMPLES.c.ts)
     )
     return read_bulk(session, query)
+
+
+def raw_spans(
+    session: Session, ids: Sequence[int], spans: Sequence[tuple[float, float]]
+) -> pd.DataFrame:
+    """The samples of `ids` in each [start, end) of `spans`, as `raw` reads them, in one
+    statement (a UNION ALL of one range of the key per span), ordered by target and time:
+    a round's windows read their partial start buckets together."""
+    from kneepoint.store.queries import read_bulk
+
+    columns = ("target_id", "ts", *COLUMNS, *HIST_COLUMNS)
+    selects = [
+        select(*(SAMPLES.c[c] for c in columns)).where(
+            SAMPLES.c.target_id.in_(list(ids)), SAMPLES.c.ts >= start, SAMPLES.c.ts < end
+        )
+        for start, end in spans
+        if end > start
+    ]
+    if not ids or not selects:
+        return pd.DataFrame(columns=list(columns))
+    rows = (union_all(*selects) if len(selects) > 1 else selects[0]).subquery("spans")
+    return read_bulk(session, select(rows).order_by(rows.c.target_id, rows.c.ts))
+
+
+def rows_in(
+    session: Session, ids: Sequence[int], buckets: Sequence[float], columns: Sequence[str]
+) -> dict[float, dict[int, dict[str, Any]]]:
+    """The rows of `ids` at each of `buckets` (those that exist), by bucket and target."""
+    if not ids or not buckets:
+        return {}
+    query = select(SUMS.c.target_id, SUMS.c.bucket, *(SUMS.c[c] for c in columns)).where(
+        SUMS.c.target_id.in_(list(ids)), SUMS.c.bucket.in_([float(b) for b in buckets])
+    )
+    out: dict[float, dict[int, dict[str, Any]]] = {}
+    for row in session.execute(query).mappings():
+        out.setdefault(float(row["bucket"]), {})[int(row["target_id"])] = dict(row)
+    return out
 
 
 def _carry(session: Session, ids: list[int], before: float) -> dict[int, Carry]:

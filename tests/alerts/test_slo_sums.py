@@ -47,7 +47,10 @@ FROZEN = range(SAMPLES - 35, SAMPLES - 25)
 EARLIER = NOW - 3300 - 61.3  # a second end, not aligned either
 GAP = range(60, 90)  # an hour without samples: EARLIER's 6 h window starts inside it
 FINISHED = [f"requests_finished_{r}" for r in slo_sums.FINISHED]
-NAMES = ["steady", "restarts", "stale", "stalled", "gaps", "sglang"]
+# A second stall, still going at NOW: longer than the 5-minute, 30-minute and hour windows,
+# it covers them whole and crosses many bucket edges (not aligned to any).
+WEDGED = NOW - 75 * 60 - 41.9
+NAMES = ["steady", "restarts", "stale", "stalled", "gaps", "sglang", "wedged"]
 
 
 def _config(tmp_path: Path, maintenance: str = "", database: str | None = None) -> Config:
@@ -107,7 +110,9 @@ def _seed(config: Config) -> None:
                 index += 1
                 gap = name == "gaps" and (index in GAP or 200 <= index < 203)
                 restart = name == "restarts" and index % 70 == 0
-                frozen = name == "stalled" and index in FROZEN
+                frozen = (name == "stalled" and index in FROZEN) or (
+                    name == "wedged" and ts >= WEDGED
+                )
                 if not frozen:
                     _grow(sample, rng, restart)
                 sample.gauges["requests_running"] = 3.0 if frozen else float(rng.randint(0, 2))
@@ -211,6 +216,7 @@ def _stall_rows_match(config: Config) -> None:
     candidates are `_stalled_seconds`' over the whole frame, for every window at both ends."""
     sessions = open_store(config.database)
     seconds: dict[tuple[float, float], float] = {}
+    wedged: dict[tuple[float, float], float] = {}
     with sessions() as session:
         names = {name: row.id for name, row in queries.targets(session).items()}
         ids = sorted(names.values())
@@ -231,6 +237,7 @@ def _stall_rows_match(config: Config) -> None:
                     k: v for k, v in direct.items() if v
                 }
                 seconds[(now, span)] = direct.get(names["stalled"], 0.0)
+                wedged[(now, span)] = direct.get(names["wedged"], 0.0)
         # EARLIER's 6 h window starts in the gaps replica's gap: its first row read is a
         # summary row, and replica_frame reads the samples up to it in its place.
         start = EARLIER - 6 * 3600
@@ -248,6 +255,12 @@ def _stall_rows_match(config: Config) -> None:
     stalled = seconds[(NOW, 7200.0)]
     assert 0 < seconds[(NOW, 3600.0)] < stalled
     assert 0 < seconds[(EARLIER, 300.0)] < seconds[(EARLIER, 1800.0)]
+    # The stall still going at NOW covers its short windows whole (from their first sample
+    # on), and every longer window counts all of it.
+    assert 300 - STEP - 3 <= wedged[(NOW, 300.0)] <= 300
+    assert 3600 - STEP - 3 <= wedged[(NOW, 3600.0)] <= 3600
+    assert wedged[(NOW, 7200.0)] == wedged[(NOW, 86400.0)] > 3600
+    assert 0 < wedged[(EARLIER, 7200.0)] < wedged[(NOW, 7200.0)]  # still going at EARLIER
 
 
 def test_stalled_seconds_come_from_the_candidate_rows(tmp_path: Path, seeded: str) -> None:
@@ -266,9 +279,9 @@ def _rows_read(config: Config, direct: bool) -> tuple[int, int]:
         fetched.append(len(frame))
         return frame
 
-    def counted(frame: pd.DataFrame) -> Any:
+    def counted(frame: pd.DataFrame, *parts: Any) -> Any:
         converted.append(len(frame))
-        return convert(frame)
+        return convert(frame, *parts)
 
     sessions = open_store(config.database)
     with sessions() as session:
@@ -300,9 +313,10 @@ def test_a_burn_round_reads_a_few_rows_per_replica(
     # frozen stretch and a row at each side, in each window that reaches it.
     most = len(NAMES) * windows * 2 * 3
     if "availability" in kinds:
-        most += windows * (len(FROZEN) + 2)
+        most += windows * (len(FROZEN) + 2 + int((NOW - WEDGED) / STEP) + 2)
     assert summed <= most
-    assert direct > 10 * summed
+    # (The wedged replica's frozen rows are candidates in every window that reaches them.)
+    assert direct > 5 * summed
 
 
 @pytest.fixture(scope="module")
@@ -469,3 +483,44 @@ def test_raw_windows_slice_one_read_of_stall_candidates(tmp_path: Path, seeded: 
     assert reads == [NOW - 3600]
     # The frozen stretch (until about NOW - 3,260 s) cut at different starts.
     assert stalled[0] > stalled[1] > 0 and stalled[2] > stalled[0] and stalled[3] == 0
+
+
+def test_a_burn_round_reads_every_windows_start_bucket_in_one_statement(
+    tmp_path: Path, seeded: str
+) -> None:
+    """The samples the sums' path reads (with their histograms) come in two statements per
+    round, whatever the number of windows: the partial bucket at the start of every window
+    together, and the one at the end; the 5-minute window, inside that end read, takes its
+    numbers from it, not from the samples' path (queries.replica_frame). Same numbers:
+    test_the_sums_give_the_direct_numbers."""
+    from sqlalchemy import event
+
+    config = _config(tmp_path, database=seeded)
+    # Every replica with samples in every window (the stale one's are left to the samples'
+    # path, which finds none).
+    live = [t for t in config.targets if t.name != "stale"]
+    config = config.model_copy(update={"targets": live})
+    statements: list[str] = []
+    frames: list[float] = []
+    original = queries.replica_frame
+
+    def spy(session: Any, start: float, end: float, *args: Any, **kwargs: Any) -> pd.DataFrame:
+        frames.append(end - start)
+        return original(session, start, end, *args, **kwargs)
+
+    def seen(_conn: Any, _cursor: Any, statement: str, *_: Any) -> None:
+        if "replica_samples" in statement and "hist_ttft" in statement:
+            statements.append(statement)
+
+    with open_store(config.database)() as session:
+        engine = session.get_bind()
+        event.listen(engine, "before_cursor_execute", seen)
+        queries.replica_frame = spy  # type: ignore[assignment]
+        try:
+            burn_rates(session, config, NOW)
+        finally:
+            queries.replica_frame = original  # type: ignore[assignment]
+            event.remove(engine, "before_cursor_execute", seen)
+    assert len(slo.windows_needed()) > 2
+    assert frames == []
+    assert len(statements) == 2
