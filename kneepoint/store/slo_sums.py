@@ -35,7 +35,7 @@ from dataclasses import dataclass, field
 from typing import Any, cast
 
 import pandas as pd
-from sqlalchemy import Table, and_, delete, func, select, union_all
+from sqlalchemy import ARRAY, Integer, Table, and_, any_, delete, func, literal, select, union_all
 from sqlalchemy.orm import Session
 
 from kneepoint.samples import HISTOGRAMS, REPLICA_COUNTERS
@@ -105,6 +105,16 @@ class Carry:
     values: Values
     sums: Part
     breaks: int
+
+
+def among(session: Session, column: Any, ids: Sequence[int]) -> Any:
+    """`column IN ids`; on PostgreSQL `column = ANY(array)`, one parameter rather than one
+    per id: psycopg parses a COPY statement's parameters in Python, 50 ms for one with
+    200 replicas' ids in each of its pieces (the same plan: PostgreSQL reads an IN list as
+    = ANY)."""
+    if session.get_bind().dialect.name == "postgresql":
+        return column == any_(literal([int(i) for i in ids], ARRAY(Integer)))
+    return column.in_([int(i) for i in ids])
 
 
 def step(earlier: float, later: float) -> float:
@@ -407,7 +417,7 @@ def _read(session: Session, ids: list[int], start: float, end: float) -> pd.Data
         select(
             SAMPLES.c.target_id, SAMPLES.c.ts, *(SAMPLES.c[c] for c in (*COLUMNS, *HIST_COLUMNS))
         )
-        .where(SAMPLES.c.target_id.in_(ids), SAMPLES.c.ts >= start, SAMPLES.c.ts < end)
+        .where(among(session, SAMPLES.c.target_id, ids), SAMPLES.c.ts >= start, SAMPLES.c.ts < end)
         .order_by(SAMPLES.c.target_id, SAMPLES.c.ts)
     )
     return read_bulk(session, query)
@@ -422,7 +432,7 @@ def raw(session: Session, ids: list[int], start: float, end: float, closed: bool
         select(
             SAMPLES.c.target_id, SAMPLES.c.ts, *(SAMPLES.c[c] for c in (*COLUMNS, *HIST_COLUMNS))
         )
-        .where(SAMPLES.c.target_id.in_(ids), SAMPLES.c.ts >= start, high)
+        .where(among(session, SAMPLES.c.target_id, ids), SAMPLES.c.ts >= start, high)
         .order_by(SAMPLES.c.target_id, SAMPLES.c.ts)
     )
     return read_bulk(session, query)
@@ -439,7 +449,7 @@ def raw_spans(
     columns = ("target_id", "ts", *COLUMNS, *HIST_COLUMNS)
     selects = [
         select(*(SAMPLES.c[c] for c in columns)).where(
-            SAMPLES.c.target_id.in_(list(ids)), SAMPLES.c.ts >= start, SAMPLES.c.ts < end
+            among(session, SAMPLES.c.target_id, ids), SAMPLES.c.ts >= start, SAMPLES.c.ts < end
         )
         for start, end in spans
         if end > start

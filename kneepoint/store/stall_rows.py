@@ -36,7 +36,7 @@ from sqlalchemy import (
 from sqlalchemy.orm import Session
 
 from kneepoint.derived.stall import PROGRESS
-from kneepoint.store import queries
+from kneepoint.store import queries, slo_sums
 from kneepoint.store.models import RAW
 
 QUEUES = ("requests_running", "requests_waiting")
@@ -56,7 +56,7 @@ def frame_rows(session: Session, ids: Sequence[int], start: float, end: float) -
         table = samples if resolution == RAW else rollups
         closed = number == len(pieces) - 1
         where: list[ColumnElement[bool]] = [
-            table.c.target_id.in_(list(ids)),
+            slo_sums.among(session, table.c.target_id, ids),
             table.c.ts >= low,
             table.c.ts <= high if closed else table.c.ts < high,
         ]
@@ -71,7 +71,7 @@ def frame_rows(session: Session, ids: Sequence[int], start: float, end: float) -
             ).where(*where)
         )
     rows = (union_all(*selects) if len(selects) > 1 else selects[0]).subquery("pieces")
-    if len(pieces) == 1:
+    if len(pieces) == 1 or _headed(session, ids, pieces[0]):
         return rows
     # queries._from_first_sample, in SQL: a target whose first row is a summary row gets
     # its samples from `start` up to that row, and the sample replaces a summary row at the
@@ -108,6 +108,26 @@ def frame_rows(session: Session, ids: Sequence[int], start: float, end: float) -
         ~(and_(rows.c.summary == 1, replaced))
     )
     return union_all(head, kept).subquery("frame")
+
+
+def _headed(session: Session, ids: Sequence[int], piece: queries.Piece) -> bool:
+    """Does every target of `ids` have a sample in `piece`, the first of a window read
+    through the tiers? Then no target's first row is a summary row and the window's rows
+    are its pieces' as they are (frame_rows' replacing a first summary row by the samples
+    up to it, a group over every row read and two joins, cost 0.3 of 0.7 s over 24 hours at
+    200 replicas, replacing nothing). One index range per target."""
+    low, high, resolution = piece
+    if resolution != RAW:
+        return False
+    samples = queries.REPLICA_SAMPLES
+    found = session.execute(
+        select(func.count(func.distinct(samples.c.target_id))).where(
+            slo_sums.among(session, samples.c.target_id, ids),
+            samples.c.ts >= low,
+            samples.c.ts < high,
+        )
+    ).scalar()
+    return found == len(set(ids))
 
 
 def _busy(running: Any, waiting: Any) -> ColumnElement[bool]:
