@@ -8,6 +8,7 @@ zeros, which keeps a row near 60 bytes per histogram instead of ~300.
 from __future__ import annotations
 
 from itertools import accumulate
+from operator import sub
 
 from kneepoint.samples import Histogram
 
@@ -26,18 +27,23 @@ def decode_bounds(text: str) -> tuple[float, ...]:
 
 
 def encode_histogram(layout_id: int, histogram: Histogram) -> str:
-    per_bucket = (
-        [
-            histogram.counts[0],
-            *(
-                later - earlier
-                for earlier, later in zip(histogram.counts, histogram.counts[1:], strict=False)
-            ),
-        ]
-        if histogram.counts
-        else []
-    )
-    return f"{layout_id}|{number(histogram.total)}|{','.join(number(n) for n in per_bucket)}"
+    counts = histogram.counts
+    # Each bucket's own count: the first, then each cumulative count less the one before.
+    per_bucket = [counts[0], *map(sub, counts[1:], counts)] if counts else []
+    return f"{layout_id}|{number(histogram.total)}|{numbers(per_bucket)}"
+
+
+def numbers(values: list[float]) -> str:
+    """`values` written by number(), comma-separated; the same text, made in one pass where
+    repr() already writes each as number() would once a trailing ".0" is cut: a finite
+    float's repr ends in ".0" exactly when it is integral and below 1e16 (then number()
+    writes int()'s digits, the same), and uses an exponent ("e") from 1e16 on. Lists with an
+    "e" (large, tiny), a "-" (a negative zero is "-0.0" to repr and "0" to number()) or a
+    value that is not a float go value by value."""
+    text = ",".join(map(repr, values)) + ","
+    if "e" in text or "-" in text or "n" in text or set(map(type, values)) - {float}:
+        return ",".join(number(v) for v in values)
+    return text.replace(".0,", ",")[:-1]
 
 
 def decode_histogram(text: str, layouts: dict[int, tuple[float, ...]]) -> Histogram:
@@ -47,7 +53,7 @@ def decode_histogram(text: str, layouts: dict[int, tuple[float, ...]]) -> Histog
 
 
 def encode_floats(values: list[float] | None) -> str | None:
-    return None if values is None else ",".join(number(v) for v in values)
+    return None if values is None else numbers(values)
 
 
 def decode_floats(text: str | None) -> list[float] | None:
