@@ -6,6 +6,7 @@ from collectors.parse import (
     MAX_SERIES,
     ParsedScrape,
     ScrapeFormatError,
+    SeriesCache,
     checked,
     label_index,
     parse_exposition,
@@ -45,8 +46,16 @@ RENAMED: dict[str, tuple[str, float]] = {
 
 def parse_dcgm(text: str, default_host: str, max_series: int = MAX_SERIES) -> list[GpuSample]:
     """Parse one dcgm-exporter body; `default_host` names GPUs whose series carry no host."""
-    parsed = parse_exposition(text, lambda name: name.startswith("DCGM_FI_"), max_series=max_series)
+    parsed = parse_exposition(text, _is_dcgm, max_series=max_series, cache=_SERIES)
     return normalize_dcgm(parsed, default_host)
+
+
+def _is_dcgm(name: str) -> bool:
+    return name.startswith("DCGM_FI_")
+
+
+# What earlier scrapes decided about each series line (parse.SeriesCache).
+_SERIES = SeriesCache()
 
 
 def normalize_dcgm(parsed: ParsedScrape, default_host: str) -> list[GpuSample]:

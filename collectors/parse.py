@@ -64,11 +64,51 @@ class ParsedScrape:
         return name in self.samples
 
 
+class SeriesCache:
+    """What earlier scrapes decided about each series line, by the line's text before its
+    value (its "head": the name and label set as written), as Prometheus's scrape cache keeps
+    a series by its text: a series' head does not change from scrape to scrape, its value
+    does, so a line seen before costs one split and one lookup instead of the name's
+    decision and the regular expression. Per head: None, a line nobody reads (an unwanted
+    series, or a comment), or the wanted series' canonical name, duplicate-check key and
+    labels (shared dicts: nobody may change one).
+
+    One cache serves one (wanted, rename) pair: the decisions are theirs, so it is emptied
+    when called with another pair, and `wanted` must be a pure function (the TGI and
+    llama.cpp normalizers note in theirs whether any of their names was seen, so they pass
+    no cache). A target with a label per request would churn it: it is emptied when it
+    reaches `kept` heads (about 200 bytes each)."""
+
+    def __init__(self, kept: int = 100_000) -> None:
+        self.kept = kept
+        self.heads: dict[str, tuple[str, tuple[str, str], dict[str, str]] | None] = {}
+        self._for: tuple[object, object] | None = None
+
+    def for_pair(
+        self, wanted: object, rename: object
+    ) -> dict[str, tuple[str, tuple[str, str], dict[str, str]] | None]:
+        """The heads, emptied first if they were decided for another (wanted, rename)."""
+        if self._for != (wanted, rename):
+            self.heads = {}
+            self._for = (wanted, rename)
+        elif len(self.heads) >= self.kept:
+            self.heads = {}
+        return self.heads
+
+
+_UNKNOWN: tuple[str, tuple[str, str], dict[str, str]] = (
+    "",
+    ("", ""),
+    {},
+)  # a head not in the cache (an identity, never a real entry)
+
+
 def parse_exposition(
     text: str,
     wanted: Callable[[str], bool],
     rename: Callable[[str], str] = lambda name: name,
     max_series: int = MAX_SERIES,
+    cache: SeriesCache | None = None,
 ) -> ParsedScrape:
     """Parse `text`, keeping samples whose (renamed) name `wanted` accepts.
 
@@ -82,6 +122,15 @@ def parse_exposition(
     escapes) is read by one regular expression; any other line (escapes, spaces in the label
     set, exemplars, a malformed line) goes to prometheus_client's parser, which accepts or
     refuses it as it always did. The fast path is five times cheaper (bench_prometheus.py).
+
+    With a `cache` (SeriesCache), a line whose head (all before its last space) an earlier
+    scrape decided is read from it: skipped, or its value read by float() alone. Only what
+    the paths above decide the same way for any value is kept: a comment, an unwanted
+    series (decided by its name, which the head holds), and a wanted series in the
+    canonical form (the expression reads its name and labels the same way whatever value
+    follows). A value float() refuses, or one with "_" that float() takes and the
+    expression does not, goes the usual way, which refuses it as before; a line with a
+    timestamp has another head (its value is in it), so it too goes the usual way.
     """
     if not text or text.isspace():
         raise ScrapeFormatError("the response body is empty")
@@ -96,8 +145,42 @@ def parse_exposition(
     decided: dict[str, str | None] = {}  # a line's name -> its canonical name, None: unwanted
     canonical_form, label_pairs = _CANONICAL_REST.fullmatch, _LABEL_PAIR.findall
     seen, samples, label_sets = parsed._seen, parsed.samples, _LABEL_SETS
+    heads = cache.for_pair(wanted, rename) if cache is not None else None
+    unknown = _UNKNOWN
     for line in lines:
+        if heads is not None:
+            head, _, value_text = line.rpartition(" ")
+            known = heads.get(head, unknown)
+            if known is None:  # a comment or an unwanted series, seen before
+                continue
+            if known is not unknown and "_" not in value_text:  # float() takes "1_0"
+                try:
+                    value = float(value_text)
+                except ValueError:
+                    pass  # the usual path below refuses it, naming the line
+                else:
+                    if value - value != 0.0:  # NaN or ±Inf: no usable number
+                        parsed.dropped += 1
+                        continue
+                    kept_name, key, kept_labels = known
+                    prior = seen.get(key)
+                    if prior is None:
+                        seen[key] = value
+                        series = samples.get(kept_name)
+                        if series is None:
+                            samples[kept_name] = [(kept_labels, value)]
+                        else:
+                            series.append((kept_labels, value))
+                        continue
+                    if prior == value:
+                        continue
+                    raise ScrapeFormatError(
+                        f"duplicate series {kept_name}{kept_labels} with different values "
+                        f"({prior} and {value})"
+                    )
         if line[:1] in "#":  # a comment, or an empty line
+            if heads is not None and line:
+                _remember(heads, line, None)
             continue
         name = line.partition(" ")[0].partition("{")[0]
         if name in decided:
@@ -112,6 +195,8 @@ def parse_exposition(
                 number = lines.index(line) + 1
                 raise ScrapeFormatError(f"line {number} is not a metric sample: {line[:60]!r}")
         if canonical is None:
+            if heads is not None:
+                _remember(heads, line, None)
             continue
         match = canonical_form(line, len(name))
         if match is None:
@@ -137,6 +222,8 @@ def parse_exposition(
         # _add's duplicate check, inline (this runs for every kept line of every scrape), on
         # the label text as written: exporters write a series' labels in one order.
         key = (canonical, labels_text)
+        if heads is not None:  # the name and labels, as written
+            heads[line[: match.start(2) - 1]] = (canonical, key, labels)
         prior = seen.get(key)
         if prior is None:
             seen[key] = value
@@ -165,6 +252,18 @@ _LABEL_PAIR = re.compile(r'([a-zA-Z_][a-zA-Z0-9_]*)="([^"]*)"')
 # target with a label per request would churn it; it is emptied when it reaches the cap.
 _LABEL_SETS: dict[str, dict[str, str]] = {}
 _LABEL_SETS_KEPT = 100_000
+
+
+def _remember(
+    heads: dict[str, tuple[str, tuple[str, str], dict[str, str]] | None],
+    line: str,
+    known: tuple[str, tuple[str, str], dict[str, str]] | None,
+) -> None:
+    """Keep what was decided for `line`'s head. A line without a space has no head (its
+    name is all of it): nothing is kept, as an empty head could be any such line's."""
+    head = line.rpartition(" ")[0]
+    if head:
+        heads[head] = known
 
 
 def _sample_lines(lines: list[str]) -> int:
@@ -207,17 +306,32 @@ def histogram(name: str, buckets: Series, total: float, require_inf: bool = Fals
     share an upper bound (engines, ranks). `require_inf`: a histogram without its +Inf bucket
     is malformed (vLLM's is read as given). More than MAX_BUCKETS bounds: ScrapeFormatError."""
     counts: dict[float, float] = {}
+    known, learnt = _BOUNDS, False
     for labels, value in buckets:
-        bound = bucket_bound(name, labels)
+        # Each bucket's `le` text read once per process (a histogram's bounds do not change
+        # from scrape to scrape).
+        text = labels.get("le")
+        bound = known.get(text) if text is not None else None
+        if bound is None:
+            bound, learnt = bucket_bound(name, labels), True
         counts[bound] = counts.get(bound, 0.0) + value
     if len(counts) > MAX_BUCKETS:
         raise ScrapeFormatError(
             f"{name} has {len(counts)} bucket bounds (le), more than {MAX_BUCKETS} (MAX_BUCKETS)"
         )
+    if learnt and len(known) < _BOUNDS_KEPT:  # a valid histogram's new bounds, kept
+        for labels, _ in buckets:
+            known[labels["le"]] = bucket_bound(name, labels)
     bounds = tuple(sorted(counts))
     if require_inf and (not bounds or bounds[-1] != math.inf):
         raise ScrapeFormatError(f"{name} has no +Inf bucket")
     return Histogram(bounds, tuple(counts[b] for b in bounds), total)
+
+
+# Upper bounds by their `le` text, of valid histograms only (histogram); an exporter writing
+# new bounds each scrape would grow it, so it stops growing at _BOUNDS_KEPT.
+_BOUNDS: dict[str, float] = {}
+_BOUNDS_KEPT = 10_000
 
 
 def bucket_bound(name: str, labels: dict[str, str]) -> float:
@@ -280,8 +394,39 @@ def checked(sample: _T) -> _T:
     every integer at most MAX_INT in size and a histogram's only infinite bound its last
     (+Inf); else ScrapeFormatError naming the number. The parser drops NaN and ±Inf values,
     but finite ones still add up to infinity (two engines' counters of 1e308)."""
-    _check(sample, type(sample).__name__)
+    if not _fine(sample):  # then find the number and say where it is
+        _check(sample, type(sample).__name__)
     return sample
+
+
+def _fine(item: object) -> bool:
+    """Whether _check would pass `item`, without the path strings it builds for its message
+    (building one per number cost more than the check: this runs on every scrape)."""
+    kind = type(item)
+    if kind is float:
+        return math.isfinite(item)  # type: ignore[arg-type]
+    if item is None or kind is str or kind is bool:
+        return True
+    if kind is dict:
+        return all(map(_fine, item.values()))  # type: ignore[attr-defined]
+    if kind is list:
+        return all(map(_fine, item))  # type: ignore[call-overload]
+    if isinstance(item, bool | str):  # subclasses: as _check has them
+        return True
+    if isinstance(item, float):
+        return math.isfinite(item)
+    if isinstance(item, int):
+        return -MAX_INT <= item <= MAX_INT
+    if isinstance(item, Histogram):
+        finite = item.bounds[:-1] if item.bounds[-1:] == (math.inf,) else item.bounds
+        return all(map(math.isfinite, (*finite, *item.counts, item.total)))
+    if isinstance(item, dict):
+        return all(map(_fine, item.values()))
+    if isinstance(item, list | tuple):
+        return all(map(_fine, item))
+    if dataclasses.is_dataclass(item):
+        return all(_fine(getattr(item, entry.name)) for entry in dataclasses.fields(item))
+    return True
 
 
 def _check(item: object, where: str) -> None:

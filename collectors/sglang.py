@@ -28,6 +28,7 @@ from collectors.parse import (
     ParsedScrape,
     ScrapeFormatError,
     Series,
+    SeriesCache,
     as_int,
     checked,
     histogram,
@@ -130,6 +131,8 @@ def _wanted() -> frozenset[str]:
 
 
 WANTED = _wanted()
+# What earlier scrapes decided about each series line (parse.SeriesCache).
+_SERIES = SeriesCache()
 
 
 def canonical_name(name: str) -> str:
@@ -140,7 +143,9 @@ def canonical_name(name: str) -> str:
 def parse_sglang(text: str, max_series: int = MAX_SERIES) -> ReplicaSample:
     """Parse and normalize one SGLang /metrics body; raise ScrapeFormatError if it is not one."""
     return normalize_sglang(
-        parse_exposition(text, WANTED.__contains__, canonical_name, max_series=max_series)
+        parse_exposition(
+            text, WANTED.__contains__, canonical_name, max_series=max_series, cache=_SERIES
+        )
     )
 
 

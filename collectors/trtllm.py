@@ -27,6 +27,7 @@ from collectors.parse import (
     ParsedScrape,
     ScrapeFormatError,
     Series,
+    SeriesCache,
     as_int,
     checked,
     histogram,
@@ -150,6 +151,8 @@ def _wanted_names() -> frozenset[str]:
 
 
 WANTED = _wanted_names()
+# What earlier scrapes decided about each series line (parse.SeriesCache).
+_SERIES = SeriesCache()
 
 
 def parse_trtllm(text: str, max_series: int = MAX_SERIES) -> ReplicaSample:
@@ -162,7 +165,9 @@ def parse_trtllm(text: str, max_series: int = MAX_SERIES) -> ReplicaSample:
             "the response body is empty (trtllm-serve shows a series only once recorded: "
             "before its first finished request, with no iteration stats, there is none)"
         )
-    parsed = parse_exposition(text, WANTED.__contains__, canonical_name, max_series=max_series)
+    parsed = parse_exposition(
+        text, WANTED.__contains__, canonical_name, max_series=max_series, cache=_SERIES
+    )
     if not parsed.samples:
         raise ScrapeFormatError(
             "no TensorRT-LLM metric (trtllm_* or trtllm-serve's request metrics) found; is "

@@ -16,6 +16,7 @@ from collectors.parse import (
     ParsedScrape,
     ScrapeFormatError,
     Series,
+    SeriesCache,
     checked,
     histogram,
     parse_exposition,
@@ -127,6 +128,8 @@ def _wanted_names() -> frozenset[str]:
 
 
 WANTED = _wanted_names()
+# What earlier scrapes decided about each series line (parse.SeriesCache).
+_SERIES = SeriesCache()
 
 
 def canonical_name(name: str) -> str:
@@ -137,7 +140,9 @@ def canonical_name(name: str) -> str:
 def parse_vllm(text: str, max_series: int = MAX_SERIES) -> ReplicaSample:
     """Parse and normalize one vLLM /metrics body; raise ScrapeFormatError if it is not one."""
     return normalize_vllm(
-        parse_exposition(text, WANTED.__contains__, canonical_name, max_series=max_series)
+        parse_exposition(
+            text, WANTED.__contains__, canonical_name, max_series=max_series, cache=_SERIES
+        )
     )
 
 
