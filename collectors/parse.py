@@ -69,9 +69,9 @@ class SeriesCache:
     value (its "head": the name and label set as written), as Prometheus's scrape cache keeps
     a series by its text: a series' head does not change from scrape to scrape, its value
     does, so a line seen before costs one split and one lookup instead of the name's
-    decision and the regular expression. Per head: None, a line nobody reads (an unwanted
-    series, or a comment), or the wanted series' canonical name, duplicate-check key and
-    labels (shared dicts: nobody may change one).
+    decision and the regular expression. Per head: None, an unwanted series, or the wanted
+    series' canonical name, duplicate-check key and labels (shared dicts: nobody may change
+    one).
 
     One cache serves one (wanted, rename) pair: the decisions are theirs, so it is emptied
     when called with another pair, and `wanted` must be a pure function (the TGI and
@@ -148,10 +148,12 @@ def parse_exposition(
     heads = cache.for_pair(wanted, rename) if cache is not None else None
     unknown = _UNKNOWN
     for line in lines:
+        if line[:1] in "#":  # a comment, or an empty line
+            continue
         if heads is not None:
             head, _, value_text = line.rpartition(" ")
             known = heads.get(head, unknown)
-            if known is None:  # a comment or an unwanted series, seen before
+            if known is None:  # an unwanted series, seen before
                 continue
             if known is not unknown and "_" not in value_text:  # float() takes "1_0"
                 try:
@@ -178,10 +180,6 @@ def parse_exposition(
                         f"duplicate series {kept_name}{kept_labels} with different values "
                         f"({prior} and {value})"
                     )
-        if line[:1] in "#":  # a comment, or an empty line
-            if heads is not None and line:
-                _remember(heads, line, None)
-            continue
         name = line.partition(" ")[0].partition("{")[0]
         if name in decided:
             canonical = decided[name]
