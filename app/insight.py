@@ -67,23 +67,16 @@ def _alert_causes(path: str, now: float, version: data.Key) -> dict[str, causes.
     metrics = {rule.name: rule.metric for rule in rules + burn_rules(config.slos)}
     with sessions() as session:
         frame = queries.alert_states(session)
-        troubles = {
-            str(row["fingerprint"]): causes.Trouble(
-                str(row["replica"] or "") or None,
-                causes.onset(
-                    metrics.get(str(row["rule"]), ""), now, data._number(row["pending_since"])
-                ),
-            )
-            for row in frame.to_dict("records")
-        }
-        if not troubles:
-            return {}
-        found = causes.causes_of(
-            _signals(path, now, version),
-            list(troubles.values()),
-            lambda since, until: causes.changes_between(session, config, since, until),
+    troubles = {
+        str(row["fingerprint"]): causes.Trouble(
+            str(row["replica"] or "") or None,
+            causes.onset(
+                metrics.get(str(row["rule"]), ""), now, data._number(row["pending_since"])
+            ),
         )
-    return dict(zip(troubles, found, strict=True))
+        for row in frame.to_dict("records")
+    }
+    return _causes(path, now, version, troubles)
 
 
 def slo_causes(now: float) -> dict[str, causes.Cause]:
@@ -96,21 +89,28 @@ def slo_causes(now: float) -> dict[str, causes.Cause]:
 
 @data.versioned("key", times=("now",))
 def _slo_causes(path: str, now: float, version: data.Key) -> dict[str, causes.Cause]:
-    config, sessions = data._open(path)
     burning = {
         r.slo.name: causes.Trouble(None, causes.burn_onset(now, [w.long for w in r.burning]))
         for r in data._slo_reports(path, data.slo_minute(now))
         if r.burning
     }
-    if not burning:
+    return _causes(path, now, version, burning)
+
+
+def _causes(
+    path: str, now: float, version: data.Key, troubles: dict[str, causes.Trouble]
+) -> dict[str, causes.Cause]:
+    """Each trouble's cause by its key, from the version's signals and the changes before
+    each onset (cached: the Alerts and SLOs pages' burns share their reads); none asked,
+    nothing read."""
+    if not troubles:
         return {}
-    with sessions() as session:
-        found = causes.causes_of(
-            _signals(path, now, version),
-            list(burning.values()),
-            lambda since, until: causes.changes_between(session, config, since, until),
-        )
-    return dict(zip(burning, found, strict=True))
+    found = causes.causes_of(
+        _signals(path, now, version),
+        list(troubles.values()),
+        lambda since, until: _changes(path, since, until, version),
+    )
+    return dict(zip(troubles, found, strict=True))
 
 
 # Keyed on the data version (a change written late, or an annotation, shows at once); the

@@ -51,6 +51,12 @@ def warming() -> bool:
     return bool(getattr(_local, "warming", False))
 
 
+def _nested() -> bool:
+    """True inside a versioned computation: its own versioned calls are made again with it
+    (the warmer replays the outer call), never recorded as a page's."""
+    return bool(getattr(_local, "depth", 0))
+
+
 def floor(at: float, step: float) -> float:
     return math.floor(at / step) * step if step else at
 
@@ -154,7 +160,7 @@ class Versioned(Generic[R]):
     def __call__(self, *args: Any, **kwargs: Any) -> R:
         # Positional, as the warmer calls it: one cache key for the same arguments.
         positional = self._signature.bind(*args, **kwargs).args
-        if not warming():
+        if not warming() and not _nested():
             try:
                 path = str(positional[0])
                 REGISTRY.record(
@@ -162,7 +168,14 @@ class Versioned(Generic[R]):
                 )
             except Exception:  # recording is a help, never a page's failure
                 log.exception("warm: could not record a call of %s", self.spec.name)
-        result: R = self.spec.call(*positional)
+        # A call inside this one (e.g. the signals every likely cause reads, or the changes
+        # before an onset it shares with another) is replayed with it, not on its own: an
+        # onset that moves with the tick would be replayed stale.
+        _local.depth = getattr(_local, "depth", 0) + 1
+        try:
+            result: R = self.spec.call(*positional)
+        finally:
+            _local.depth -= 1
         return result
 
     def clear(self) -> None:

@@ -212,3 +212,34 @@ def _served_page() -> None:
     from app import warm
 
     st.markdown(f"served: {warm.served()}")
+
+
+def test_a_call_made_inside_a_cached_computation_is_replayed_with_it_not_recorded(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """The changes before an onset that moves with the tick, read inside every alert's
+    likely causes: recorded on its own, the warmer would replay it at the old onset."""
+    registry = warm.Registry()
+    monkeypatch.setattr(warm, "REGISTRY", registry)
+    made: list[tuple[str, float]] = []
+
+    def known(path: str) -> Version:
+        return version(1000.0)
+
+    @warm.versioned(None, ("began",), 0.0, 4, False, known, pin=False)
+    def before(path: str, began: float) -> float:
+        made.append(("before", began))
+        return began
+
+    @warm.versioned(None, ("now",), 0.0, 4, False, known)
+    def causes(path: str, now: float) -> float:
+        made.append(("causes", now))
+        return before(path, now - 3600.0)  # an onset an hour before now
+
+    st.cache_data.clear()
+    assert causes(PATH, 1000.0) == 1000.0 - 3600.0
+    assert made == [("causes", 1000.0), ("before", 1000.0 - 3600.0)]
+    assert registry.calls(PATH) == 1
+    (replayed,) = registry.advance(PATH, version(1015.0))
+    assert replayed == (causes.spec, (PATH, 1015.0))
+    st.cache_data.clear()
