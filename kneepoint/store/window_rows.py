@@ -98,37 +98,25 @@ def _statement(rows: Any, columns: list[str], summary: bool) -> Any:
     above: ColumnElement[Any] = case((rows.c.kv_cache_usage > SATURATION, 1), else_=0)
     if summary:
         above = case((rows.c.ends_saturated.is_(None), above), (rows.c.ends_saturated, 1), else_=0)
-    prev_ts = func.lag(rows.c.ts).over(**order)
-    # The seconds saturated since the previous row: the summary row's own count, else the
-    # span when the previous row ended saturated; none at a target's first row.
-    span = rows.c.ts - prev_ts
-    saturated = span * func.lag(above).over(**order)
-    if summary:
-        saturated = case(
-            (prev_ts.is_(None), None), else_=func.coalesce(rows.c.saturated_seconds, saturated)
-        )
     known = [func.count(rows.c[c]).over(**whole) for c in counters]
     total = func.count().over(**whole)
+    # One pass of window functions, each once: a LAG or LEAD per counter and row was most
+    # of the statement's time on PostgreSQL.
     marked = select(
         rows.c.target_id,
         rows.c.ts,
         *(rows.c[c] for c in columns),
         total.label("n_rows"),
-        prev_ts.label("prev_ts"),
+        func.lag(rows.c.ts).over(**order).label("prev_ts"),
         func.lead(rows.c.ts).over(**order).label("next_ts"),
         func.lead(rows.c.ts, 2).over(**order).label("after_next_ts"),
         case(
             (or_(*(rows.c[c] < func.lag(rows.c[c]).over(**order) for c in counters)), 1),
             else_=0,
         ).label("reset"),
-        case(
-            (or_(*(func.lead(rows.c[c]).over(**order) < rows.c[c] for c in counters)), 1),
-            else_=0,
-        ).label("before_reset"),
+        func.lag(above).over(**order).label("prev_above"),
         # A counter known at some rows but not all: every row comes back.
         case((or_(*(and_(k > 0, k < total) for k in known)), 1), else_=0).label("irregular"),
-        span.label("span"),
-        saturated.label("saturated"),
         func.max(func.coalesce(rows.c.kv_cache_usage_peak, rows.c.kv_cache_usage))
         .over(**whole)
         .label("kv_max"),
@@ -141,13 +129,23 @@ def _statement(rows: Any, columns: list[str], summary: bool) -> Any:
         func.count(rows.c.requests_running).over(**whole).label("running_known"),
     ).subquery("marked")
     m = marked.c
+    # The seconds saturated since the previous row: the summary row's own count, else the
+    # span when the previous row ended saturated; none at a target's first row.
+    span = m.ts - m.prev_ts
+    saturated: ColumnElement[Any] = span * m.prev_above
+    if summary:
+        saturated = case(
+            (m.prev_ts.is_(None), None), else_=func.coalesce(m.saturated_seconds, saturated)
+        )
     summed = select(
         marked,
+        # The row before a reset: the next row's flag.
+        func.lead(m.reset).over(partition_by=m.target_id, order_by=m.ts).label("before_reset"),
         # pandas' sum of none is 0: COALESCE.
-        func.coalesce(func.sum(m.saturated).over(partition_by=m.target_id), literal(0.0)).label(
+        func.coalesce(func.sum(saturated).over(partition_by=m.target_id), literal(0.0)).label(
             "saturated_total"
         ),
-        func.coalesce(func.sum(m.span).over(partition_by=m.target_id), literal(0.0)).label(
+        func.coalesce(func.sum(span).over(partition_by=m.target_id), literal(0.0)).label(
             "spans_total"
         ),
     ).subquery("summed")
