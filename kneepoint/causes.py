@@ -344,7 +344,7 @@ def gather(
     from kneepoint.store.runs import load_runs
     from kneepoint.views import build_view
 
-    view = build_view(session, config, now, window)
+    view = build_view(session, config, now, window, series=True)  # its own points per replica
     assessments = [assess(run, config.slos) for run in load_runs(session)]
     series = view.series
     out = []
