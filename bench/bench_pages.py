@@ -199,8 +199,8 @@ def table(
         else:
             cost = f"{done['seconds']:.2f} s ({done['cpu']:.2f} s CPU), {done['calls']} calls"
             line += f" {cost:>49} |"
-            rounds = " / ".join(f"{r['seconds']:.2f}" for r in done.get("rounds") or [done])
-            each += f" {rounds + ' s':>49} |"
+            seconds = " / ".join(f"{r['seconds']:.2f}" for r in done.get("rounds") or [done])
+            each += f" {seconds + ' s':>49} |"
     lines += [line, each]
     line = f"{'alerts pending or firing':<28} |"
     for result in results:
