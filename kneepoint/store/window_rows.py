@@ -26,7 +26,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 import pandas as pd
-from sqlalchemy import ColumnElement, and_, case, func, literal, or_, select
+from sqlalchemy import ColumnElement, case, func, literal, or_, select
 from sqlalchemy.orm import Session
 
 from kneepoint.samples import REPLICA_COUNTERS, SATURATION
@@ -98,7 +98,13 @@ def _statement(rows: Any, columns: list[str], summary: bool) -> Any:
     above: ColumnElement[Any] = case((rows.c.kv_cache_usage > SATURATION, 1), else_=0)
     if summary:
         above = case((rows.c.ends_saturated.is_(None), above), (rows.c.ends_saturated, 1), else_=0)
-    known = [func.count(rows.c[c]).over(**whole) for c in counters]
+    # Which counters a row knows, one bit each: a counter is known at some of a target's
+    # rows but not all exactly where its rows' masks differ (two aggregates, not one count
+    # per counter).
+    mask = sum(
+        (case((rows.c[c].is_(None), 0), else_=1 << bit) for bit, c in enumerate(counters)),
+        start=literal(0),
+    )
     total = func.count().over(**whole)
     # One pass of window functions, each once: a LAG or LEAD per counter and row was most
     # of the statement's time on PostgreSQL.
@@ -116,7 +122,9 @@ def _statement(rows: Any, columns: list[str], summary: bool) -> Any:
         ).label("reset"),
         func.lag(above).over(**order).label("prev_above"),
         # A counter known at some rows but not all: every row comes back.
-        case((or_(*(and_(k > 0, k < total) for k in known)), 1), else_=0).label("irregular"),
+        case((func.min(mask).over(**whole) != func.max(mask).over(**whole), 1), else_=0).label(
+            "irregular"
+        ),
         func.max(func.coalesce(rows.c.kv_cache_usage_peak, rows.c.kv_cache_usage))
         .over(**whole)
         .label("kv_max"),
