@@ -81,7 +81,9 @@ for replica in drafting if not fleet or view_filter.replicas else ():
             )
         )
 TITLE = "Acceptance rate over time"
-if fleet:
+# A fleet's chart comes from the database whatever the number drafting: the view builds
+# no per-replica series above the threshold (kneepoint/views.py), as the other pages decide.
+if at_fleet_size(len(view.status["replicas"])):
     # The database computes a fleet's chart (app/fleet_data.py): its distribution, the
     # least accepting and the sidebar's replicas, never every replica's series.
     end = data.now()
