@@ -125,11 +125,9 @@ class _Connections:
         try:
             if self.share is None:
                 share = pycurl.CurlShare()
-                for data in (
-                    pycurl.LOCK_DATA_CONNECT,
-                    pycurl.LOCK_DATA_DNS,
-                    pycurl.LOCK_DATA_SSL_SESSION,
-                ):
+                # Not LOCK_DATA_DNS: a shared DNS cache would keep a moved target's old
+                # address for libcurl's 60 s; without it a new connection resolves afresh.
+                for data in (pycurl.LOCK_DATA_CONNECT, pycurl.LOCK_DATA_SSL_SESSION):
                     share.setopt(pycurl.SH_SHARE, data)
                 self.share = share
             yield self.share
