@@ -24,7 +24,7 @@ from kneepoint.derived.latency import quantiles
 from kneepoint.derived.stall import PROGRESS, STALL_AFTER, Point, stalled_since
 from kneepoint.derived.window import Window, counter_deltas, frame_windows, merge
 from kneepoint.samples import QUANTITIES
-from kneepoint.store import queries, window_rows
+from kneepoint.store import gpu_windows, queries, window_rows
 from kneepoint.store.models import RAW, TargetRow
 
 
@@ -57,10 +57,14 @@ def build_status(
     elif samples is None:
         samples = queries.replica_frame(session, start, now, columns=queries.LIGHT_COLUMNS)
     layouts = queries.histogram_layouts(session)
-    gpus = queries.gpu_frame(session, start, now) if gpu_rows is None else gpu_rows
     exporters = {row.id: name for name, row in rows.items()}
     owners = GpuOwners(config)
-    gpu_block, busy = _gpus(gpus, owners, exporters)
+    if gpu_rows is None and (fleet or edges is not None):
+        # The database's one row per GPU (kneepoint/store/gpu_windows.py), not its rows.
+        gpu_block, busy = _summed_gpus(gpu_windows.read(session, start, now), owners, exporters)
+    else:
+        gpus = queries.gpu_frame(session, start, now) if gpu_rows is None else gpu_rows
+        gpu_block, busy = _gpus(gpus, owners, exporters)
     # Per replica, its GPUs and their busy shares in the GPUs' order: one pass, not a scan of
     # every GPU for every replica (1,000 × 1,000 at scale).
     gpus_of: dict[str | None, list[dict[str, Any]]] = {}
@@ -618,9 +622,8 @@ def _gpus(
         if gpu_id not in positions:  # no group: a missing id
             continue
         mine = positions[gpu_id]
-        blocks.append(
-            _gpu(latest[gpu_id], [energy[i] for i in mine] if energy else [], owners, by_id)
-        )
+        joules = increase([energy[i] for i in mine] if energy else [])
+        blocks.append(_gpu(latest[gpu_id], joules, owners, by_id))
         # GPU_UTIL only says a kernel ran; GR_ENGINE_ACTIVE is work done, where DCGM has it.
         shares = [active[i] for i in mine] if active else []
         if not any(v is not None for v in shares):
@@ -629,12 +632,21 @@ def _gpus(
     return blocks, busy
 
 
+def _summed_gpus(
+    gpus: gpu_windows.Gpus, owners: GpuOwners, by_id: dict[int, str]
+) -> tuple[list[dict[str, Any]], list[float | None]]:
+    """_gpus' blocks and busy shares from the database's numbers per GPU: the same."""
+    latest = _last_rows(gpus.last, "gpu_id")
+    blocks = [_gpu(row, gpus.energy_mj[gpu_id], owners, by_id) for gpu_id, row in latest.items()]
+    return blocks, [gpus.busy[gpu_id] for gpu_id in latest]
+
+
 def _gpu(
-    latest: dict[str, Any], energy_mj: list[float | None], owners: GpuOwners, by_id: dict[int, str]
+    latest: dict[str, Any], energy: float | None, owners: GpuOwners, by_id: dict[int, str]
 ) -> dict[str, Any]:
+    """A GPU's block from its last row and its energy counter's increase in mJ."""
     host, index = str(latest["host"]), int(latest["gpu_index"])
     exporter = by_id.get(int(latest["target_id"]), "")
-    energy = increase(energy_mj)
     return {
         "host": host,
         "index": index,

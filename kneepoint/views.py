@@ -30,6 +30,9 @@ class View:
     coarse: pd.DataFrame = field(default_factory=pd.DataFrame)
     gpus: pd.DataFrame = field(default_factory=pd.DataFrame)
     events: dict[str, list[details.Event]] = field(default_factory=dict)
+    # Built at fleet size: no per-replica or per-GPU series (`series`, `gpus`) to draw from;
+    # pages chart the fleet from the database (app/fleet_data.py).
+    charts_from_database: bool = False
 
 
 def build_view(
@@ -60,7 +63,10 @@ def build_view(
         frame = edges.frame
     layouts = queries.histogram_layouts(session)
     windows = frame_windows(frame, layouts, lambda keys: queries.replica_rows_at(session, keys))
-    gpu_rows = queries.gpu_frame(session, start, now)
+    # At fleet size the GPUs' numbers come from the database too (build_status reads them,
+    # kneepoint/store/gpu_windows.py), and no GPU's lines are built: the GPUs page draws a
+    # fleet's charts from the database (`charts_from_database`).
+    gpu_rows = queries.gpu_frame(session, start, now) if series else None
     status = build_status(
         session,
         config,
@@ -83,7 +89,8 @@ def build_view(
             gpus = by_replica.get(replica["name"], [])
             rows[replica["name"]] = _numbers(replica, NO_PEAKS, span, gpus)
         return View(status, rows=rows)
-    view = View(status, gpus=gpu_series(gpu_rows))
+    view = View(status, gpus=pd.DataFrame() if gpu_rows is None else gpu_series(gpu_rows))
+    view.charts_from_database = gpu_rows is None
     if edges is None:
         names = {row.id: name for name, row in targets.items()}
         view.series = replica_series(frame, names)

@@ -94,12 +94,12 @@ def draw(
 ) -> go.Figure:
     """A few GPUs' lines; a fleet's chart as the database computes it (app/fleet_data.py),
     never every GPU's readings in the page run."""
-    if fleet:
+    if fleet or view.charts_from_database:
         return fleet_data.gpu_lines(column, start, end, title, percent, unit, y_title, chosen=mine)
     return lines(view.gpus, column, title, "gpu", percent, unit, y_title, chosen=mine)
 
 
-if fleet or not view.gpus.empty:
+if fleet or (gpus and view.charts_from_database) or not view.gpus.empty:
     left, right = st.columns(2)
     chart(draw("utilization", "GPU busy (GPU_UTIL)", percent=True, y_title="busy"), left)
     chart(draw("gr_engine_active", "Graphics engine active", percent=True), right)

@@ -223,7 +223,8 @@ def test_the_views_numbers_from_the_databases_rows_are_the_rows_paths(
     same(got.status, expected.status, "status")
     same(got.rows, expected.rows, "rows")
     assert got.events == expected.events
-    pd.testing.assert_frame_equal(got.gpus, expected.gpus)
+    # No GPU lines at fleet size (their numbers are compared in test_gpu_sql.py).
+    assert got.gpus.empty and got.charts_from_database
     assert got.series.empty and got.coarse.empty  # no chart points without charts
     # The seeded cases are there at all: numbers, not all None.
     replicas = {r["name"]: r for r in expected.status["replicas"]}
