@@ -24,6 +24,19 @@ DCGM_L4 = SHARED_FIXTURES / "dcgm_exporter_gpu_operator_L4_idle.prom"
 DCGM_T4 = SHARED_FIXTURES / "dcgm_exporter_gpu_operator_T4_loaded_nohelp.prom"
 
 
+def pytest_configure(config: pytest.Config) -> None:
+    """One PostgreSQL cluster for the whole session (tests/postgres.py says why)."""
+    import tests.postgres
+
+    tests.postgres.SHARE = True
+
+
+def pytest_unconfigure(config: pytest.Config) -> None:
+    import tests.postgres
+
+    tests.postgres.stop_shared()
+
+
 def read(path: Path) -> str:
     return path.read_text(encoding="utf-8")
 

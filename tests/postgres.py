@@ -1,6 +1,11 @@
 """A real PostgreSQL (Debian's package) for the store tests: a throwaway cluster on a free
 port, started once per test session, with a fresh database for every store.
 
+Under pytest (tests/conftest.py sets SHARE), every `running_postgres()` block of the session
+gets the same cluster, started by the first and stopped when the session ends: each start
+(initdb, start, stop) costs seconds, and the tests never share a database, only the server.
+Elsewhere (the benches) each block has a cluster of its own, removed when it ends.
+
 Connections are trusted (no password), except for roles in the group `password_login`:
 `fresh(password=…)` makes such a role, which must give its password (SCRAM) to connect."""
 
@@ -13,7 +18,7 @@ import shutil
 import subprocess
 import tempfile
 from collections.abc import Callable, Iterator
-from contextlib import contextmanager
+from contextlib import ExitStack, contextmanager
 from urllib.parse import quote
 
 from tests.conftest import free_port, require_real
@@ -27,9 +32,32 @@ def _binaries() -> str | None:
     return os.path.dirname(initdb) if initdb else None
 
 
+SHARE = False  # one cluster for every block, until stop_shared(): set by tests/conftest.py
+_shared = ExitStack()  # the shared cluster, while it runs
+_shared_fresh: list[Callable[..., str]] = []  # its `fresh`, once started
+
+
 @contextmanager
-def running_postgres() -> Iterator[Callable[[], str]]:
-    """Yield a function that creates an empty database and returns its SQLAlchemy URL."""
+def running_postgres() -> Iterator[Callable[..., str]]:
+    """Yield a function that creates an empty database and returns its SQLAlchemy URL: on
+    the session's shared cluster (SHARE), else on a cluster of this block's own."""
+    if not SHARE:
+        with _throwaway_cluster() as fresh:
+            yield fresh
+        return
+    if not _shared_fresh:
+        _shared_fresh.append(_shared.enter_context(_throwaway_cluster()))
+    yield _shared_fresh[0]
+
+
+def stop_shared() -> None:
+    """Stop and remove the shared cluster, if one was started."""
+    _shared_fresh.clear()
+    _shared.close()
+
+
+@contextmanager
+def _throwaway_cluster() -> Iterator[Callable[..., str]]:
     import psycopg
 
     bin_dir = _binaries()
