@@ -7,7 +7,7 @@ from __future__ import annotations
 
 import asyncio
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -21,10 +21,9 @@ from kneepoint.derived.ratios import verdict
 from kneepoint.store.db import open_store
 from kneepoint.views import build_view
 from tests.real.test_vllm_collect import vllm_counters
-from tests.real.vllm_server import Vllm, running_vllm
+from tests.real.vllm_server import Vllm
 
 pytestmark = [pytest.mark.real, pytest.mark.timeout(900)]
-NGRAM = '{"method":"ngram","num_speculative_tokens":3,"prompt_lookup_max":3,"prompt_lookup_min":1}'
 
 
 @dataclass
@@ -95,18 +94,15 @@ def completions(
 
 
 @pytest.fixture(scope="module")
-def starved(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Vllm]:
+def starved(tiny_servers: dict[str, Vllm]) -> Vllm:
     """12 KV blocks of 128 tokens for 32 sequences of 300: vLLM must preempt."""
-    folder = tmp_path_factory.mktemp("vllm-preemption")
-    with running_vllm(folder, "--num-gpu-blocks-override", "12", "--enable-prefix-caching") as v:
-        yield v
+    return tiny_servers["starved"]
 
 
 @pytest.fixture(scope="module")
-def ngram(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Vllm]:
-    folder = tmp_path_factory.mktemp("vllm-ngram")
-    with running_vllm(folder, "--speculative-config", NGRAM) as server:
-        yield server
+def ngram(tiny_servers: dict[str, Vllm]) -> Vllm:
+    """n-gram speculative decoding (vllm_server.NGRAM)."""
+    return tiny_servers["ngram"]
 
 
 def test_forced_preemption_is_counted_and_its_recompute_estimated(

@@ -62,7 +62,7 @@ import statistics
 import subprocess
 import sys
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from dataclasses import dataclass, replace
 from functools import partial
 from pathlib import Path
@@ -76,14 +76,7 @@ from kneepoint.cli import app
 from kneepoint.knee.imports import read
 from kneepoint.knee.sweep import CLIENT_SATURATED_CORES, SweepSettings, random_prompt, sweep
 from kneepoint.store.db import open_store
-from tests.real.vllm_server import (
-    ENGINE_BOUND,
-    BenchServe,
-    Vllm,
-    bench_serve,
-    off_engine_core,
-    running_vllm,
-)
+from tests.real.vllm_server import BenchServe, Vllm, bench_serve, off_engine_core
 
 pytestmark = [pytest.mark.real, pytest.mark.timeout(1200)]
 CONCURRENCY, PROMPTS, INPUT, OUTPUT = 16, 128, 256, 128
@@ -102,12 +95,14 @@ TRUTH = {
 
 
 @pytest.fixture(scope="module")
-def vllm(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Vllm]:
+def vllm(engine_bound_servers: dict[str, Vllm]) -> Vllm:
     """A server whose engine is the bottleneck, as on a GPU. On the tiny model the API server
     sets the pace, and it shares its core with the load generator: a heavier client then
-    slows the server it measures (mean TTFT differed by −25 % to +13 % between the tools)."""
-    with running_vllm(tmp_path_factory.mktemp("vllm-bench"), shape=ENGINE_BOUND) as server:
-        yield server
+    slows the server it measures (mean TTFT differed by −25 % to +13 % between the tools).
+    It is the what-if test's configuration A (started with B and C, once): its 95 usable KV
+    blocks hold this test's CONCURRENCY requests of 3 blocks each, and its max_num_seqs (64)
+    runs them all at once, which the warm-up asserts (no preemption, 16 running)."""
+    return engine_bound_servers["A"]
 
 
 def server_totals(vllm: Vllm) -> dict[str, float]:

@@ -55,9 +55,6 @@ import statistics
 import subprocess
 import sys
 import time
-from collections.abc import Iterator
-from concurrent.futures import ThreadPoolExecutor
-from contextlib import ExitStack
 from pathlib import Path
 from typing import Any
 
@@ -67,13 +64,15 @@ from prometheus_client.parser import text_string_to_metric_families
 
 from kneepoint.knee.runs import Point
 from kneepoint.whatif import EngineShape, SweepPrediction, calibrate_sweep, predict_sweep
-from tests.conftest import require_real
 from tests.real.vllm_server import (
-    ENGINE_BOUND,
-    VLLM_PYTHON,
+    BATCHED_TOKENS,
+    BLOCKS_A,
+    BLOCKS_B,
+    MAX_SEQS,
+    MAX_SEQS_C,
+    WHATIF_CONFIGS,
     Vllm,
     off_engine_core,
-    running_vllm,
 )
 
 pytestmark = [pytest.mark.real, pytest.mark.timeout(900)]
@@ -83,11 +82,9 @@ INPUT, OUTPUT = 128, 128  # tokens: a request holds 2 blocks of 128 at its end
 LADDER = (4, 16, 32, 44)
 PER_CLIENT, MINIMUM = 3, 32  # a step of concurrency c: max(MINIMUM, PER_CLIENT × c) requests
 ROUNDS = 3  # rounds of the ladder, the configurations taking turns at each step
-BLOCKS_A, BLOCKS_B = 96, 48  # vLLM keeps one block aside: 95 and 47 usable
-MAX_SEQS, MAX_SEQS_C = 64, 16
-BATCHED_TOKENS = 2048  # --max-num-batched-tokens, the CPU build's default, explicit
-# Each configuration: (KV blocks, max_num_seqs); the change predicted from A.
-CONFIGS = {"A": (BLOCKS_A, MAX_SEQS), "B": (BLOCKS_B, MAX_SEQS), "C": (BLOCKS_A, MAX_SEQS_C)}
+# Each configuration: (KV blocks, max_num_seqs), as its server is started (vllm_server.py);
+# the change predicted from A.
+CONFIGS = WHATIF_CONFIGS
 CHANGES: dict[str, dict[str, object]] = {
     "B": {"num_gpu_blocks": BLOCKS_B},
     "C": {"max_num_seqs": MAX_SEQS_C},
@@ -106,32 +103,10 @@ def requests_for(concurrency: int) -> int:
 
 
 @pytest.fixture(scope="module")
-def servers(tmp_path_factory: pytest.TempPathFactory) -> Iterator[dict[str, Vllm]]:
-    """A, B and C, started at the same time (each start is mostly torch compiling)."""
-    if not VLLM_PYTHON.exists():
-        require_real(
-            f"no vLLM CPU environment at {VLLM_PYTHON.parent.parent} (run scripts/setup-vllm)"
-        )
-    with ExitStack() as stack:
-        with ThreadPoolExecutor(len(CONFIGS)) as pool:
-            started = {
-                name: pool.submit(
-                    stack.enter_context,
-                    running_vllm(
-                        tmp_path_factory.mktemp(f"vllm-{name}"),
-                        "--num-gpu-blocks-override",
-                        str(blocks),
-                        "--max-num-seqs",
-                        str(seqs),
-                        "--max-num-batched-tokens",
-                        str(BATCHED_TOKENS),
-                        shape=ENGINE_BOUND,
-                    ),
-                )
-                for name, (blocks, seqs) in CONFIGS.items()
-            }
-            ready = {name: future.result() for name, future in started.items()}
-        yield ready
+def servers(engine_bound_servers: dict[str, Vllm]) -> dict[str, Vllm]:
+    """A, B and C, started at the same time (each start is mostly torch compiling), once per
+    session: the sweep test loads A too (tests/real/conftest.py)."""
+    return engine_bound_servers
 
 
 def cache_config(server: Vllm) -> dict[str, str]:

@@ -7,7 +7,8 @@ import os
 import select
 import subprocess
 from collections.abc import Iterator
-from contextlib import contextmanager
+from concurrent.futures import ThreadPoolExecutor
+from contextlib import ExitStack, contextmanager
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -33,6 +34,36 @@ class Vllm:
 # work (on the core the engine leaves free, with the load generator) sets the pace. A bigger
 # one makes the engine the bottleneck, as a GPU server's is.
 TINY, ENGINE_BOUND = (2, 2), (4, 8)  # (layers, attention heads of 64)
+
+# The servers the tests use, by configuration; each is started once per session, together
+# with the others of its model (tests/real/conftest.py): a start is mostly importing vLLM and
+# compiling, which several starts share the machine's cores for better than one after another.
+NGRAM = '{"method":"ngram","num_speculative_tokens":3,"prompt_lookup_max":3,"prompt_lookup_min":1}'
+TINY_SERVERS: dict[str, tuple[str, ...]] = {
+    "prefix": ("--enable-prefix-caching",),  # test_vllm_collect.py
+    # 12 KV blocks of 128 tokens for 32 sequences of 300: vLLM must preempt (scenarios).
+    "starved": ("--num-gpu-blocks-override", "12", "--enable-prefix-caching"),
+    "ngram": ("--speculative-config", NGRAM),  # n-gram speculative decoding (scenarios)
+    "two_seqs": ("--max-num-seqs", "2"),  # requests run and wait (test_vllm_stalled.py)
+}
+# The engine-bound model's configurations of the what-if test (test_vllm_whatif.py says why
+# these): A, and B and C changed from it; the sweep test (test_vllm_sweep.py) loads A.
+BLOCKS_A, BLOCKS_B = 96, 48  # vLLM keeps one block aside: 95 and 47 usable
+MAX_SEQS, MAX_SEQS_C = 64, 16
+BATCHED_TOKENS = 2048  # --max-num-batched-tokens, the CPU build's default, explicit
+# Each configuration: (KV blocks, max_num_seqs).
+WHATIF_CONFIGS = {"A": (BLOCKS_A, MAX_SEQS), "B": (BLOCKS_B, MAX_SEQS), "C": (BLOCKS_A, MAX_SEQS_C)}
+ENGINE_BOUND_SERVERS: dict[str, tuple[str, ...]] = {
+    name: (
+        "--num-gpu-blocks-override",
+        str(blocks),
+        "--max-num-seqs",
+        str(seqs),
+        "--max-num-batched-tokens",
+        str(BATCHED_TOKENS),
+    )
+    for name, (blocks, seqs) in WHATIF_CONFIGS.items()
+}
 
 
 @contextmanager
@@ -86,6 +117,26 @@ def running_vllm(workdir: Path, *flags: str, shape: tuple[int, int] = TINY) -> I
         except subprocess.TimeoutExpired:
             process.kill()
             process.wait()
+
+
+@contextmanager
+def running_together(
+    folder: Path, servers: dict[str, tuple[str, ...]], shape: tuple[int, int] = TINY
+) -> Iterator[dict[str, Vllm]]:
+    """One server per entry of `servers` (name: flags), started at the same time, each in its
+    own folder under `folder`; all stopped afterwards (and the started ones if one fails)."""
+    for name in servers:
+        (folder / name).mkdir(parents=True, exist_ok=True)
+    with ExitStack() as stack:
+        with ThreadPoolExecutor(len(servers)) as pool:
+            started = {
+                name: pool.submit(
+                    stack.enter_context, running_vllm(folder / name, *flags, shape=shape)
+                )
+                for name, flags in servers.items()
+            }
+            ready = {name: future.result() for name, future in started.items()}
+        yield ready
 
 
 IMPORT_SECONDS = 300  # importing vLLM under load here: 10–30 s, with room to spare
