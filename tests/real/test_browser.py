@@ -105,13 +105,40 @@ def browser():  # type: ignore[no-untyped-def]
         instance.close()
 
 
+# The script run is over (Streamlit marks its root with the run's state; "initial" before
+# the first run), nothing is still loading, and every Plotly chart has been laid out.
+RUN_DONE_JS = """() => {
+    const app = document.querySelector('[data-testid="stApp"]');
+    if (!app || app.dataset.testScriptState !== 'notRunning') return false;
+    if (document.querySelector('[data-testid="stSkeleton"], [data-testid="stAppSkeleton"], '
+        + '[data-testid="stSpinner"], [data-stale="true"]')) return false;
+    return [...document.querySelectorAll('[data-testid="stPlotlyChart"]')].every(c => {
+        const g = c.querySelector('.js-plotly-plot');
+        return g && g._fullLayout;
+    });
+}"""
+# Two animation frames: whatever the last change scheduled has been painted.
+PAINTED_JS = """() => new Promise(done =>
+    requestAnimationFrame(() => requestAnimationFrame(() => done(true))))"""
+
+
+def settled(page) -> None:  # type: ignore[no-untyped-def]
+    """Wait until the page's script run has finished and what it sent is drawn, and still is
+    after a paint (as bench/screenshots.py's `settle`, without its canvas hook). This replaces
+    a fixed 1.5 s pause: shorter on a quick page, and on a page still running after 1.5 s it
+    waits for the run's end instead of looking for error boxes too early."""
+    for _ in range(2):
+        page.wait_for_function(RUN_DONE_JS, timeout=60_000, polling=100)
+        page.evaluate(PAINTED_JS)
+
+
 def open_page(browser, url: str):  # type: ignore[no-untyped-def]
     page = browser.new_page()
     page.goto(url)
     page.wait_for_selector("h1", timeout=60_000)
-    # Give the page's own queries time to finish and render, then look for failures.
+    # Let the page's own queries finish and render, then look for failures.
     page.wait_for_load_state("networkidle")
-    page.wait_for_timeout(1500)
+    settled(page)
     return page
 
 
