@@ -11,9 +11,10 @@ its identity, and on it:
 - `active_sum` and `active_known`, `utilization_sum` and `utilization_known`: the sum and
   count of the known values of each busy share, for their mean (status._gpus).
 
-The sums are running sums in time order taken at the last row, so they add the same values
-in the same order as Python's loop over the rows: equal, not merely close, on both
-databases (a plain SUM adds in whatever order the database groups rows).
+The sums are window sums over each GPU's rows ordered by time, which both databases add row
+by row in that order: the same values in the same order as Python's loop over the rows,
+so equal, not merely close (a GROUP BY's SUM adds in whatever order the database groups
+rows).
 
 counters.increase steps over a missing value from the last known one, which LAG cannot do
 on both databases: a GPU whose energy is known at some of its rows but not all
@@ -87,16 +88,16 @@ def read(session: Session, start: float, end: float) -> Gpus:
 
 def _statement(rows: Any) -> Select[Any]:
     r = rows.c
-    order = {"partition_by": r.gpu_id, "order_by": r.ts}
-    # A running sum over the rows so far, in time order (module docstring).
-    running = {**order, "rows": (None, 0)}
-    whole = {"partition_by": r.gpu_id}
-    previous = func.lag(r.energy_mj).over(**order)
+    # Every window function over one window, the whole of a GPU's rows in time order: one
+    # pass over the rows (LAG and LEAD ignore the frame), where a window each for the
+    # running sums, the counts and the neighbours were three on PostgreSQL.
+    whole = {"partition_by": r.gpu_id, "order_by": r.ts, "rows": (None, None)}
+    previous = func.lag(r.energy_mj).over(**whole)
     marked = select(
         r.gpu_id,
         r.ts,
         *(r[c] for c in COLUMNS),
-        func.lead(r.ts).over(**order).label("next_ts"),
+        func.lead(r.ts).over(**whole).label("next_ts"),
         func.count().over(**whole).label("n_rows"),
         func.count(r.energy_mj).over(**whole).label("energy_known"),
         # counters.increase: a fall is a reset, whose new value is the increase.
@@ -106,15 +107,15 @@ def _statement(rows: Any) -> Select[Any]:
             else_=r.energy_mj,
         ).label("energy_step"),
         func.count(r.gr_engine_active).over(**whole).label("active_known"),
-        func.sum(r.gr_engine_active).over(**running).label("active_sum"),
+        func.sum(r.gr_engine_active).over(**whole).label("active_sum"),
         func.count(r.utilization).over(**whole).label("utilization_known"),
-        func.sum(r.utilization).over(**running).label("utilization_sum"),
+        func.sum(r.utilization).over(**whole).label("utilization_sum"),
     ).subquery("marked")
     m = marked.c
     summed = select(
         marked,
         func.sum(m.energy_step)
-        .over(partition_by=m.gpu_id, order_by=m.ts, rows=(None, 0))
+        .over(partition_by=m.gpu_id, order_by=m.ts, rows=(None, None))
         .label("energy_sum"),
     ).subquery("summed")
     s = summed.c
