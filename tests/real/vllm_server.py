@@ -67,8 +67,11 @@ ENGINE_BOUND_SERVERS: dict[str, tuple[str, ...]] = {
 
 
 @contextmanager
-def running_vllm(workdir: Path, *flags: str, shape: tuple[int, int] = TINY) -> Iterator[Vllm]:
-    """A vLLM server started with `flags` on a model of `shape`; stopped afterwards."""
+def running_vllm(
+    workdir: Path, *flags: str, shape: tuple[int, int] = TINY, startup: float = STARTUP_SECONDS
+) -> Iterator[Vllm]:
+    """A vLLM server started with `flags` on a model of `shape` (healthy within `startup`
+    seconds); stopped afterwards."""
     if not VLLM_PYTHON.exists():
         require_real(
             f"no vLLM CPU environment at {VLLM_PYTHON.parent.parent} (run scripts/setup-vllm)"
@@ -107,7 +110,7 @@ def running_vllm(workdir: Path, *flags: str, shape: tuple[int, int] = TINY) -> I
     url = f"http://127.0.0.1:{port}"
     try:
         wait_until_healthy(
-            process, f"{url}/health", STARTUP_SECONDS, lambda: log_path.read_text(errors="replace")
+            process, f"{url}/health", startup, lambda: log_path.read_text(errors="replace")
         )
         yield Vllm(url, model, workdir)
     finally:
@@ -124,14 +127,19 @@ def running_together(
     folder: Path, servers: dict[str, tuple[str, ...]], shape: tuple[int, int] = TINY
 ) -> Iterator[dict[str, Vllm]]:
     """One server per entry of `servers` (name: flags), started at the same time, each in its
-    own folder under `folder`; all stopped afterwards (and the started ones if one fails)."""
+    own folder under `folder`; all stopped afterwards (and the started ones if one fails).
+    They share the cores while starting, so each may take what the starts one after another
+    were given in all (STARTUP_SECONDS each): four at once took 364 s here under load 8-10,
+    and 440 s with three more starting beside them, past a single start's 420 s."""
+    startup = STARTUP_SECONDS * len(servers)
     for name in servers:
         (folder / name).mkdir(parents=True, exist_ok=True)
     with ExitStack() as stack:
         with ThreadPoolExecutor(len(servers)) as pool:
             started = {
                 name: pool.submit(
-                    stack.enter_context, running_vllm(folder / name, *flags, shape=shape)
+                    stack.enter_context,
+                    running_vllm(folder / name, *flags, shape=shape, startup=startup),
                 )
                 for name, flags in servers.items()
             }
