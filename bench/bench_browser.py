@@ -117,18 +117,27 @@ STATES_HOOK = """(() => {
     const w = window;
     w.__kpStates = [];
     w.__kpMessages = [];
-    const note = (e) => {
-        const state = e.dataset && e.dataset.testScriptState;
+    const push = (state) => {
         const last = w.__kpStates[w.__kpStates.length - 1];
         if (state && (!last || last[1] !== state)) w.__kpStates.push([performance.now(), state]);
     };
-    new MutationObserver(records => { for (const r of records) {
-        if (r.type === 'attributes') { note(r.target); continue; }
+    const note = (e) => push(e.dataset && e.dataset.testScriptState);
+    // An attribute record's value is the next record's old value (or the current one for
+    // the last): a whole run (notRunning, running, notRunning) delivered in one batch to a
+    // busy page would otherwise read notRunning twice and count no run.
+    new MutationObserver(records => { records.forEach((r, i) => {
+        if (r.type === 'attributes') {
+            const next = records.slice(i + 1).find(
+                (o) => o.type === 'attributes' && o.target === r.target);
+            push(next ? next.oldValue : r.target.dataset.testScriptState);
+            return;
+        }
         for (const n of r.addedNodes) if (n.nodeType === 1) {
             note(n); n.querySelectorAll('[data-test-script-state]').forEach(note);
         }
-    } }).observe(document, {subtree: true, childList: true, attributes: true,
-                            attributeFilter: ['data-test-script-state']});
+    }); }).observe(document, {subtree: true, childList: true, attributes: true,
+                              attributeOldValue: true,
+                              attributeFilter: ['data-test-script-state']});
     const Native = w.WebSocket;
     w.WebSocket = class extends Native {
         constructor(...args) {
