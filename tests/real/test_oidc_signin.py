@@ -258,16 +258,12 @@ def test_roles_from_the_providers_groups_decide_on_the_server(chromium, signin_a
         ("operator@example.com", "oidc", f"silence {number}")
     ], rows
     assert comment in done[0]["After"] and "kv-cache-saturated" in done[0]["After"]
-    refused = [
-        r for r in rows if r["Action"] == "silence.create" and r["Outcome"] == "● refused"
-    ]
+    refused = [r for r in rows if r["Action"] == "silence.create" and r["Outcome"] == "● refused"]
     assert [(r["Who"], r["Role"]) for r in refused] == [("viewer@example.com", "viewer")], rows
     assert refusal in refused[0]["Detail"]
     signed = {r["Who"] for r in rows if r["Action"] == "sign-in" and r["Outcome"] == "● done"}
     assert signed == {"viewer@example.com", "operator@example.com", "admin@example.com"}
-    turned_away = {
-        r["Who"] for r in rows if r["Action"] == "sign-in" and r["Outcome"] != "● done"
-    }
+    turned_away = {r["Who"] for r in rows if r["Action"] == "sign-in" and r["Outcome"] != "● done"}
     assert turned_away == {"stranger@example.org"}, rows
     admin.context.close()
 
