@@ -3,7 +3,7 @@ aims of issue 25; plus alert evaluation with SLOs and the weekly review.
 
     .venv/bin/python bench/bench_pages.py [--replicas 4,200,1000] [--days 7] [--raw-hours 12]
         [--pages overview,alerts,...] [--ranges 1h,24h,7d] [--eval-rounds 8] [--no-review]
-        [--keep DIR] [--source DIR]...
+        [--keep DIR] [--source DIR]... [--seed-only]
 
 For each fleet size a store is seeded by bench/scale_seed.py (SQL only, PostgreSQL: samples
 every 15 s for the newest --raw-hours, one a minute before that, the 5-minute and hourly
@@ -261,6 +261,9 @@ def main() -> None:
         help="a checkout whose product code is timed (repeat to compare; default: this one)",
     )
     parser.add_argument("--timeout", type=float, default=900.0, help="a page run's hang guard")
+    parser.add_argument(
+        "--seed-only", action="store_true", help="seed (or find) each size's store, time nothing"
+    )
     args = parser.parse_args()
     if args.raw_hours > 48:
         parser.error("--raw-hours: the raw retention keeps 48 h")
@@ -300,6 +303,9 @@ def main() -> None:
                         *("--days", str(args.days), "--raw-hours", str(args.raw_hours)),
                     )
                 )
+                if args.seed_only:
+                    say(f"{replicas} replicas: store {'reused' if seeded['reused'] else 'seeded'}")
+                    continue
                 config = write_config(Path(folder), url, replicas)
                 out = Path(folder) / f"result-{replicas}-{len(results)}.json"
                 say(
@@ -317,6 +323,8 @@ def main() -> None:
                     *("--timeout", str(args.timeout), "--out", str(out)),
                 )
                 results.append(json.loads(out.read_text()))
+            if not results:  # --seed-only
+                continue
             say()
             say(
                 f"== {replicas} replicas × {args.days:g} days (PostgreSQL; seconds; aim: pages "

@@ -23,7 +23,7 @@ import math
 import time
 from collections.abc import Callable
 from pathlib import Path
-from typing import Any
+from typing import Any, cast
 
 from sqlalchemy import text
 from sqlalchemy.orm import Session, sessionmaker
@@ -212,10 +212,12 @@ class Seeder:
                 if base is None
                 else "0"
                 if base == 0
-                else f"floor({float(base)!r} * {grown})"
+                else f"floor({float(cast(float, base))!r} * {grown})"
             )
         for histogram in HISTOGRAMS:
-            columns[f"hist_{histogram}"] = _histogram_sql(ref.get(f"hist_{histogram}"), grown)
+            columns[f"hist_{histogram}"] = _histogram_sql(
+                cast("str | None", ref.get(f"hist_{histogram}")), grown
+            )
         return columns
 
     def _gpu_columns(self, resolution: int) -> dict[str, str]:
