@@ -2,6 +2,7 @@
 
     .venv/bin/python bench/bench_memory.py [--minutes 60] [--targets 100] [--interval 5]
         [--every 60] [--last 40] [--source LABEL=DIR ...] [--image] [--demo]
+        [--container IMAGE]
 
 Each collector is `kneepoint collect` of a source tree (`--source LABEL=DIR`, repeatable;
 default: this checkout, labelled "collect") run without MALLOC_ARENA_MAX, as `kneepoint
@@ -10,7 +11,16 @@ as the Dockerfile sets it for the image compose and the Helm chart run; `--demo`
 `kneepoint demo --no-browser` of the first source tree (what ./scripts/run starts after its
 setup: its own four-replica twin, backfill, collector and app; its main process is
 measured, which holds the twin and the collector, and apart from it the whole process tree,
-the app's child included: "demo tree"). All the
+the app's child included: "demo tree"). `--container IMAGE` adds the image built from the
+Dockerfile (`docker build -t IMAGE .`) run by a Docker daemon (DOCKER_HOST) twice: as
+docker-compose.yaml's kneepoint-collector service runs it (its command, environment and
+config mount, after its kneepoint-migrate service's `kneepoint migrate`) and as the Helm
+chart's collector pod runs it (the same, plus the pod's uid 999, read-only root with /tmp
+writable, no capabilities, no privilege escalation and the chart's 1 GiB memory limit);
+neither the compose tool nor Kubernetes runs them, so the compose healthcheck and the
+chart's probes (separate processes) do not run. Both use the host's network (the twin
+listens on loopback) and measure the container's first process, `kneepoint collect`, from
+the host's /proc. All the
 collectors scrape one shared twin (`--targets`, as bench/bench_prometheus.py builds it, in
 a child process), each into its own SQLite database, at the same time.
 
@@ -25,6 +35,7 @@ from __future__ import annotations
 
 import argparse
 import multiprocessing
+import os
 import shutil
 import subprocess
 import sys
@@ -73,6 +84,61 @@ def tree_rss_mib(pid: int) -> float:
     return total
 
 
+# The chart's collector pod (deploy/helm/kneepoint values.yaml: securityContext,
+# podSecurityContext, collector.resources.limits) as `docker run` options.
+HELM_POD = ["--user", "999:999", "--read-only", "--tmpfs", "/tmp", "--cap-drop", "ALL",
+            "--security-opt", "no-new-privileges", "--memory", "1g"]  # fmt: skip
+
+
+def container_run(image: str, name: str, config: Path, command: list[str],
+                  pod: list[str]) -> list[str]:  # fmt: skip
+    """`docker run` of `command` in `image` as compose's kneepoint services run it: the
+    config mounted read-only at /etc/kneepoint/kneepoint.yaml and named by KNEEPOINT_CONFIG,
+    the data folder (the config's folder, where its SQLite database is) at the same path;
+    `pod` adds the chart's pod settings."""
+    folder = config.parent
+    return [
+        "docker", "run", "--rm", "--name", name, "--network", "host", *pod,
+        "-e", "KNEEPOINT_CONFIG=/etc/kneepoint/kneepoint.yaml",
+        "-v", f"{config}:/etc/kneepoint/kneepoint.yaml:ro", "-v", f"{folder}:{folder}",
+        image, *command,
+    ]  # fmt: skip
+
+
+def container_pid(name: str, process: subprocess.Popen[bytes], wait: float = 120.0) -> int:
+    """The host pid of container `name`'s first process, once it runs."""
+    deadline = time.monotonic() + wait
+    while time.monotonic() < deadline and process.poll() is None:
+        done = subprocess.run(["docker", "inspect", "-f", "{{.State.Pid}}", name],
+                              capture_output=True, text=True, check=False)  # fmt: skip
+        if done.returncode == 0 and done.stdout.strip() not in ("", "0"):
+            return int(done.stdout)
+        time.sleep(0.5)
+    sys.exit(f"container {name} did not start (exit {process.poll()})")
+
+
+def start_containers(
+    image: str, folder: Path, targets: list[tuple[str, str, str, list[str]]], interval: float
+) -> list[tuple[str, subprocess.Popen[bytes], Path, int, str]]:
+    """The compose and Helm collectors of `image`: (label, docker client, place, pid, name)."""
+    started: list[tuple[str, subprocess.Popen[bytes], Path, int, str]] = []
+    for label, pod in (("compose (container)", []), ("Helm (container)", HELM_POD)):
+        place = folder / f"container{len(started)}"
+        place.mkdir()
+        place.chmod(0o777)  # the image's user (uid 999) writes the database here
+        config = write_config(place, targets, interval)
+        name = f"kneepoint-bench-memory-{os.getpid()}-{len(started)}"
+        subprocess.run(container_run(image, f"{name}-migrate", config, ["kneepoint", "migrate"],
+                                     pod), check=True, stdout=subprocess.DEVNULL)  # fmt: skip
+        process = subprocess.Popen(
+            container_run(image, name, config, ["kneepoint", "collect"], pod),
+            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
+        )  # fmt: skip
+        started.append((label, process, place, container_pid(name, process), name))
+        wait_for_rows(place / "k.db", 1)
+    return started
+
+
 def main() -> None:
     parser = argparse.ArgumentParser()
     parser.add_argument("--minutes", type=float, default=60.0)
@@ -84,6 +150,7 @@ def main() -> None:
     parser.add_argument("--source", action="append", default=[], help="LABEL=DIR")
     parser.add_argument("--image", action="store_true", help="also with MALLOC_ARENA_MAX=2")
     parser.add_argument("--demo", action="store_true", help="also `kneepoint demo`")
+    parser.add_argument("--container", metavar="IMAGE", help="also compose's and Helm's")
     args = parser.parse_args()
     sources = [
         (label, Path(folder).resolve())
@@ -97,6 +164,7 @@ def main() -> None:
     targets = ours_end.recv()
     folder = Path(tempfile.mkdtemp(prefix="kneepoint-bench-memory-"))
     runs: list[tuple[str, subprocess.Popen[bytes], Path]] = []
+    containers: list[tuple[str, subprocess.Popen[bytes], Path, int, str]] = []
     demo_process: subprocess.Popen[bytes] | None = None
     plans: list[tuple[str, Path, str | None]] = [(label, src, None) for label, src in sources]
     if args.image:
@@ -120,22 +188,27 @@ def main() -> None:
             )  # fmt: skip
             runs.append(("demo (./scripts/run)", demo, place))
             demo_process = demo
+        if args.container:
+            containers = start_containers(args.container, folder, targets, args.interval)
+        measured = [(label, process, process.pid) for label, process, _ in runs] + [
+            (label, process, pid) for label, process, _, pid, _ in containers
+        ]
         print(
-            f"{args.targets} targets every {args.interval:g}s, {len(runs)} collectors at once, "
+            f"{args.targets} targets every {args.interval:g}s, {len(measured)} collectors at once, "
             f"VmRSS every {args.every:g}s for {args.minutes:g} min",
             flush=True,
         )
         began = time.monotonic()
-        samples: dict[str, list[tuple[float, float]]] = {label: [] for label, _, _ in runs}
+        samples: dict[str, list[tuple[float, float]]] = {label: [] for label, _, _ in measured}
         peaks: dict[str, float] = {}
         while True:
             now = time.monotonic() - began
             shown = []
-            for label, process, _ in runs:
+            for label, process, pid in measured:
                 if process.poll() is not None:
                     shown.append(f"{label}: exited {process.returncode}")
                     continue
-                rss, hwm = rss_mib(process.pid)
+                rss, hwm = rss_mib(pid)
                 samples[label].append((now, rss))
                 peaks[label] = hwm
                 shown.append(f"{label} {rss:.0f}")
@@ -150,6 +223,9 @@ def main() -> None:
     finally:
         for _label, process, place in runs:
             stop_collector(process, place / "jobs.json")
+        for _label, process, _place, _pid, name in containers:
+            subprocess.run(["docker", "stop", "-t", "30", name], capture_output=True, check=False)
+            process.wait(timeout=60)
         ours_end.send("stop")
         twin.join(timeout=30)
         shutil.rmtree(folder, ignore_errors=True)
