@@ -3,7 +3,7 @@ from the same environment in the same run.
 
     .venv/bin/python bench/bench_browser.py [--pages overview,alerts] [--repeats 3]
         [--sessions 20] [--concurrent-pages overview,...] [--first-pages overview,...]
-        [--source DIR] [--config FILE]
+        [--page-timeout 60] [--minutes 20] [--source DIR] [--config FILE]
 
 Starts `kneepoint demo` (its twin fleet, backfilled week, collectors and app; the watchdog rule
 of bench/screenshots.py added so an alert fires from the first evaluation) with the product
@@ -31,6 +31,12 @@ For each page, median of --repeats:
   `streamlit run` for the bare page), for the pages in --first-pages;
 - --sessions at once: that many fresh profiles open the link together; the median of their
   times (for the pages in --concurrent-pages), and the app process's resident memory after.
+
+Bounded on a loaded machine: a page not rendered and idle within --page-timeout seconds (the
+sessions at once: twice that) is reported as "not rendered", not waited on; --minutes is
+shared among the phases (open tab, new tab, sessions at once, first sessions): each phase's
+first round always runs (every page measured once), a further repeat only while the phase's
+share is left, and a try not run is reported as skipped. Each try is printed as it is measured.
 
 Prints each time and its ratio to the bare page's, and the aims of issue 25 (open and new tab
 ≤ 1.2× the bare page, first session ≤ 2× it, N sessions' median ≤ 1.5× a single session's).
@@ -73,7 +79,17 @@ from screenshots import CANVAS_HOOK, CHROMIUM, CHROMIUM_ARGS, DESKTOP, WATCHDOG 
 from tests.conftest import free_port  # noqa: E402
 
 NEVER = 600.0  # seconds: the demo's backfill and first alert (290 s under a load of 40)
-PAGE_NEVER_MS = 120_000  # a page that takes longer is reported as not rendered
+PAGE_LIMIT_S = 60.0  # default --page-timeout: a page that takes longer is "not rendered"
+MINUTES = 20.0  # default --minutes: the measuring's budget (the demo's start not included)
+# Each phase's share of --minutes, in the order they run; the first round of each always runs.
+SHARES = {"open": 0.25, "new": 0.25, "many": 0.2, "first": 0.3}
+NOT_RENDERED = "not rendered within"
+SKIPPED = "skipped"
+# Without --pages: the pages timed as a first session (an app start each: 20–60 s here) and
+# with --sessions at once. The Overview is the landing page; Capacity the heaviest page of
+# stop 32; Collector health the lightest.
+FIRST_PAGES = ("overview", "capacity", "health")
+CONCURRENT_PAGES = ("overview",)
 OPEN_TAB_AIM, NEW_TAB_AIM, FIRST_AIM, CONCURRENT_AIM = 1.2, 1.2, 2.0, 1.5
 BARE_APP = """import streamlit as st
 
@@ -305,9 +321,26 @@ class Timing:
     bytes: int
 
 
-def rendered(page: Any, title: str, timeout_ms: float = PAGE_NEVER_MS) -> float:
+@dataclass
+class Pace:
+    """The bounds of a phase: `limit_s` for one page to render (else "not rendered"), and when
+    the phase's share of --minutes ends (time.monotonic()): its first round always runs, a
+    further one only before then."""
+
+    limit_s: float
+    ends: float = float("inf")
+
+    def phase(self, seconds: float) -> Pace:
+        return Pace(self.limit_s, time.monotonic() + seconds)
+
+    def another(self, round_: int) -> bool:
+        """Whether round `round_` (0 the first) of the phase runs."""
+        return round_ == 0 or time.monotonic() < self.ends
+
+
+def rendered(page: Any, title: str, limit_s: float) -> float:
     """performance.now() of the first frame of the rendered-and-idle state (DONE_JS)."""
-    handle = page.wait_for_function(DONE_JS, arg=title, polling="raf", timeout=timeout_ms)
+    handle = page.wait_for_function(DONE_JS, arg=title, polling="raf", timeout=limit_s * 1000)
     return float(handle.json_value())
 
 
@@ -321,21 +354,21 @@ def timing(page: Any, began: float, done: float) -> Timing:
 def seconds_to_render(page: Any, title: str, deadline: float) -> Timing:
     """From the navigation's start (the document's time origin) to rendered and idle,
     waiting until `deadline` (time.monotonic()) at most."""
-    return timing(page, 0.0, rendered(page, title, max(1.0, deadline - time.monotonic()) * 1000))
+    return timing(page, 0.0, rendered(page, title, max(1.0, deadline - time.monotonic())))
 
 
-def navigate(page: Any, url: str, title: str) -> Timing:
+def navigate(page: Any, url: str, title: str, limit_s: float) -> Timing:
     """From the navigation's start to rendered and idle."""
-    page.goto(url, wait_until="commit", timeout=PAGE_NEVER_MS)
-    return timing(page, 0.0, rendered(page, title))
+    page.goto(url, wait_until="commit", timeout=limit_s * 1000)
+    return timing(page, 0.0, rendered(page, title, limit_s))
 
 
-def click(page: Any, path: str, title: str) -> Timing:
+def click(page: Any, path: str, title: str, limit_s: float) -> Timing:
     """From a click on the page's sidebar link to rendered and idle."""
     began = page.evaluate(CLICK_JS, path)
     if began is None:
         raise RuntimeError(f"no sidebar link to /{path}")
-    return timing(page, float(began), rendered(page, title))
+    return timing(page, float(began), rendered(page, title, limit_s))
 
 
 def hooked(browser: Any) -> Any:
@@ -366,34 +399,51 @@ def direct(base: str, path: str) -> str:
     return f"{base}/{path}"
 
 
-Try = Timing | str  # a try's timing, or its error
+Try = Timing | str  # a try's timing, or why there is none
 
 
-def guarded(work: Callable[[], Timing]) -> Try:
+def guarded(work: Callable[[], Timing], limit_s: float, what: str = "") -> Try:
+    """The try's timing; a page that does not render in time, or fails, is reported (and
+    printed with `what`, if given, as it comes), not a crash or a hang."""
     try:
-        return work()
-    except Exception as error:  # a page that never renders is reported, not a crash
-        return f"{type(error).__name__}: {str(error).splitlines()[0][:120]}"
+        result: Try = work()
+    except Exception as error:
+        if type(error).__name__ == "TimeoutError":  # Playwright's: the page never settled
+            result = f"{NOT_RENDERED} {limit_s:g} s"
+        else:
+            result = f"{type(error).__name__}: {str(error).splitlines()[0][:120]}"
+    if what:
+        say(f"      {what}: {brief(result)}")
+    return result
 
 
 def open_tab(
-    browser: Any, base: str, pages: list[tuple[str, str]], other: tuple[str, str], repeats: int
+    browser: Any,
+    base: str,
+    pages: list[tuple[str, str]],
+    other: tuple[str, str],
+    repeats: int,
+    pace: Pace,
 ) -> dict[str, list[Try]]:
-    """Click through `pages` in one tab, `repeats` times; a page is always reached from
-    another one (`other` when it is the only one)."""
+    """Click through `pages` in one tab, `repeats` times (while the phase has time); a page is
+    always reached from another one (`other` when it is the only one)."""
     times: dict[str, list[Try]] = {path: [] for path, _ in pages}
     tab = fresh_tab(browser)
+    limit = pace.limit_s
     try:
         start = other if len(pages) == 1 else pages[-1]
-        opened = guarded(partial(navigate, tab, direct(base, start[0]), start[1]))
+        opened = guarded(partial(navigate, tab, direct(base, start[0]), start[1], limit), limit)
         if isinstance(opened, str):  # no tab to click in: every page's error
             return {path: [f"opening {start[0] or '/'}: {opened}"] for path, _ in pages}
         current = start[0]
-        for _ in range(repeats):
+        for round_ in range(repeats):
+            if not pace.another(round_):
+                break
             for path, title in pages:
                 if current == path:
-                    click(tab, other[0], other[1])
-                times[path].append(guarded(partial(click, tab, path, title)))
+                    guarded(partial(click, tab, other[0], other[1], limit), limit)
+                try_ = partial(click, tab, path, title, limit)
+                times[path].append(guarded(try_, limit, f"open tab {title}"))
                 current = path
     finally:
         close(tab)
@@ -401,19 +451,30 @@ def open_tab(
 
 
 def new_tab(
-    browser: Any, base: str, pages: list[tuple[str, str]], repeats: int, bare: bool = False
+    browser: Any,
+    base: str,
+    pages: list[tuple[str, str]],
+    repeats: int,
+    pace: Pace,
+    bare: bool = False,
 ) -> dict[str, list[Try]]:
-    """Each page's chat link in a new tab of one browser profile (its cache warm)."""
+    """Each page's chat link in a new tab of one browser profile (its cache warm), `repeats`
+    times while the phase has time."""
     address = direct if bare else link
     context = hooked(browser)
     times: dict[str, list[Try]] = {path: [] for path, _ in pages}
+    limit = pace.limit_s
     try:
         warm = context.new_page()
-        navigate(warm, address(base, pages[0][0]), pages[0][1])  # the static files, cached
-        for _ in range(repeats):
+        warmed = partial(navigate, warm, address(base, pages[0][0]), pages[0][1], limit)
+        guarded(warmed, limit)  # the static files, cached
+        for round_ in range(repeats):
+            if not pace.another(round_):
+                break
             for path, title in pages:
                 tab = context.new_page()
-                times[path].append(guarded(partial(navigate, tab, address(base, path), title)))
+                try_ = partial(navigate, tab, address(base, path), title, limit)
+                times[path].append(guarded(try_, limit, f"new tab {title}"))
                 tab.close()
         warm.close()
     finally:
@@ -422,31 +483,42 @@ def new_tab(
 
 
 def first_session(
-    browser: Any, start: Callable[[], Any], base: str, spec: tuple[str, str], repeats: int
+    browser: Any,
+    start: Callable[[], Any],
+    base: str,
+    spec: tuple[str, str],
+    repeats: int,
+    pace: Pace,
 ) -> list[Try]:
-    """The page as the first session of a just-started app, in a fresh profile."""
+    """The page as the first session of a just-started app, in a fresh profile, `repeats`
+    times while the phase has time."""
     path, title = spec
     address = direct(base, path) if title.startswith("Bare") else link(base, path)
     times: list[Try] = []
-    for _ in range(repeats):
+    for round_ in range(repeats):
+        if not pace.another(round_):
+            break
         with start():
             tab = fresh_tab(browser)
             try:
-                times.append(guarded(partial(navigate, tab, address, title)))
+                try_ = partial(navigate, tab, address, title, pace.limit_s)
+                times.append(guarded(try_, pace.limit_s, f"first session {title}"))
             finally:
                 close(tab)
     return times
 
 
-def concurrent(browser: Any, address: str, title: str, sessions: int) -> list[Try]:
-    """`sessions` fresh profiles open the link together; each one's time from its own start."""
+def concurrent(browser: Any, address: str, title: str, sessions: int, limit_s: float) -> list[Try]:
+    """`sessions` fresh profiles open the link together; each one's time from its own start.
+    They share one hang guard, twice a page's limit: they were started together, so they are
+    waited on together, and a page shared by many sessions takes longer."""
     tabs = [fresh_tab(browser) for _ in range(sessions)]
+    together = 2 * limit_s
     try:
         for tab in tabs:  # each navigation starts as soon as the previous one is sent
-            tab.goto(address, wait_until="commit", timeout=PAGE_NEVER_MS)
-        # One hang guard for all: they were started together, so they are waited on together.
-        deadline = time.monotonic() + PAGE_NEVER_MS / 1000
-        return [guarded(partial(seconds_to_render, tab, title, deadline)) for tab in tabs]
+            tab.goto(address, wait_until="commit", timeout=together * 1000)
+        deadline = time.monotonic() + together
+        return [guarded(partial(seconds_to_render, tab, title, deadline), together) for tab in tabs]
     finally:
         for tab in tabs:
             close(tab)
@@ -459,7 +531,20 @@ def median(times: list[Try]) -> Timing | str:
     """The middle try (the lower middle one of an even count), or the first error."""
     errors = [t for t in times if isinstance(t, str)]
     timings = sorted((t for t in times if isinstance(t, Timing)), key=lambda t: t.seconds)
-    return errors[0] if errors else timings[(len(timings) - 1) // 2] if timings else "not run"
+    return errors[0] if errors else timings[(len(timings) - 1) // 2] if timings else SKIPPED
+
+
+def failed(value: str, width: int) -> str:
+    """A cell for a try with no time: not rendered in time, skipped (no time left), or an
+    error (printed under the tables)."""
+    word = (
+        "not rendered"
+        if value.startswith(NOT_RENDERED)
+        else SKIPPED
+        if value == SKIPPED
+        else "ERROR"
+    )
+    return f"{word:>{width}}"
 
 
 def cell(value: Timing | str | None, reference: Timing | str | None, aim: float) -> str:
@@ -467,7 +552,7 @@ def cell(value: Timing | str | None, reference: Timing | str | None, aim: float)
     if value is None:
         return f"{'–':>18}"
     if isinstance(value, str):
-        return f"{'ERROR':>18}"
+        return failed(value, 18)
     if not isinstance(reference, Timing):
         return f"{value.seconds:6.2f} s {'':>10}"
     ratio = value.seconds / reference.seconds
@@ -479,7 +564,7 @@ def breakdown(value: Timing | str | None) -> str:
     if value is None:
         return f"{'–':>42}"
     if isinstance(value, str):
-        return f"{'ERROR':>42}"
+        return failed(value, 42)
     script = "script    – " if value.script is None else f"script {value.script:5.2f}"
     drawn = "" if value.script is None else f"+{value.seconds - value.script:4.2f}"
     return (
@@ -500,8 +585,26 @@ def main() -> int:
     parser.add_argument("--pages", help="url paths, comma-separated (default: every page)")
     parser.add_argument("--repeats", type=int, default=3, help="tries per page (median)")
     parser.add_argument("--sessions", type=int, default=20, help="sessions at once")
-    parser.add_argument("--concurrent-pages", help="pages timed with --sessions (default: all)")
-    parser.add_argument("--first-pages", help="pages timed as a first session (default: all)")
+    parser.add_argument(
+        "--concurrent-pages",
+        help=f"pages timed with --sessions (default: --pages, else {','.join(CONCURRENT_PAGES)})",
+    )
+    parser.add_argument(
+        "--first-pages",
+        help=f"pages timed as a first session (default: --pages, else {','.join(FIRST_PAGES)})",
+    )
+    parser.add_argument(
+        "--page-timeout",
+        type=float,
+        default=PAGE_LIMIT_S,
+        help="seconds a page may take to render before it is reported as not rendered",
+    )
+    parser.add_argument(
+        "--minutes",
+        type=float,
+        default=MINUTES,
+        help="the measuring's budget: a phase repeats a try only while its share is left",
+    )
     parser.add_argument("--source", type=Path, default=ROOT, help="checkout whose code runs")
     parser.add_argument(
         "--config",
@@ -524,8 +627,10 @@ def main() -> int:
         return [p for p in titles if p in paths]
 
     pages = chosen(args.pages)
-    first_pages = chosen(args.first_pages or args.pages)
-    concurrent_pages = chosen(args.concurrent_pages or args.pages)
+    first_pages = chosen(args.first_pages or args.pages or ",".join(FIRST_PAGES))
+    concurrent_pages = chosen(args.concurrent_pages or args.pages or ",".join(CONCURRENT_PAGES))
+    pace = Pace(args.page_timeout)
+    limit = args.page_timeout
     specs = [("" if p == next(iter(titles)) else p, titles[p]) for p in pages]
     other = next(  # the page a lone page is clicked from: a light one if it can be
         ("" if p == next(iter(titles)) else p, titles[p])
@@ -572,32 +677,38 @@ def main() -> int:
             wait_until(lambda: healthy(bare_base), bare, log)
             say(f"{what} ready after {time.monotonic() - began:.0f} s; measuring")
             results: dict[str, dict[str, Any]] = {}
-            bare_open = open_tab(browser, bare_base, [BARE], BARE_OTHER, args.repeats)
-            bare_new = new_tab(browser, bare_base, [BARE], args.repeats, bare=True)
-            results["bare page"] = {
-                "open": median(bare_open[""]),
-                "new": median(bare_new[""]),
-            }
-            opened = open_tab(browser, base, specs, other, args.repeats)
-            newly = new_tab(browser, base, specs, args.repeats)
+            share = {name: part * args.minutes * 60 for name, part in SHARES.items()}
+            say("  open tab (a click in the sidebar):")
+            phase = pace.phase(share["open"])
+            bare_open = open_tab(browser, bare_base, [BARE], BARE_OTHER, args.repeats, phase)
+            opened = open_tab(browser, base, specs, other, args.repeats, phase)
+            say(f"  new tab (a chat link) ({time.monotonic() - began:.0f} s):")
+            phase = pace.phase(share["new"])
+            bare_new = new_tab(browser, bare_base, [BARE], args.repeats, phase, bare=True)
+            newly = new_tab(browser, base, specs, args.repeats, phase)
+            results["bare page"] = {"open": median(bare_open[""]), "new": median(bare_new[""])}
             for page, (path, _) in zip(pages, specs, strict=True):
                 results[page] = {"open": median(opened[path]), "new": median(newly[path])}
-            say(f"  open and new tabs timed ({time.monotonic() - began:.0f} s)")
+            say(f"  open and new tabs timed ({time.monotonic() - began:.0f} s); medians:")
             for page, row in results.items():  # as they come: a run cut short still says them
                 say(f"    {page:<16} open {brief(row['open'])}; new {brief(row['new'])}")
-            # N sessions at once, then the app's memory.
+            # N sessions at once, then the app's memory: one round, whatever the time.
             rows = [("bare page", direct(bare_base, BARE[0]), BARE[1])] + [
                 (p, link(base, path), title)
                 for p, (path, title) in zip(pages, specs, strict=True)
                 if p in concurrent_pages
             ]
             for page, address, title in rows:
-                results[page]["many"] = median(concurrent(browser, address, title, args.sessions))
-                say(f"    {page:<16} {args.sessions} sessions {brief(results[page]['many'])}")
+                times = concurrent(browser, address, title, args.sessions, limit)
+                results[page]["many"] = median(times)
+                done = sum(isinstance(t, Timing) for t in times)
+                middle = brief(results[page]["many"])
+                say(f"    {page:<16} {args.sessions} sessions, median {middle}; {done} rendered")
             app_memory = memory_mib(app_pid(port))
             bare_memory = memory_mib(app_pid(bare_port))
             say(f"  {args.sessions} sessions at once timed ({time.monotonic() - began:.0f} s)")
-            # First sessions: apps started for each try, on the same store.
+            # First sessions: apps started for each try, on the same store; rounds over the
+            # pages (the bare one first), so that a short budget still times each once.
 
             @contextmanager
             def app_started(command: list[str], url: str) -> Iterator[None]:
@@ -607,29 +718,24 @@ def main() -> int:
 
             first_port = free_port()
             first_base = f"http://127.0.0.1:{first_port}"
-            serve = serve_command(config, first_port)
-            results["bare page"]["first"] = median(
-                first_session(
-                    browser,
-                    lambda: app_started(bare_command(bare_script, first_port), first_base),
-                    first_base,
-                    BARE,
-                    args.repeats,
-                )
-            )
-            say(f"    {'bare page':<16} first session {brief(results['bare page']['first'])}")
-            for page, (path, title) in zip(pages, specs, strict=True):
+            serve = partial(app_started, serve_command(config, first_port), first_base)
+            bare_serve = partial(app_started, bare_command(bare_script, first_port), first_base)
+            firsts: dict[str, tuple[Callable[[], Any], tuple[str, str]]] = {
+                "bare page": (bare_serve, BARE)
+            }
+            for page, spec in zip(pages, specs, strict=True):
                 if page in first_pages:
-                    results[page]["first"] = median(
-                        first_session(
-                            browser,
-                            lambda: app_started(serve, first_base),
-                            first_base,
-                            (path, title),
-                            args.repeats,
-                        )
-                    )
-                    say(f"    {page:<16} first session {brief(results[page]['first'])}")
+                    firsts[page] = (serve, spec)
+            first_times: dict[str, list[Try]] = {page: [] for page in firsts}
+            phase = pace.phase(share["first"])
+            for round_ in range(args.repeats):
+                if not phase.another(round_):
+                    break
+                for page, (start, spec) in firsts.items():
+                    first_times[page] += first_session(browser, start, first_base, spec, 1, pace)
+            for page, times in first_times.items():
+                results[page]["first"] = median(times)
+                say(f"    {page:<16} first session {brief(results[page]['first'])}")
             browser.close()
     bare_row = results["bare page"]
     say()
@@ -653,6 +759,19 @@ def main() -> int:
             f"{cell(row['new'], reference.get('new'), NEW_TAB_AIM)} | "
             f"{cell(row.get('first'), reference.get('first'), FIRST_AIM)} | "
             f"{cell(row.get('many'), row['new'], CONCURRENT_AIM)}"
+        )
+    many, single = bare_row.get("many"), bare_row["new"]
+    if isinstance(many, Timing) and isinstance(single, Timing):
+        # What N sessions cost the browser and the machine by themselves: the bare page's.
+        against = [
+            f"{page} {row['many'].seconds / many.seconds:.1f}×"
+            for page, row in results.items()
+            if page != "bare page" and isinstance(row.get("many"), Timing)
+        ]
+        say(
+            f"{args.sessions} sessions at once against the bare page's {args.sessions} "
+            f"({many.seconds:.2f} s, {many.seconds / single.seconds:.1f}× its new tab): "
+            + (", ".join(against) or "–")
         )
     say()
     say(

@@ -219,17 +219,61 @@ def test_bench_browser_times_a_page_against_the_bare_one_in_chromium(tmp_path: P
         assert ratio == pytest.approx(seconds / times[1][0], rel=0.1, abs=0.06), output
     # Where each time went, as the page saw it: script runs, the last one's end (within the
     # time), then drawing; what came over the WebSocket.
-    split = rf"(\d+) runs?\s+script\s+{NUMBER}\s+\+{NUMBER}\s+(\d+) msg\s+(\d+) KiB"
+    split = rf"(\d+) runs?\s+script\s+(?:{NUMBER}\s+\+{NUMBER}|–)\s+(\d+) msg\s+(\d+) KiB"
     for name, times in (("bare page", bare), ("health", page)):
         row = line(rf"^{name}\s+\|\s+{split}\s+\|\s+{split}\s+\|\s+{split}$", output)
         for column in range(3):  # open tab, new tab, first session
             runs, script, drawn, messages, _kib = row.groups()[5 * column : 5 * column + 5]
-            assert int(runs) >= 1 and int(messages) >= 1, output
+            assert int(messages) >= 1, output
+            if script is None:
+                # The bare page's whole run is 6 messages, which a busy browser may take in
+                # one React commit: the script state never shows running (seen at load 40).
+                assert name == "bare page" and int(runs) == 0, output
+                continue
+            assert int(runs) >= 1, output
             assert float(script) + float(drawn) == pytest.approx(times[column][0], abs=0.02)
         assert int(row[5]) > 0 or name == "bare page"  # KiB: the health page's tables
+    # The sessions at once against the bare page's as many: what they cost by themselves.
+    together = line(
+        rf"^2 sessions at once against the bare page's 2 \({NUMBER} s, {NUMBER}× its new tab\): "
+        rf"health {NUMBER}×$",
+        output,
+    )
+    assert float(together[1]) == pytest.approx(bare[3][0], abs=0.01), output
+    assert float(together[3]) == pytest.approx(page[3][0] / bare[3][0], rel=0.1, abs=0.06)
     memory = line(
         r"kneepoint app (\d+) MiB resident \(peak (\d+) MiB\); bare app (\d+) MiB", output
     )
     assert 0 < int(memory[1]) <= int(memory[2]) and int(memory[3]) > 0
     assert "error:" not in output, output
     line(rf"^done in {NUMBER} min$", output)
+
+
+def test_bench_browser_bounds_its_waits() -> None:
+    """A page that does not render in time is reported as such (its cell says so), not
+    waited on; a phase's first round always runs, a further one only within its share."""
+    sys.path.insert(0, str(ROOT / "bench"))
+    try:
+        import bench_browser as b
+    finally:
+        sys.path.remove(str(ROOT / "bench"))
+
+    class TimeoutError(Exception):  # Playwright's is named so
+        pass
+
+    def never() -> b.Timing:
+        raise TimeoutError("Timeout 5000ms exceeded.")
+
+    def broken() -> b.Timing:
+        raise ValueError("no such page\nmore")
+
+    late, failed = b.guarded(never, 5.0), b.guarded(broken, 5.0)
+    assert late == "not rendered within 5 s"
+    assert failed == "ValueError: no such page"
+    assert b.cell(late, None, 1.2).strip() == "not rendered"
+    assert b.cell(failed, None, 1.2).strip() == "ERROR"
+    assert b.cell(b.median([]), None, 1.2).strip() == "skipped"
+    assert b.breakdown(late).strip() == "not rendered"
+    spent = b.Pace(5.0).phase(0.0)
+    assert spent.another(0) and not spent.another(1)
+    assert b.Pace(5.0).phase(600.0).another(2)
