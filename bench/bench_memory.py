@@ -1,28 +1,29 @@
 """The collector's resident memory over time, by launch path, against the twin fleet.
 
     .venv/bin/python bench/bench_memory.py [--minutes 60] [--targets 100] [--interval 5]
-        [--every 60] [--last 40] [--source LABEL=DIR ...] [--image] [--demo]
+        [--every 60] [--last 40] [--source LABEL=DIR ...] [--image] [--demo] [--no-collect]
         [--container IMAGE]
 
 Each collector is `kneepoint collect` of a source tree (`--source LABEL=DIR`, repeatable;
 default: this checkout, labelled "collect") run without MALLOC_ARENA_MAX, as `kneepoint
 collect` runs from a pip install or a checkout; `--image` adds one with MALLOC_ARENA_MAX=2,
 as the Dockerfile sets it for the image compose and the Helm chart run; `--demo` adds
-`kneepoint demo --no-browser` of the first source tree (what ./scripts/run starts after its
-setup: its own four-replica twin, backfill, collector and app; its main process is
-measured, which holds the twin and the collector, and apart from it the whole process tree,
-the app's child included: "demo tree"). `--container IMAGE` adds the image built from the
-Dockerfile (`docker build -t IMAGE .`) run by a Docker daemon (DOCKER_HOST) twice: as
-docker-compose.yaml's kneepoint-collector service runs it (its command, environment and
-config mount, after its kneepoint-migrate service's `kneepoint migrate`) and as the Helm
-chart's collector pod runs it (the same, plus the pod's uid 999, read-only root with /tmp
-writable, no capabilities, no privilege escalation and the chart's 1 GiB memory limit);
-neither the compose tool nor Kubernetes runs them, so the compose healthcheck and the
-chart's probes (separate processes) do not run. Both use the host's network (the twin
-listens on loopback) and measure the container's first process, `kneepoint collect`, from
-the host's /proc. All the
-collectors scrape one shared twin (`--targets`, as bench/bench_prometheus.py builds it, in
-a child process), each into its own SQLite database, at the same time.
+`kneepoint demo --no-browser` of each source tree (what ./scripts/run starts after its
+setup: its own four-replica twin, backfill, collector and app; its main process is measured,
+which holds the twin and the collector, and apart from it the whole process tree, the app's
+child included: "demo tree"); `--no-collect` leaves out the sources' `kneepoint collect`
+(and `--image`'s), for a run of demos and containers only. `--container IMAGE` adds the
+image built from the Dockerfile (`docker build -t IMAGE .`) run by a Docker daemon
+(DOCKER_HOST) twice: as docker-compose.yaml's kneepoint-collector service runs it (its
+command, environment and config mount, after its kneepoint-migrate service's `kneepoint
+migrate`) and as the Helm chart's collector pod runs it (the same, plus the pod's uid 999,
+read-only root with /tmp writable, no capabilities, no privilege escalation and the chart's
+1 GiB memory limit); neither the compose tool nor Kubernetes runs them, so the compose
+healthcheck and the chart's probes (separate processes) do not run. Both use the host's
+network (the twin listens on loopback) and measure the container's first process, `kneepoint
+collect`, from the host's /proc. All the collectors scrape one shared twin (`--targets`, as
+bench/bench_prometheus.py builds it, in a child process), each into its own SQLite database,
+at the same time.
 
 Every `--every` seconds it prints each collector's VmRSS; at the end, per collector: RSS at
 the first sample, the last and the largest, the peak (VmHWM), and the slopes of
@@ -150,6 +151,7 @@ def main() -> None:
     parser.add_argument("--source", action="append", default=[], help="LABEL=DIR")
     parser.add_argument("--image", action="store_true", help="also with MALLOC_ARENA_MAX=2")
     parser.add_argument("--demo", action="store_true", help="also `kneepoint demo`")
+    parser.add_argument("--no-collect", action="store_true", help="no `kneepoint collect`")
     parser.add_argument("--container", metavar="IMAGE", help="also compose's and Helm's")
     args = parser.parse_args()
     sources = [
@@ -165,9 +167,11 @@ def main() -> None:
     folder = Path(tempfile.mkdtemp(prefix="kneepoint-bench-memory-"))
     runs: list[tuple[str, subprocess.Popen[bytes], Path]] = []
     containers: list[tuple[str, subprocess.Popen[bytes], Path, int, str]] = []
-    demo_process: subprocess.Popen[bytes] | None = None
+    demos: dict[int, str] = {}  # a demo's pid: its label
     plans: list[tuple[str, Path, str | None]] = [(label, src, None) for label, src in sources]
-    if args.image:
+    if args.no_collect:
+        plans = []
+    elif args.image:
         plans.append(("image (MALLOC_ARENA_MAX=2)", sources[0][1], "2"))
     try:
         for index, (label, source, arena_max) in enumerate(plans):
@@ -178,16 +182,17 @@ def main() -> None:
             runs.append((label, start_collector(source, config, place / "jobs.json", arena_max),
                          place))  # fmt: skip
             wait_for_rows(place / "k.db", 1)
-        if args.demo:
-            place = folder / "demo"
+        for label, source in sources if args.demo else []:
+            place = folder / f"demo-{len(demos)}"
             demo = subprocess.Popen(
                 [sys.executable, "-m", "kneepoint.cli", "demo", "--no-browser", "--dir",
                  str(place), "--port", str(free_port())],
-                cwd=sources[0][1], env=environment(sources[0][1]),
+                cwd=source, env=environment(source),
                 stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
             )  # fmt: skip
-            runs.append(("demo (./scripts/run)", demo, place))
-            demo_process = demo
+            named = "demo" if len(sources) == 1 else f"demo {label}"
+            runs.append((f"{named} (./scripts/run)", demo, place))
+            demos[demo.pid] = f"{named} tree"
         if args.container:
             containers = start_containers(args.container, folder, targets, args.interval)
         measured = [(label, process, process.pid) for label, process, _ in runs] + [
@@ -212,10 +217,10 @@ def main() -> None:
                 samples[label].append((now, rss))
                 peaks[label] = hwm
                 shown.append(f"{label} {rss:.0f}")
-                if process is demo_process:
-                    whole = tree_rss_mib(process.pid)
-                    samples.setdefault("demo tree", []).append((now, whole))
-                    shown.append(f"demo tree {whole:.0f}")
+                if pid in demos:
+                    whole = tree_rss_mib(pid)
+                    samples.setdefault(demos[pid], []).append((now, whole))
+                    shown.append(f"{demos[pid]} {whole:.0f}")
             print(f"  min {now / 60:5.1f}: " + ", ".join(shown) + " MiB", flush=True)
             if now >= args.minutes * 60:
                 break
