@@ -25,6 +25,7 @@ import sys
 from collections.abc import Iterator
 from pathlib import Path
 
+from kneepoint import malloc
 from kneepoint.secrets import scrub_log_records
 
 
@@ -82,6 +83,11 @@ def entry_script(argv: list[str]) -> Path | None:
 
 
 def main() -> None:
+    # Before Streamlit's threads (its event loop, each session's script runner, the warmer)
+    # allocate: the app's process otherwise keeps up to 8 malloc arenas per core, as the
+    # demo's did (7 on 2 cores after its start); the image sets MALLOC_ARENA_MAX=2 for every
+    # process, this gives `kneepoint serve` and the demo's app the same on every launch path.
+    malloc.cap_arenas()
     scrub_log_records()
     from kneepoint.config import ConfigError, load_config
 
