@@ -24,7 +24,7 @@ import logging
 import math
 from dataclasses import dataclass
 
-from sqlalchemy import Table, bindparam, select, update
+from sqlalchemy import Table, bindparam, update
 from sqlalchemy.orm import Session, sessionmaker
 
 from collectors.dcgm import parse_dcgm
@@ -38,12 +38,11 @@ from kneepoint.store.errors import describe
 from kneepoint.store.models import TargetRow
 from kneepoint.store.writer import (
     batch,
-    ensure_targets,
-    last_stored,
     record_failure,
     record_gpus,
     record_refused,
     record_replica,
+    round_targets,
 )
 
 log = logging.getLogger(__name__)
@@ -118,11 +117,10 @@ def store_fetched(fetched: list[Fetched], sessions: sessionmaker[Session]) -> li
             # its first read and its first write (the membership beat, an evaluation), the
             # write fails at once with `database is locked` (SQLITE_BUSY_SNAPSHOT in WAL).
             session.connection().exec_driver_sql("BEGIN IMMEDIATE")
-        ids = ensure_targets(
+        stored_targets = round_targets(
             session, [(f.target.name, f.target.kind, f.target.url) for f in fetched]
         )
-        newest = last_stored(session)
-        engines = stored_engines(session)
+        ids, newest, engines = stored_targets.ids, stored_targets.newest, stored_targets.engines
         storable: list[int] = []
         for position, entry in enumerate(normalized):
             item = entry.item
@@ -149,11 +147,6 @@ def store_fetched(fetched: list[Fetched], sessions: sessionmaker[Session]) -> li
         Outcome(entry.item.target.name, error is None, error, entry.item.duration)
         for entry, error in zip(normalized, errors, strict=True)
     ]
-
-
-def stored_engines(session: Session) -> Engines:
-    """Each target's stored engine, by id, in one query."""
-    return dict(session.execute(select(_TARGETS.c.id, _TARGETS.c.engine)).all())
 
 
 def _store_all(

@@ -3,13 +3,14 @@
 from __future__ import annotations
 
 import json
-from collections.abc import Iterable, Iterator
+from collections.abc import Iterable, Iterator, Sequence
 from contextlib import contextmanager
+from dataclasses import dataclass
 from functools import lru_cache
 from typing import Any, cast
 
 from sqlalchemy import Table, bindparam, func, insert, select, update
-from sqlalchemy.engine import Connection, CursorResult
+from sqlalchemy.engine import CursorResult
 from sqlalchemy.orm import Session
 
 from kneepoint.samples import GpuSample, ReplicaSample
@@ -46,6 +47,16 @@ _QUEUE = "kneepoint_queued_rows"  # session.info key of batch()'s queue
 _GPUS_OF_TARGET = select(
     _GPUS.c.id, _GPUS.c.host, _GPUS.c.gpu_index, *(_GPUS.c[name] for name in _GPU_IDENTITY)
 ).where(_GPUS.c.target_id == bindparam("target_id"))
+_ALL_GPUS = select(
+    _GPUS.c.target_id,
+    _GPUS.c.id,
+    _GPUS.c.host,
+    _GPUS.c.gpu_index,
+    *(_GPUS.c[name] for name in _GPU_IDENTITY),
+)
+_GPUS_READ = "kneepoint_gpus_read"  # session.info key: every GPU row, read once per batch()
+# An exporter's GPUs as stored: (host, index) -> (id, (uuid, model, pod, namespace)).
+StoredGpus = dict[tuple[str, int], tuple[int, tuple[Any, ...]]]
 
 
 @contextmanager
@@ -60,6 +71,7 @@ def batch(session: Session) -> Iterator[None]:
         yield
     finally:
         del session.info[_QUEUE]
+        session.info.pop(_GPUS_READ, None)
     connection = session.connection()
     for (statement, _), rows in queued.items():
         connection.execute(statement, rows)  # type: ignore[call-overload]
@@ -77,19 +89,55 @@ def _write(session: Session, statement: object, rows: list[dict[str, object]]) -
         queued.setdefault((statement, tuple(row)), []).append(row)
 
 
+@dataclass(frozen=True)
+class Stored:
+    """What a round needs of the targets table, read in one query (round_targets): ids by
+    name, the time of each target's newest stored sample and its stored engine, by id."""
+
+    ids: dict[str, int]
+    newest: dict[int, float]
+    engines: dict[int, str | None]
+
+
+_TARGET_STATE = select(
+    _TARGETS.c.id,
+    _TARGETS.c.name,
+    _TARGETS.c.kind,
+    _TARGETS.c.url,
+    _TARGETS.c.last_success_at,
+    _TARGETS.c.engine,
+)
+
+
+def round_targets(session: Session, targets: Iterable[tuple[str, str, str | SecretURL]]) -> Stored:
+    """ensure_targets, each target's newest sample time and its stored engine, from one
+    read of the targets table (a collection round made three). A target created here has
+    no sample and no engine yet, so the read before its insert gives what the three reads
+    after it gave."""
+    rows = session.connection().execute(_TARGET_STATE).all()
+    ids = _ensure(session, targets, rows)
+    newest = {row[0]: row[4] for row in rows if row[4] is not None}
+    return Stored(ids, newest, {row[0]: row[5] for row in rows})
+
+
 def ensure_targets(
     session: Session, targets: Iterable[tuple[str, str, str | SecretURL]]
 ) -> dict[str, int]:
     """Create or update a row per (name, kind, url); return ids by name (of every stored
     target). The URL is stored as it may be shown (user info and query values masked:
     kneepoint/secrets.py). One query when nothing changed."""
+    rows = session.connection().execute(_TARGET_STATE).all()
+    return _ensure(session, targets, rows)
+
+
+def _ensure(
+    session: Session,
+    targets: Iterable[tuple[str, str, str | SecretURL]],
+    stored: Sequence[Sequence[Any]],
+) -> dict[str, int]:
+    """ensure_targets on the `stored` rows of the targets table (id, name, kind, url first)."""
     connection = session.connection()
-    rows = {
-        name: (target_id, kind, url)
-        for target_id, name, kind, url in connection.execute(
-            select(_TARGETS.c.id, _TARGETS.c.name, _TARGETS.c.kind, _TARGETS.c.url)
-        )
-    }
+    rows = {row[1]: (row[0], row[2], row[3]) for row in stored}
     ids = {name: row[0] for name, row in rows.items()}
     for name, kind, given in targets:
         url = _shown(reveal(given))
@@ -125,16 +173,6 @@ def _bounds_text(bounds: tuple[float, ...]) -> str:
 @lru_cache(maxsize=4096)
 def _shown(url: str) -> str:
     return redact_url(url)
-
-
-def last_stored(session: Session) -> dict[int, float]:
-    """Per target id: the time of the newest sample stored for it."""
-    rows = session.execute(
-        select(_TARGETS.c.id, _TARGETS.c.last_success_at).where(
-            _TARGETS.c.last_success_at.is_not(None)
-        )
-    )
-    return {target_id: ts for target_id, ts in rows}
 
 
 def record_refused(session: Session, target_id: int, reason: str) -> None:
@@ -229,7 +267,7 @@ def record_gpu_history(
     `scraped_at` (default: the last reading)."""
     last = scraped_at if scraped_at is not None else max(ts for ts, _ in readings)
     _mark_up(session, target_id, last, {})
-    ids = _gpu_ids(session.connection(), target_id, [gpu for _, gpu in readings])
+    ids = _gpu_ids(session, target_id, [gpu for _, gpu in readings])
     rows = []
     for ts, gpu in readings:
         rows.append(
@@ -259,17 +297,32 @@ def _mark_up(session: Session, target_id: int, ts: float, details: dict[str, obj
     _write(session, _MARK_UP, [{"target_id": target_id, **values}])
 
 
-def _gpu_ids(
-    connection: Connection, target_id: int, gpus: list[GpuSample]
-) -> dict[tuple[str, int], int]:
-    """Ids of an exporter's GPUs by (host, index), in one query: rows are added for new GPUs,
-    and a GPU's identity (UUID, model, pod) follows its first reading here when it changed."""
-    stored = {
-        (host, index): (gpu_id, tuple(identity))
-        for gpu_id, host, index, *identity in connection.execute(
-            _GPUS_OF_TARGET, {"target_id": target_id}
-        )
-    }
+def _stored_gpus(session: Session, target_id: int) -> StoredGpus:
+    """An exporter's stored GPUs. Within batch() (a collection round), every exporter's are
+    read in one query, the first time one is asked for, and kept to the batch's end: a
+    round of 100 exporters made 100 queries. _gpu_ids keeps them as it changes the rows."""
+    connection = session.connection()
+    if _QUEUE not in session.info:  # outside a round: this exporter's rows only
+        return {
+            (host, index): (gpu_id, tuple(identity))
+            for gpu_id, host, index, *identity in connection.execute(
+                _GPUS_OF_TARGET, {"target_id": target_id}
+            )
+        }
+    read: dict[int, StoredGpus] | None = session.info.get(_GPUS_READ)
+    if read is None:
+        read = session.info[_GPUS_READ] = {}
+        for owner, gpu_id, host, index, *identity in connection.execute(_ALL_GPUS):
+            read.setdefault(owner, {})[(host, index)] = (gpu_id, tuple(identity))
+    return read.setdefault(target_id, {})
+
+
+def _gpu_ids(session: Session, target_id: int, gpus: list[GpuSample]) -> dict[tuple[str, int], int]:
+    """Ids of an exporter's GPUs by (host, index), in one query (none within a round after
+    its first exporter): rows are added for new GPUs, and a GPU's identity (UUID, model,
+    pod) follows its first reading here when it changed."""
+    connection = session.connection()
+    stored = _stored_gpus(session, target_id)
     ids: dict[tuple[str, int], int] = {}
     for gpu in gpus:
         key = (gpu.host, gpu.index)
@@ -287,6 +340,7 @@ def _gpu_ids(
                 )
             )
             ids[key] = _new_id(inserted)
+            stored[key] = (ids[key], identity)
             continue
         ids[key] = row[0]
         if row[1] != identity:
@@ -294,6 +348,7 @@ def _gpu_ids(
                 update(_GPUS).where(_GPU_BY_ID),
                 [{"gpu_id": row[0], **dict(zip(_GPU_IDENTITY, identity, strict=True))}],
             )
+            stored[key] = (row[0], identity)
     return ids
 
 
