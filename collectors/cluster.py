@@ -66,7 +66,7 @@ import zlib
 from collections.abc import Sequence
 from dataclasses import dataclass
 
-from sqlalchemy import Connection, Engine, delete, select, text
+from sqlalchemy import Connection, Engine, Table, delete, insert, select, text, update
 from sqlalchemy.orm import Session, sessionmaker
 
 from kneepoint.clock import Clock
@@ -81,6 +81,7 @@ LEADER_LOCK = zlib.crc32(b"kneepoint leader") & 0x7FFFFFFF  # one bigint key
 MEMBER_LOCKS = zlib.crc32(b"kneepoint collector") & 0x7FFFFFFF  # key 1 of (key 1, member)
 EVALUATION_LOCK = zlib.crc32(b"kneepoint evaluation") & 0x7FFFFFFF  # per transaction
 BEATS_PER_LEASE = 3
+_COLLECTORS: Table = CollectorRow.__table__  # type: ignore[assignment]
 FORGET_AFTER = 3600.0  # a gone member's row is deleted by the leader after this long
 # The dedicated connection: the server notices a vanished client within ~10 s; no idle
 # timeout configured on the server ends the session that holds the locks.
@@ -264,20 +265,30 @@ class Cluster:
             self._write(leader_since)
 
     def _write(self, leader_since: float | None) -> None:
+        """This collector's row: one UPDATE (an INSERT the first time), not the ORM's load
+        and flush, which cost several times as much on every beat."""
         now = self.clock()
+        values: dict[str, object] = {"last_seen_at": now}
+        if self._held is not None:
+            values["targets"] = self._held
+        if leader_since is not None:
+            values["leader_since"] = leader_since
         with self.sessions.begin() as session:
-            row = session.get(CollectorRow, self.id)
-            if row is None:
+            connection = session.connection()
+            beaten = connection.execute(
+                update(_COLLECTORS).where(_COLLECTORS.c.id == self.id).values(values)
+            )
+            if beaten.rowcount == 0:  # not registered yet (or its row was removed)
                 self.started_at = self.started_at or now
-                row = CollectorRow(
-                    id=self.id, host=self.host[:255], pid=self.pid, started_at=self.started_at
+                connection.execute(
+                    insert(_COLLECTORS).values(
+                        id=self.id,
+                        host=self.host[:255],
+                        pid=self.pid,
+                        started_at=self.started_at,
+                        **values,
+                    )
                 )
-                session.add(row)
-            row.last_seen_at = now
-            if self._held is not None:
-                row.targets = self._held
-            if leader_since is not None:
-                row.leader_since = leader_since
 
     def members(self) -> list[Member]:
         with self.sessions() as session:

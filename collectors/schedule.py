@@ -9,6 +9,7 @@ import threading
 from collections.abc import Callable
 from dataclasses import dataclass
 from datetime import UTC, datetime
+from typing import cast
 
 from apscheduler.events import (
     EVENT_JOB_ERROR,
@@ -20,6 +21,7 @@ from apscheduler.events import (
 from apscheduler.schedulers.base import BaseScheduler
 from apscheduler.triggers.cron import CronTrigger
 from apscheduler.triggers.interval import IntervalTrigger
+from sqlalchemy import Table, bindparam, func, insert, update
 from sqlalchemy.orm import Session, sessionmaker
 
 from collectors.cluster import NOT_LEADER, Cluster, serialize_evaluation
@@ -249,17 +251,7 @@ def record_job_event(sessions: sessionmaker[Session], event: JobEvent, clock: Cl
     last_error = message if failed else last_error
     try:
         with sessions.begin() as session:
-            row = session.get(JobHealthRow, event.job_id)
-            if row is None:
-                row = JobHealthRow(job_id=event.job_id, runs=0, failures=0)
-                session.add(row)
-            row.last_run_at = now
-            row.runs = (row.runs or 0) + runs
-            row.failures = (row.failures or 0) + failures
-            if failed:
-                row.last_error = message
-            else:
-                row.last_success_at, row.last_error = now, None
+            _record_health(session, event.job_id, now, runs, failures, message if failed else None)
     except Exception as problem:  # the store is down: keep the outcome for the next write
         with _unrecorded_lock:
             more_runs, more_failures, newer = _unrecorded.pop(event.job_id, (0, 0, None))
@@ -272,6 +264,47 @@ def record_job_event(sessions: sessionmaker[Session], event: JobEvent, clock: Cl
             "%s job: its outcome could not be recorded (%s); kept for the next record",
             event.job_id,
             describe(problem),
+        )
+
+
+_JOB_HEALTH = cast(Table, JobHealthRow.__table__)
+_ADD_RUNS = {
+    "last_run_at": bindparam("now"),
+    "runs": func.coalesce(_JOB_HEALTH.c.runs, 0) + bindparam("more_runs"),
+    "failures": func.coalesce(_JOB_HEALTH.c.failures, 0) + bindparam("more_failures"),
+}
+_OF_JOB = _JOB_HEALTH.c.job_id == bindparam("job")
+# A job's runs added to its row in one statement (every job run writes one: the ORM's load
+# and flush cost several times as much), its last success or its last error with them.
+_SUCCEEDED = (
+    update(_JOB_HEALTH)
+    .where(_OF_JOB)
+    .values(**_ADD_RUNS, last_success_at=bindparam("now"), last_error=None)
+)
+_FAILED = update(_JOB_HEALTH).where(_OF_JOB).values(**_ADD_RUNS, last_error=bindparam("message"))
+
+
+def _record_health(
+    session: Session, job_id: str, now: float, runs: int, failures: int, error: str | None
+) -> None:
+    """Add `runs` and `failures` to the job's row (made the first time), ended by a success
+    at `now` if `error` is None, else by that error."""
+    connection = session.connection()
+    values = {"job": job_id, "now": now, "more_runs": runs, "more_failures": failures}
+    if error is None:
+        updated = connection.execute(_SUCCEEDED, values)
+    else:
+        updated = connection.execute(_FAILED, {**values, "message": error})
+    if updated.rowcount == 0:  # its first run
+        connection.execute(
+            insert(_JOB_HEALTH).values(
+                job_id=job_id,
+                last_run_at=now,
+                last_success_at=now if error is None else None,
+                last_error=error,
+                runs=runs,
+                failures=failures,
+            )
         )
 
 
