@@ -62,9 +62,17 @@ def normalize_dcgm(parsed: ParsedScrape, default_host: str) -> list[GpuSample]:
     if not parsed.samples:
         raise ScrapeFormatError("no DCGM_FI_* series found; is this a dcgm-exporter endpoint?")
     gpus: dict[tuple[str, int], GpuSample] = {}
+    # The GPU of each label set, by the dict's identity: a GPU's fields share one label
+    # text, so the parser gives them one dict (parse._LABEL_SETS), and its labels are read
+    # once, not once per field. The dicts live as long as `parsed`, so no id is reused.
+    seen: dict[int, GpuSample | None] = {}
     for field, (name, scale) in [*FIELDS.items(), *RENAMED.items()]:
         for labels, value in parsed.series(name):
-            gpu = _gpu(gpus, name, labels, default_host)
+            key = id(labels)
+            if key in seen:
+                gpu = seen[key]
+            else:
+                gpu = seen[key] = _gpu(gpus, name, labels, default_host)
             if gpu is None or value >= SENTINEL_FLOOR:
                 continue
             setattr(gpu, field, value * scale)

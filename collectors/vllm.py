@@ -203,7 +203,11 @@ def detect_generation(parsed: ParsedScrape) -> str:
 
 
 def _first_present(parsed: ParsedScrape, aliases: Iterable[str]) -> str | None:
-    return next((name for name in aliases if parsed.has(name)), None)
+    samples = parsed.samples  # a plain loop: this runs some thirty times per scrape
+    for name in aliases:
+        if name in samples:
+            return name
+    return None
 
 
 def _engine(labels: dict[str, str]) -> str:
@@ -220,7 +224,8 @@ def _per_engine(series: Series) -> dict[str, float]:
 
 def _sum_first(parsed: ParsedScrape, aliases: Iterable[str]) -> float | None:
     name = _first_present(parsed, aliases)
-    return None if name is None else sum(value for _, value in parsed.series(name))
+    # A list, not a generator: the same values added in the same order, in fewer steps.
+    return None if name is None else sum([value for _, value in parsed.samples[name]])
 
 
 def _sum_matching(parsed: ParsedScrape, name: str, label: str, wanted: str) -> float | None:
