@@ -19,7 +19,7 @@ from contextlib import contextmanager
 from pathlib import Path
 
 import pytest
-from hypothesis import given
+from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 import collectors.parse as parse
@@ -127,6 +127,7 @@ def test_a_full_cache_is_emptied() -> None:
         assert len(cache.heads) <= 3
 
 
+@settings(suppress_health_check=[HealthCheck.too_slow])  # input drawn slowly at load 40
 @given(
     st.lists(
         st.floats(allow_nan=True, allow_infinity=True) | st.integers(-(2**70), 2**70).map(float)
