@@ -85,10 +85,12 @@ def tree_rss_mib(pid: int) -> float:
     return total
 
 
-# The chart's collector pod (deploy/helm/kneepoint values.yaml: securityContext,
-# podSecurityContext, collector.resources.limits) as `docker run` options.
+# The chart's collector pod as `helm template` renders it (deploy/helm/kneepoint values.yaml:
+# securityContext, podSecurityContext, collector.resources.limits, the env of every
+# container; /tmp an emptyDir) as `docker run` options.
 HELM_POD = ["--user", "999:999", "--read-only", "--tmpfs", "/tmp", "--cap-drop", "ALL",
-            "--security-opt", "no-new-privileges", "--memory", "1g"]  # fmt: skip
+            "--security-opt", "no-new-privileges", "--memory", "1g",
+            "-e", "HOME=/var/lib/kneepoint", "-e", "PYTHONDONTWRITEBYTECODE=1"]  # fmt: skip
 
 
 def container_run(image: str, name: str, config: Path, command: list[str],
