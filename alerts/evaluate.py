@@ -11,7 +11,6 @@ when the window ends. SLO numbers leave the windows' time out (`measure`)."""
 
 from __future__ import annotations
 
-import bisect
 import itertools
 import json
 import math
@@ -108,7 +107,9 @@ def advance_sums(
     `budget` target-buckets at a time (slo_sums.advance)."""
     reach = max([*(s.window for s in config.slos), *slo.windows_needed()])
     layouts = queries.histogram_layouts(session)
-    return slo_sums.advance(session, now, reach + slo_sums.BUCKET, layouts, budget=budget)
+    return slo_sums.advance(
+        session, now, reach + slo_sums.BUCKET, layouts, budget=budget, rule=stall_rule(config)
+    )
 
 
 def burn_rates(
@@ -116,7 +117,7 @@ def burn_rates(
 ) -> dict[str, dict[float, float | None]]:
     """Each SLO's burn rate over every window the burn alerts use, for the fleet (`direct`:
     from the samples alone, without the running sums)."""
-    shared = _shared(now)  # what every window shares, read once
+    shared = _shared(config, now)  # what every window shares, read once
     fleet = {
         seconds: measure(session, config, now - seconds, now, direct, shared)
         for seconds in slo.windows_needed()
@@ -163,10 +164,12 @@ def measure(
     Replicas no maintenance window cuts are read from the running sums per bucket
     (kneepoint/store/slo_sums.py) and the raw samples of the partial bucket at each end;
     the rest, and those whose window the sums cannot give exactly, from the samples
-    (`direct`: all of them, as before the sums). Stalled seconds are not a sum (a stall is
-    a run of 60 s or more, found on the rows a window reads): for the replicas read from the
-    sums, the database returns only the rows of candidate stuck pairs of those rows
-    (`_stalled_in_store`), and stall detection runs on them as on the whole window."""
+    (`direct`: all of them, as before the sums). Their stalled seconds come from the sums
+    too (judged on raw samples, runs whole: the bound on how far that is from the direct
+    computation is in the slo_sums docstring); where the sums do not know them (rows summed
+    before they kept stalls), the database returns only the rows of candidate stuck pairs of
+    the window's rows (`_stalled_in_store`), and stall detection runs on them as on the whole
+    window."""
     names = {t.name for t in config.targets if t.kind in ENGINE_KINDS}
     ids = {name: row.id for name, row in queries.targets(session).items() if name in names}
     groups: dict[tuple[maintenance.Interval, ...], list[int]] = {}
@@ -179,13 +182,15 @@ def measure(
     availability = slo.Availability()
     for cut, members in groups.items():
         if not cut and not direct:
-            summed = _summed(session, since, until, sorted(members), layouts, shared)
+            shared = shared or Shared(rule=stall_rule(config))
+            summed, credited = _summed(session, since, until, sorted(members), layouts, shared)
             if summed:
-                stalled = (
-                    _stalled_in_store(session, config, sorted(summed), since, until, shared)
-                    if wanted
-                    else {}
-                )
+                # Stalled seconds from the sums; the store's candidate rows where they do
+                # not know them (rows summed before they kept stalls).
+                rest = sorted(t for t in summed if t not in credited)
+                stalled = credited if wanted else {}
+                if wanted and rest:
+                    stalled |= _stalled_in_store(session, config, rest, since, until, shared)
                 for target_id, window in summed.items():
                     windows.append(window)
                     availability += _availability(window, stalled.get(target_id, 0.0))
@@ -213,7 +218,13 @@ class Shared:
     bucket at the start of every window of `starts`, with the summed rows before them, in
     one statement each for all windows."""
 
-    def __init__(self, raw_since: float | None = None, starts: Sequence[float] = ()) -> None:
+    def __init__(
+        self,
+        raw_since: float | None = None,
+        starts: Sequence[float] = (),
+        rule: slo_sums.StallRule = slo_sums.DEFAULT_RULE,
+    ) -> None:
+        self.rule = rule  # how the sums judge stalls (the config's: stall_rule)
         self._ends: dict[tuple[float, float, tuple[int, ...]], Ends] = {}
         self.starts = _apart(starts)
         self._heads: dict[tuple[int, ...], dict[float, Heads]] = {}
@@ -251,7 +262,7 @@ class Shared:
     ) -> Ends:
         key = (high, until, tuple(ids))
         if key not in self._ends:
-            self._ends[key] = _ends(session, ids, high, until, layouts)
+            self._ends[key] = _ends(session, ids, high, until, layouts, self.rule)
         return self._ends[key]
 
     def head(
@@ -265,10 +276,10 @@ class Shared:
         for every window of `starts` when it is one of them (per set of replicas: a
         maintenance window may leave a window fewer)."""
         if since not in self.starts:
-            return _heads(session, ids, [since], layouts)[since]
+            return _heads(session, ids, [since], layouts, self.rule)[since]
         key = tuple(ids)
         if key not in self._heads:
-            self._heads[key] = _heads(session, ids, self.starts, layouts)
+            self._heads[key] = _heads(session, ids, self.starts, layouts, self.rule)
         return self._heads[key][since]
 
 
@@ -283,12 +294,18 @@ def _apart(starts: Sequence[float]) -> tuple[float, ...]:
     return tuple(kept)
 
 
-def _shared(now: float, spans: Sequence[float] = ()) -> Shared:
+def _shared(config: Config, now: float, spans: Sequence[float] = ()) -> Shared:
     """A Shared for the windows of slo.windows_needed() (and of `spans`) that end `now`."""
     # now - (now - s): the span the window's reader sees, rounding and all.
     raw = [now - s for s in slo.windows_needed() if queries.coarsest_for(now - (now - s)) == RAW]
     starts = [now - s for s in (*slo.windows_needed(), *spans)]
-    return Shared(min(raw, default=None), starts)
+    return Shared(min(raw, default=None), starts, stall_rule(config))
+
+
+def stall_rule(config: Config) -> slo_sums.StallRule:
+    """How the sums judge stalls: as `_stalled_seconds` does (the engine-stalled rule's
+    `for`; a stuck pair spans at most stale_after, or twice the median step)."""
+    return slo_sums.StallRule(stall_after(config), stale_after(config))
 
 
 Ends = tuple[dict[int, dict[str, Any]], dict[int, slo_sums.Stretch], pd.DataFrame]
@@ -303,31 +320,41 @@ def _heads(
     ids: list[int],
     starts: Sequence[float],
     layouts: dict[int, tuple[float, ...]],
+    rule: slo_sums.StallRule = slo_sums.DEFAULT_RULE,
 ) -> dict[float, Heads]:
     """For the window starting at each of `starts`: the stretch of each replica's samples in
     [start, B0) (B0: the first bucket bound at or after it), and, for the replicas with
     one, their sums row at B0 − BUCKET. Two statements for all windows: the samples of every
-    partial bucket, and the rows at every B0 − BUCKET."""
+    such bucket (whole: stall detection walks it from the state entering it, as the writer
+    did), and the rows at every B0 − BUCKET."""
     size = slo_sums.BUCKET
     lows = {start: math.ceil(start / size) * size for start in starts}
-    rows = slo_sums.raw_spans(session, ids, [(start, lows[start]) for start in starts])
+    spans = [(low - size, low) for start, low in lows.items() if low > start]
+    rows = slo_sums.raw_spans(session, ids, spans)
     stored = slo_sums.rows_in(
-        session, ids, sorted({low - size for low in lows.values()}), SUM_BREAKS
+        session, ids, sorted({low - size for low in lows.values()}), (*SUM_BREAKS, "last")
     )
-    # Each row's window: the start whose partial bucket holds it (they do not overlap).
-    ordered = sorted(lows)
-    parts = [ordered[bisect.bisect_right(ordered, ts) - 1] for ts in rows.ts.astype(float)]
-    found = slo_sums.stretches_by(rows, layouts, parts)
+    # Each row's bucket (the windows' buckets do not overlap: _apart).
+    buckets = [math.floor(ts / size) * size for ts in rows.ts.astype(float)]
+    of = {low - size: start for start, low in lows.items() if low > start}
+    entering: dict[tuple[float, int], slo_sums.Run | None] = {}
+    for bucket, rows_of in stored.items():
+        for target_id, row in rows_of.items():
+            last = json.loads(row["last"])
+            if "wi" in last:  # kept since the sums keep stalls
+                entering[(bucket, target_id)] = slo_sums.Run.from_json(last["wi"])
+    found = slo_sums.heads(rows, layouts, buckets, of, entering, rule)
     out: dict[float, Heads] = {
         start: ({}, {}, rows[(rows.ts >= start) & (rows.ts < low)] if len(rows) else rows)
         for start, low in lows.items()
     }
-    for (start, target_id), stretch in found.items():
+    for (bucket, target_id), stretch in found.items():
+        start = of[bucket]
         heads, before, _ = out[start]
         heads[target_id] = stretch
-        row = stored.get(lows[start] - size, {}).get(target_id)
-        if row is not None:
-            before[target_id] = row
+        kept = stored.get(lows[start] - size, {}).get(target_id)
+        if kept is not None:
+            before[target_id] = kept
     return out
 
 
@@ -337,19 +364,19 @@ def _ends(
     high: float,
     until: float,
     layouts: dict[int, tuple[float, ...]],
+    rule: slo_sums.StallRule = slo_sums.DEFAULT_RULE,
 ) -> Ends:
     """For `ids`: their latest sums row before `high` (its columns, and its running sums
     parsed as "part"), and the stretch of their samples in [high, until], each continuing
     from that row (slo_sums.stretches)."""
     ends = slo_sums.latest(session, ids, high, ("last_ts", "sig", "sums", "last", "breaks"))
-    for row in ends.values():
+    carried = {t: slo_sums.carried(e, slo_sums.Part(), 0) for t, e in ends.items()}
+    for target_id, row in ends.items():
         row["part"] = _part(row["sums"])
-    carried = {
-        t: slo_sums.Carry(e["last_ts"], e["sig"], json.loads(e["last"]), slo_sums.Part(), 0)
-        for t, e in ends.items()
-    }
+        # Kept since the sums keep stalls: the tail's stall state continues from it.
+        row["stall_known"] = "w" in carried[target_id].values
     rows = slo_sums.raw(session, ids, high, until, closed=True)
-    return ends, slo_sums.stretches(rows, layouts, carried), rows
+    return ends, slo_sums.stretches(rows, layouts, carried, rule), rows
 
 
 def _summed(
@@ -359,16 +386,18 @@ def _summed(
     ids: list[int],
     layouts: dict[int, tuple[float, ...]],
     shared: Shared | None = None,
-) -> dict[int, Window]:
+) -> tuple[dict[int, Window], dict[int, float]]:
     """The windows over [since, until] of the replicas in `ids` that the running sums give
     exactly (those with samples in the window; the others are left to the samples): the
     raw samples in [since, B0) and [B1, until], and the sums' rows for the whole buckets
     between. A replica whose stretch holds a break (a counter appeared, a histogram's layout
-    changed: `slo_sums` docstring), or whose rows are missing, is left out."""
+    changed: `slo_sums` docstring), or whose rows are missing, is left out. Also each
+    replica's stalled seconds, where the sums know them (rows written before they kept
+    stalls do not): the credits at the window's samples (`slo_sums` docstring)."""
     progress = slo_sums.progress(session)
     size = slo_sums.BUCKET
     if progress is None or not ids:
-        return {}
+        return {}, {}
     low = math.ceil(since / size) * size
     whole = math.floor(until / size) * size
     high = min(whole, progress.until)
@@ -377,24 +406,34 @@ def _summed(
     # path reads through the summary tiers instead. One bucket behind is the steady state
     # (a bucket is summed SETTLE seconds after it ends).
     if whole - high > size:
-        return {}
+        return {}, {}
     shared = shared or Shared()
-    if low >= high:  # no whole summed bucket inside (5 minutes): the samples read at the ends
-        tail = shared.end(session, ids, high, until, layouts)[2]
-        head = shared.head(session, ids, since, layouts)[2] if since < high else tail[:0]
-        return _samples_only(pd.concat([head, tail[tail.ts >= since]]), layouts)
-    if high - low < size or low - size < progress.since:
-        return {}
+    if low > high:  # the window lies in the samples not summed yet, read at the end
+        ends, tails, rows = shared.end(session, ids, high, until, layouts)
+        credited = {
+            t: sum(c for ts, c in tails[t][4] if ts >= since)
+            for t, row in ends.items()
+            if t in tails and row["stall_known"]
+        }
+        windows = _samples_only(rows[rows.ts >= since], layouts)
+        return windows, {t: v for t, v in credited.items() if t in windows}
+    if low - size < progress.since:
+        return {}, {}
     heads, starts, _ = shared.head(session, ids, since, layouts)
     ends, tails, _ = shared.end(session, ids, high, until, layouts)
-    firsts = slo_sums.first_in(
-        session,
-        [t for t in ids if t not in heads],
-        low,
-        high,
-        (*SUM_BREAKS, "inner", "inner_break"),
+    firsts = (
+        slo_sums.first_in(
+            session,
+            [t for t in ids if t not in heads],
+            low,
+            high,
+            (*SUM_BREAKS, "inner", "inner_break"),
+        )
+        if low < high
+        else {}
     )
     out: dict[int, Window] = {}
+    stalled: dict[int, float] = {}
     for target_id in ids:
         total = slo_sums.Part()
         sigs: list[str] = []
@@ -414,6 +453,8 @@ def _summed(
             # The first bucket's own increases, not the step into it from before `since`.
             total = end["part"].plus(_part(first["sums"]), -1.0).plus(_part(first["inner"]))
             sigs = [end["sig"]]
+        elif end is None or not end["stall_known"]:
+            total.st = None  # the tail's credits start from a state not known
         tail = tails.get(target_id)
         if tail is not None:
             inner, entry, _, tail_sigs, _ = tail
@@ -430,12 +471,14 @@ def _summed(
         if len(set(sigs)) > 1:
             continue
         out[target_id] = _window(total, sigs[0], layouts)
-    return out
+        if total.st is not None:
+            stalled[target_id] = total.st
+    return out, stalled
 
 
 def _samples_only(rows: pd.DataFrame, layouts: dict[int, tuple[float, ...]]) -> dict[int, Window]:
     """The windows from every sample in them (`rows`: a window no whole summed bucket lies
-    in, from the reads of its partial buckets at both ends that the round's other windows
+    in, from the read of the partial bucket at the end that the round's other windows
     share): each replica's increases within its samples, as the sums' path counts them."""
     out: dict[int, Window] = {}
     rows = rows.sort_values(["target_id", "ts"], kind="stable")
@@ -654,7 +697,7 @@ def slo_reports(
     maintenance windows left out (`direct`: from the samples alone, without the sums)."""
     if not config.slos:  # nothing to report: no fleet windows to read (8 s at 1,000 replicas)
         return []
-    shared = _shared(now, [s.window for s in config.slos])  # what every window shares, read once
+    shared = _shared(config, now, [s.window for s in config.slos])  # read once for all
     fleet = {
         seconds: measure(session, config, now - seconds, now, direct, shared)
         for seconds in slo.windows_needed()

@@ -23,21 +23,51 @@ The sums are exact only where every sample of a stretch knew the same counters a
 the same histogram layout: `sig` says which, and `breaks` counts the buckets where it
 changed (inside the bucket, or from the previous sample); a reader falls back to the samples
 for a target whose window holds one. Like the direct computation, histograms are decoded at
-a bucket's ends and around counter resets only: between those their counts grow."""
+a bucket's ends and around counter resets only: between those their counts grow.
+
+Stalled seconds (availability SLOs) are a running sum too (`st`), so a burn-rate round reads
+no stall rows. Stall detection (kneepoint/derived/stall.py `stuck`) walks each target's raw
+samples in time order across buckets, its state carried from one to the next in `last`
+(`w`: the last sample's queues and progress counters, the start of the run of stuck pairs it
+ends, and whether that run has lasted the engine-stalled rule's `for`; `wi`: the state
+entering the bucket). A run is credited all it lasted so far at the sample where it has
+lasted `for`, then each later step at the sample that ends it; `st` sums the credits at a
+bucket's samples (`inner`) and over every bucket (`sums`). A window's stalled seconds are
+the credits at its samples: the whole buckets' from the sums, and its partial buckets walked
+again from the state entering them (the same credits as the writer's: the widest gap a
+stuck pair may span is the bucket's, max(stale_after, twice its median step)).
+
+Against the direct computation (alerts/evaluate.py `_stalled_seconds` over the window's
+rows) runs are judged whole and on raw samples, so:
+- a window of raw samples (an hour and less) that no run crosses the start of gets the same
+  seconds. A run open at its end is judged on what it lasted so far, as there;
+- a run that crosses the window's start is cut there by the direct computation (what is
+  left must last `for` on its own); the sums count its steps from the pair that spans the
+  start, and, if it reached `for` inside the window, what it lasted before (less than
+  `for`): they differ by at most `for` and one step;
+- over an hour the direct computation judges summary rows, 5 minutes apart (an hour past 2
+  days): it sees a run's ends to within a summary step, or misses a short run: the sums
+  differ by at most two summary steps a run, and `for` and a step.
+tests/alerts/test_slo_sums.py (test_stalled_seconds_from_the_sums) checks all three. Rows
+written before the sums kept stalls have no `st` (None): a window that needs one reads the
+candidate rows (stall_rows) as before, and the running sum starts again at the first bucket
+written since."""
 
 from __future__ import annotations
 
 import itertools
 import json
 import math
+import statistics
 from collections.abc import Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any, cast
 
 import pandas as pd
 from sqlalchemy import ARRAY, Integer, Table, and_, any_, delete, func, literal, select, union_all
 from sqlalchemy.orm import Session
 
+from kneepoint.derived import stall
 from kneepoint.samples import HISTOGRAMS, REPLICA_COUNTERS
 from kneepoint.store.codec import decode_histogram
 from kneepoint.store.models import ReplicaSampleRow, SloSumProgressRow, SloSumRow, TargetRow
@@ -58,7 +88,10 @@ SUMS = cast(Table, SloSumRow.__table__)
 # kneepoint/derived/window.py finds them) and the encoded histograms.
 COLUMNS = tuple(dict.fromkeys((*REPLICA_COUNTERS, *AVAILABILITY)))
 HIST_COLUMNS = tuple(f"hist_{name}" for name in HISTOGRAMS)
-READ = (*COLUMNS, *HIST_COLUMNS)
+# What stall detection reads besides the progress counters (in COLUMNS): stall.Point's order.
+QUEUES = ("requests_running", "requests_waiting")
+STALL = (*QUEUES, *stall.PROGRESS)
+READ = (*COLUMNS, *QUEUES, *HIST_COLUMNS)
 
 Values = dict[str, Any]  # {"c": {counter: float | None}, "h": {histogram: [counts…, total] | None}}
 
@@ -71,14 +104,17 @@ class Part:
     s: float = 0.0  # seconds between consecutive samples
     c: dict[str, float] = field(default_factory=dict)
     h: dict[str, list[float]] = field(default_factory=dict)
+    # Stalled seconds credited at these samples (module docstring, "Stalled seconds"); None:
+    # not known (a row written before the sums kept them).
+    st: float | None = 0.0
 
     def to_json(self) -> str:
-        return json.dumps({"n": self.n, "s": self.s, "c": self.c, "h": self.h})
+        return json.dumps({"n": self.n, "s": self.s, "c": self.c, "h": self.h, "st": self.st})
 
     @staticmethod
     def from_json(text: str) -> Part:
         data = json.loads(text)
-        return Part(data["n"], data["s"], data["c"], data["h"])
+        return Part(data["n"], data["s"], data["c"], data["h"], data.get("st"))
 
     def plus(self, other: Part, sign: float = 1.0) -> Part:
         """self + sign × other; a histogram only one side has is taken from it (a layout
@@ -93,7 +129,41 @@ class Part:
         c = dict(self.c)
         for name, value in other.c.items():
             c[name] = c.get(name, 0.0) + sign * value
-        return Part(self.n + int(sign) * other.n, self.s + sign * other.s, c, h)
+        st = None if self.st is None or other.st is None else self.st + sign * other.st
+        return Part(self.n + int(sign) * other.n, self.s + sign * other.s, c, h, st)
+
+
+@dataclass(frozen=True)
+class Run:
+    """Stall detection's state at one sample: the sample's queues and progress counters
+    (stall.Point's order), and the run of stuck pairs it ends, if any: the run's first
+    sample's time and whether the run has lasted `after` already (its seconds credited)."""
+
+    ts: float
+    point: tuple[float | None, ...]
+    start: float | None = None
+    qualified: bool = False
+
+    def to_json(self) -> list[Any]:
+        return [self.ts, list(self.point), self.start, self.qualified]
+
+    @staticmethod
+    def from_json(data: list[Any] | None) -> Run | None:
+        if data is None:
+            return None
+        return Run(float(data[0]), tuple(data[1]), data[2], bool(data[3]))
+
+
+@dataclass(frozen=True)
+class StallRule:
+    """How stalls are judged: the engine-stalled rule's `for` (status.stall_after) and the
+    floor of the widest gap a stuck pair may span (status.stale_after)."""
+
+    after: float = stall.STALL_AFTER
+    floor: float = 0.0
+
+
+DEFAULT_RULE = StallRule()
 
 
 @dataclass
@@ -105,6 +175,7 @@ class Carry:
     values: Values
     sums: Part
     breaks: int
+    run: Run | None = None  # stall detection's state at that sample
 
 
 def among(session: Session, column: Any, ids: Sequence[int]) -> Any:
@@ -155,6 +226,7 @@ class _Rows:
     values: dict[str, list[float]]  # NaN where unknown
     texts: dict[str, list[Any]]
     went_down: list[bool]  # a counter went down from the target's previous row
+    stall: list[tuple[float | None, ...]]  # STALL per row (None: unknown)
 
     @staticmethod
     def of(frame: pd.DataFrame, parts: pd.Series | None = None) -> _Rows:
@@ -163,34 +235,82 @@ class _Rows:
         values = frame[list(COLUMNS)].astype(float)
         groups = [frame.target_id] if parts is None else [frame.target_id, parts]
         down = (values.groupby(groups).ffill().groupby(groups).diff() < 0).any(axis=1)
+        known = [c for c in STALL if c in frame]
+        read = frame[known].astype(float).to_numpy().tolist() if known else [[]] * len(frame)
+        at = [known.index(c) if c in known else None for c in STALL]
+        points = [
+            tuple(None if i is None or math.isnan(row[i]) else row[i] for i in at) for row in read
+        ]
         return _Rows(
             frame.ts.astype(float).tolist(),
             signatures(frame),
             {name: values[name].tolist() for name in AVAILABILITY},
             {c: frame[c].tolist() for c in HIST_COLUMNS},
             down.tolist(),
+            points,
         )
 
 
-Stretch = tuple[Part, Part, Values, list[str], float]
+# The increases within a stretch of samples, the step into it, the values at its last sample,
+# each sample's signature, and the stalled seconds credited at each sample (time, seconds).
+Stretch = tuple[Part, Part, Values, list[str], list[tuple[float, float]]]
+
+
+def max_gap(ts: Sequence[float], before: float | None, rule: StallRule) -> float:
+    """The widest gap a stuck pair may span, as evaluate._stalled_seconds takes it (the
+    larger of the floor and twice the median step), the median over the pairs one stretch
+    walks (a bucket's, the step into its first sample included): the writer and a reader
+    of the same bucket get the same."""
+    times = list(ts) if before is None else [before, *ts]
+    gaps = [b - a for a, b in itertools.pairwise(times)]
+    return max(rule.floor, 2 * statistics.median(gaps)) if gaps else rule.floor
+
+
+def walk(
+    rows: _Rows, first: int, end: int, run: Run | None, after: float, widest: float
+) -> tuple[float, Run | None, list[float]]:
+    """Stall detection over rows first..end-1, from `run` (the state at the sample before;
+    None: none): the seconds credited (in all, and at each sample) and the state at the
+    last. A stuck pair (stall.stuck) extends the run; a run is credited its seconds once it
+    has lasted `after` (all it lasted so far, at the sample where it does), and each later
+    pair's as it comes."""
+    credits: list[float] = []
+    for i in range(first, end):
+        ts, point = rows.ts[i], rows.stall[i]
+        credit = 0.0
+        if run is not None and stall.stuck(
+            stall.Point(run.ts, *run.point), stall.Point(ts, *point), widest
+        ):
+            start = run.ts if run.start is None else run.start
+            if run.qualified:
+                credit = ts - run.ts
+            elif ts - start >= after:
+                credit = ts - start
+            run = Run(ts, point, start, run.qualified or ts - start >= after)
+        else:
+            run = Run(ts, point)
+        credits.append(credit)
+    return sum(credits), run, credits
 
 
 def stretch(
     rows: pd.DataFrame,
     layouts: dict[int, tuple[float, ...]],
     before: Carry | None = None,
+    rule: StallRule = DEFAULT_RULE,
 ) -> Stretch:
     """One target's samples (time order, not empty): the increases between them, the entry
     step from `before` (its last sample) into the first, the raw values at the last, the
     rows' signatures and the first sample's time. Histograms are decoded at the ends and
     around counter resets only."""
-    return _stretch(_Rows.of(rows), 0, len(rows), layouts, before)
+    return _stretch(_Rows.of(rows), 0, len(rows), layouts, before, rule)
 
 
 def stretches(
     frame: pd.DataFrame,
     layouts: dict[int, tuple[float, ...]],
     before: dict[int, Carry] | None = None,
+    rule: StallRule = DEFAULT_RULE,
 ) -> dict[int, Stretch]:
     """`stretch` for every target of `frame` (ordered by target and time), each from its
     `before`: the columns are converted once for the whole frame, as pandas costs about
@@ -207,37 +327,64 @@ def stretches(
         if end < len(targets) and targets[end] == targets[first]:
             continue
         out[targets[first]] = _stretch(
-            rows, first, end, layouts, (before or {}).get(targets[first])
+            rows, first, end, layouts, (before or {}).get(targets[first]), rule
         )
         first = end
     return out
 
 
-def stretches_by(
-    frame: pd.DataFrame, layouts: dict[int, tuple[float, ...]], parts: list[float]
+def heads(
+    frame: pd.DataFrame,
+    layouts: dict[int, tuple[float, ...]],
+    buckets: list[float],
+    starts: dict[float, float],
+    entering: dict[tuple[float, int], Run | None],
+    rule: StallRule = DEFAULT_RULE,
 ) -> dict[tuple[float, int], Stretch]:
-    """`stretches` (with no `before`) of each part of each target, by (part, target):
-    `parts` labels each row of `frame` (ordered by target and time, each target's rows of
-    one part consecutive). One conversion for every part: a round's windows' partial start
-    buckets are read together (alerts/evaluate.py `_heads`)."""
+    """The stretch from `starts[bucket]` to the bucket's end of each target's samples in
+    each of `buckets` (`buckets` labels each row of `frame`, whole buckets ordered by target
+    and time), by (bucket, target), for those with samples there: one conversion for every
+    bucket (a round's windows' partial start buckets are read together: alerts/evaluate.py
+    `_heads`). Stall detection walks the whole bucket from `entering` (the state entering
+    it, as its sums row keeps it: the writer's walk, so the same credits), and the stretch's
+    `st` is what it credits from the start on (None where `entering` has no entry: a row
+    written before the sums kept stalls)."""
     if frame.empty:
         return {}
     frame = frame.reset_index(drop=True)
-    rows = _Rows.of(frame, pd.Series(parts, index=frame.index))
-    keys = list(zip(parts, frame.target_id.astype(int).tolist(), strict=True))
+    rows = _Rows.of(frame, pd.Series(buckets, index=frame.index))
+    keys = list(zip(buckets, frame.target_id.astype(int).tolist(), strict=True))
     out: dict[tuple[float, int], Stretch] = {}
     first = 0
     for end in range(1, len(keys) + 1):
         if end < len(keys) and keys[end] == keys[first]:
             continue
-        out[keys[first]] = _stretch(rows, first, end, layouts, None)
+        key, since = keys[first], starts[keys[first][0]]
+        head = next((i for i in range(first, end) if rows.ts[i] >= since), end)
+        if head < end:
+            known = key in entering
+            run = entering.get(key)
+            widest = max_gap(rows.ts[first:end], None if run is None else run.ts, rule)
+            _, run, _ = walk(rows, first, head, run, rule.after, widest)
+            found = _stretch(rows, head, end, layouts, None, rule, (run, widest))
+            if not known:
+                found[0].st = None
+            out[key] = found
         first = end
     return out
 
 
 def _stretch(
-    rows: _Rows, first: int, end: int, layouts: dict[int, tuple[float, ...]], before: Carry | None
+    rows: _Rows,
+    first: int,
+    end: int,
+    layouts: dict[int, tuple[float, ...]],
+    before: Carry | None,
+    rule: StallRule = DEFAULT_RULE,
+    state: tuple[Run | None, float] | None = None,
 ) -> Stretch:
+    """`state`: the stall state at the sample before `first` and the widest stuck gap (else
+    `before`'s state, and the gap from these rows: `max_gap`)."""
     sigs = rows.sigs[first:end]
     ts = rows.ts[first:end]
     inner = Part(n=end - first, s=ts[-1] - ts[0])
@@ -268,7 +415,14 @@ def _stretch(
         last_values["h"][name] = decoded[-1] if decoded else earlier
     if before is not None:
         entry.s = ts[0] - before.last_ts
-    return inner, entry, last_values, sigs, ts[0]
+    if state is None:
+        run = before.run if before is not None else None
+        state = (run, max_gap(ts, None if run is None else run.ts, rule))
+    inner.st, last, credits = walk(rows, first, end, state[0], rule.after, state[1])
+    # The stall state entering these rows and at the last (the next stretch's entering one).
+    last_values["wi"] = None if state[0] is None else state[0].to_json()
+    last_values["w"] = None if last is None else last.to_json()
+    return inner, entry, last_values, sigs, list(zip(ts, credits, strict=True))
 
 
 def bucket_rows(
@@ -276,6 +430,7 @@ def bucket_rows(
     layouts: dict[int, tuple[float, ...]],
     carry: dict[int, Carry],
     bucket: float = BUCKET,
+    rule: StallRule = DEFAULT_RULE,
 ) -> list[dict[str, Any]]:
     """The slo_sums rows for the samples in `frame` (whole buckets, ordered by target and
     time), each target continuing from its `carry` (updated in place)."""
@@ -292,10 +447,12 @@ def bucket_rows(
             continue
         target_id, start = targets[first], keys[first]
         before = carry.get(target_id)
-        inner, entry, last_values, sigs, _ = _stretch(rows, first, end, layouts, before)
+        inner, entry, last_values, sigs, _ = _stretch(rows, first, end, layouts, before, rule)
         inner_break = len(set(sigs)) > 1
         entry_break = before is not None and before.sig != sigs[0]
         base = before.sums if before is not None else Part()
+        if base.st is None:  # summed before stalls were: their running sum starts here
+            base = replace(base, st=0.0)
         sums = base.plus(entry).plus(inner)
         # A histogram whose layout changed starts its running sum again (never read across:
         # the change is a break).
@@ -318,7 +475,9 @@ def bucket_rows(
                 "last": json.dumps(last_values),
             }
         )
-        carry[target_id] = Carry(rows.ts[end - 1], sigs[-1], last_values, sums, breaks)
+        carry[target_id] = Carry(
+            rows.ts[end - 1], sigs[-1], last_values, sums, breaks, Run.from_json(last_values["w"])
+        )
         first = end
     return out
 
@@ -334,6 +493,7 @@ def advance(
     layouts: dict[int, tuple[float, ...]],
     most: int = 288,
     budget: int = BUDGET,
+    rule: StallRule = DEFAULT_RULE,
 ) -> int:
     """Sum the whole buckets not written yet, from `reach_back` seconds before `now` on a
     first run. Returns the buckets written. The caller commits.
@@ -368,7 +528,7 @@ def advance(
         return max(0, int((row.until - began) // BUCKET))
     frame = _read(session, ids, start, stop)
     carry = _carry(session, sorted(set(frame.target_id.astype(int))), start) if len(frame) else {}
-    rows = bucket_rows(frame, layouts, carry)
+    rows = bucket_rows(frame, layouts, carry, rule=rule)
     if rows:
         session.execute(SUMS.insert(), rows)
     row.until = stop
@@ -412,11 +572,9 @@ def _read(session: Session, ids: list[int], start: float, end: float) -> pd.Data
     from kneepoint.store.queries import read_bulk  # the read path imports this module's users
 
     if not ids:
-        return pd.DataFrame(columns=["target_id", "ts", *COLUMNS, *HIST_COLUMNS])
+        return pd.DataFrame(columns=["target_id", "ts", *READ])
     query = (
-        select(
-            SAMPLES.c.target_id, SAMPLES.c.ts, *(SAMPLES.c[c] for c in (*COLUMNS, *HIST_COLUMNS))
-        )
+        select(SAMPLES.c.target_id, SAMPLES.c.ts, *(SAMPLES.c[c] for c in READ))
         .where(among(session, SAMPLES.c.target_id, ids), SAMPLES.c.ts >= start, SAMPLES.c.ts < end)
         .order_by(SAMPLES.c.target_id, SAMPLES.c.ts)
     )
@@ -429,9 +587,7 @@ def raw(session: Session, ids: list[int], start: float, end: float, closed: bool
 
     high = SAMPLES.c.ts <= end if closed else SAMPLES.c.ts < end
     query = (
-        select(
-            SAMPLES.c.target_id, SAMPLES.c.ts, *(SAMPLES.c[c] for c in (*COLUMNS, *HIST_COLUMNS))
-        )
+        select(SAMPLES.c.target_id, SAMPLES.c.ts, *(SAMPLES.c[c] for c in READ))
         .where(among(session, SAMPLES.c.target_id, ids), SAMPLES.c.ts >= start, high)
         .order_by(SAMPLES.c.target_id, SAMPLES.c.ts)
     )
@@ -446,7 +602,7 @@ def raw_spans(
     a round's windows read their partial start buckets together."""
     from kneepoint.store.queries import read_bulk
 
-    columns = ("target_id", "ts", *COLUMNS, *HIST_COLUMNS)
+    columns = ("target_id", "ts", *READ)
     selects = [
         select(*(SAMPLES.c[c] for c in columns)).where(
             among(session, SAMPLES.c.target_id, ids), SAMPLES.c.ts >= start, SAMPLES.c.ts < end
@@ -478,12 +634,13 @@ def rows_in(
 def _carry(session: Session, ids: list[int], before: float) -> dict[int, Carry]:
     """Each target's latest row before `before`."""
     rows = latest(session, ids, before, ("last_ts", "sig", "last", "sums", "breaks"))
-    return {
-        t: Carry(
-            r["last_ts"], r["sig"], json.loads(r["last"]), Part.from_json(r["sums"]), r["breaks"]
-        )
-        for t, r in rows.items()
-    }
+    return {t: carried(r, Part.from_json(r["sums"]), r["breaks"]) for t, r in rows.items()}
+
+
+def carried(row: dict[str, Any], sums: Part, breaks: int) -> Carry:
+    """A Carry from a sums row's last_ts, sig and last (with `sums` and `breaks`)."""
+    last = json.loads(row["last"])
+    return Carry(row["last_ts"], row["sig"], last, sums, breaks, Run.from_json(last.get("w")))
 
 
 def latest(

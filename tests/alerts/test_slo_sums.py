@@ -12,7 +12,9 @@ from __future__ import annotations
 
 import copy
 import dataclasses
+import itertools
 import random
+import statistics
 from collections.abc import Iterator
 from datetime import UTC, datetime
 from pathlib import Path
@@ -26,11 +28,13 @@ from alerts import evaluate, slo
 from alerts.evaluate import advance_sums, burn_rates, slo_reports
 from collectors.sglang import parse_sglang
 from collectors.vllm import parse_vllm
+from kneepoint import status
 from kneepoint.config import Config, load_config
+from kneepoint.derived import stall
 from kneepoint.samples import Histogram, ReplicaSample
 from kneepoint.store import queries, rollup, slo_sums, stall_rows
 from kneepoint.store.db import open_store
-from kneepoint.store.models import Base, ReplicaRollupRow, SloSumRow
+from kneepoint.store.models import Base, ReplicaRollupRow, ReplicaSampleRow, SloSumRow
 from kneepoint.store.rollup import REPLICA_SHAPE
 from kneepoint.store.writer import ensure_targets, record_replica_history
 from tests.conftest import OWN_FIXTURES, VLLM_032, migrated, read
@@ -148,6 +152,8 @@ def _same(a: Any, b: Any) -> None:
         assert a.keys() == b.keys()
         for key in a:
             _same(a[key], b[key])
+    elif dataclasses.is_dataclass(a) and not isinstance(a, type):
+        _same(dataclasses.asdict(a), dataclasses.asdict(b))  # type: ignore[arg-type]
     elif isinstance(a, list | tuple):
         assert len(a) == len(b)
         for x, y in zip(a, b, strict=True):
@@ -158,21 +164,87 @@ def _same(a: Any, b: Any) -> None:
 
 def _compare(config: Config, now: float, rates: bool = False) -> None:
     """slo_reports from the sums equal the direct ones (their burn rates are burn_rates'
-    windows; `rates`: burn_rates itself compared too)."""
+    windows; `rates`: burn_rates itself compared too), stalled seconds aside: the sums judge
+    them on the raw samples, runs whole (slo_sums docstring; test_stalled_seconds_*), so an
+    availability SLO's windows are compared count by count, all but `stalled`."""
     sessions = open_store(config.database)
+    latency = config.model_copy(
+        update={"slos": [s for s in config.slos if s.kind != "availability"]}
+    )
     with sessions() as session:
-        summed = slo_reports(session, config, now)
-        direct = slo_reports(session, config, now, direct=True)
+        summed = slo_reports(session, latency, now)
+        direct = slo_reports(session, latency, now, direct=True)
         if rates:
-            _same(burn_rates(session, config, now), burn_rates(session, config, now, direct=True))
+            _same(burn_rates(session, latency, now), burn_rates(session, latency, now, direct=True))
+        if any(s.kind == "availability" for s in config.slos):
+            spans = sorted({*slo.windows_needed(), *(s.window for s in config.slos)})
+            shared = evaluate._shared(config, now, spans)
+            counted = set()
+            for span in spans:
+                mine = evaluate.measure(session, config, now - span, now, False, shared)
+                theirs = evaluate.measure(session, config, now - span, now, True)
+                _same(mine.histograms, theirs.histograms)
+                assert mine.availability is not None and theirs.availability is not None
+                fields = dataclasses.asdict(mine.availability)
+                assert fields.pop("stalled") >= 0
+                other = dataclasses.asdict(theirs.availability)
+                other.pop("stalled")
+                _same(fields, other)
+                counted.add(fields["finished"])
+            # Not all the same: the windows differ, so the comparison compares something.
+            assert len(counted - {0.0}) > 2
     assert [r.rates for r in summed]  # something was judged
     for a, b in zip(summed, direct, strict=True):
         _same(a.rates, b.rates)
         _same(a.budget.compliance, b.budget.compliance)
         _same(a.budget.budget_left, b.budget.budget_left)
         assert a.burning == b.burning and a.problem == b.problem
-    # Not all the same: the windows differ, so the comparison compares something.
-    assert len({v for r in direct for v in r.rates.values()}) > 2
+
+
+def _credits(points: list[stall.Point], after: float, widest: float) -> list[tuple[float, float]]:
+    """The seconds the sums credit at each sample (slo_sums docstring), found another way:
+    each run of stuck samples that lasts `after` (stall.stalled_intervals, over every raw
+    sample of the replica), credited all it lasted at its first sample `after` from its
+    start, then each later step at the sample ending it."""
+    out: list[tuple[float, float]] = []
+    for start, end in stall.stalled_intervals(points, after, widest):
+        times = [p.ts for p in points if start <= p.ts <= end]
+        due = next(t for t in times if t - start >= after)
+        out.append((due, due - start))
+        out += [(b, b - a) for a, b in itertools.pairwise(times) if a >= due]
+    return out
+
+
+Runs = tuple[list[tuple[float, float]], list[tuple[float, float]], float]
+
+
+def _stall_runs(config: Config) -> dict[int, Runs]:
+    """Per replica: the credits at its samples (_credits, from all its raw samples), its
+    stalled runs, and its widest step that may be stuck."""
+    out = {}
+    widest = status.stale_after(config)
+    with open_store(config.database)() as session:
+        for row in queries.targets(session).values():
+            rows = session.execute(
+                select(ReplicaSampleRow)
+                .where(ReplicaSampleRow.target_id == row.id)
+                .order_by(ReplicaSampleRow.ts)
+            ).scalars()
+            points = [
+                stall.Point(
+                    r.ts,
+                    r.requests_running,
+                    r.requests_waiting,
+                    *(getattr(r, c) for c in stall.PROGRESS),
+                )
+                for r in rows
+            ]
+            steps = [b.ts - a.ts for a, b in itertools.pairwise(points)]
+            gap = max(widest, 2 * statistics.median(steps))
+            runs = stall.stalled_intervals(points, status.stall_after(config), gap)
+            credits = _credits(points, status.stall_after(config), gap)
+            out[row.id] = (credits, runs, max(s for s in steps if s < gap))
+    return out
 
 
 @pytest.fixture(scope="module")
@@ -194,7 +266,7 @@ def test_the_sums_give_the_direct_numbers(tmp_path: Path, seeded: str) -> None:
     sessions = open_store(config.database)
     with sessions() as session:
         ids = sorted(t.id for t in queries.targets(session).values())
-        summed = evaluate._summed(
+        summed, _ = evaluate._summed(
             session, NOW - 6 * 3600, NOW, ids, queries.histogram_layouts(session)
         )
     assert sorted(summed) == ids
@@ -261,6 +333,56 @@ def _stall_rows_match(config: Config) -> None:
     assert 3600 - STEP - 3 <= wedged[(NOW, 3600.0)] <= 3600
     assert wedged[(NOW, 7200.0)] == wedged[(NOW, 86400.0)] > 3600
     assert 0 < wedged[(EARLIER, 7200.0)] < wedged[(NOW, 7200.0)]  # still going at EARLIER
+
+
+def test_stalled_seconds_from_the_sums(tmp_path: Path, seeded: str) -> None:
+    """The sums' stalled seconds of every window (at NOW and EARLIER, not on bucket bounds)
+    are the seconds credited at its samples, runs judged whole on the raw samples
+    (_credits). Against the direct computation: equal in every window of raw samples (an
+    hour and less) that no run crosses the start of; where one does, the direct one cuts
+    it there (and judges what is left), so they differ by at most `after` and a step; in
+    longer windows the direct one judges summary rows, 5 minutes (an hour past 2 days)
+    apart: at most two of those a run, plus `after` and a step."""
+    config = _config(tmp_path, database=seeded)
+    runs = _stall_runs(config)
+    after = status.stall_after(config)
+    spans = sorted({*slo.windows_needed(), *(s.window for s in config.slos)})
+    equal = differ = 0
+    with open_store(config.database)() as session:
+        ids = sorted(runs)
+        layouts = queries.histogram_layouts(session)
+        for now in (NOW, EARLIER):
+            shared = evaluate._shared(config, now, spans)
+            for span in spans:
+                since = now - span
+                windows, mine = evaluate._summed(session, since, now, ids, layouts, shared)
+                # (Windows the sums do not reach, the longest, are the samples' path's.)
+                assert windows or span > 6 * 3600
+                assert sorted(mine) == sorted(windows)
+                frame = queries.replica_frame(
+                    session, since, now, ids, columns=evaluate.STALL_COLUMNS
+                )
+                direct = evaluate._stalled_seconds(frame, config, since, now)
+                for target_id, seconds in mine.items():
+                    credits, stalled, step = runs[target_id]
+                    expected = sum(c for ts, c in credits if since <= ts <= now)
+                    assert seconds == pytest.approx(expected, rel=1e-9, abs=1e-9)
+                    theirs = direct.get(target_id, 0.0)
+                    inside = [(a, b) for a, b in stalled if b >= since and a <= now]
+                    crossing = any(a < since for a, _ in inside)
+                    if queries.coarsest_for(span) == queries.RAW and not crossing:
+                        assert seconds == pytest.approx(theirs, rel=1e-9, abs=1e-9)
+                        equal += seconds > 0
+                        continue
+                    resolution = queries.coarsest_for(span)
+                    most = after + step
+                    if queries.coarsest_for(span) != queries.RAW:
+                        most += 2 * resolution * len(inside)
+                    assert abs(seconds - theirs) <= most
+                    differ += seconds != pytest.approx(theirs)
+    # Both cases were met: stalls the sums count as the direct computation does, and ones
+    # cut or coarsened by it.
+    assert equal and differ
 
 
 def test_stalled_seconds_come_from_the_candidate_rows(tmp_path: Path, seeded: str) -> None:
@@ -524,3 +646,63 @@ def test_a_burn_round_reads_every_windows_start_bucket_in_one_statement(
     assert len(slo.windows_needed()) > 2
     assert frames == []
     assert len(statements) == 2
+
+
+def test_a_burn_round_reads_no_stall_rows(tmp_path: Path, seeded: str) -> None:
+    """Stalled seconds are summed per bucket: a burn-rate round with an availability SLO
+    asks the database for no stall candidates (five reads of every window's rows before)."""
+    config = _config(tmp_path, database=seeded)
+    assert any(s.kind == "availability" for s in config.slos)
+    reads: list[float] = []
+    original = stall_rows.candidates
+
+    def spy(session: Any, ids: Any, start: float, end: float) -> pd.DataFrame:
+        reads.append(end - start)
+        return original(session, ids, start, end)
+
+    stall_rows.candidates = spy  # type: ignore[assignment]
+    try:
+        with open_store(config.database)() as session:
+            rates = burn_rates(session, config, NOW)
+    finally:
+        stall_rows.candidates = original  # type: ignore[assignment]
+    assert reads == []
+    assert any(v for v in rates["up"].values())  # the availability SLO was judged
+
+
+def test_rows_summed_before_stalls_were_read_from_the_candidate_rows(
+    tmp_path: Path, seeded: str
+) -> None:
+    """Rows an older version wrote keep no stall state: the windows that need them take
+    their stalled seconds from the store's candidate rows, as before (the same seconds as
+    `_stalled_in_store`), and the other numbers from the sums all the same."""
+    import json
+    import shutil
+
+    from sqlalchemy import update
+
+    for part in Path(seeded.removeprefix("sqlite:///")).parent.glob("k.db*"):  # with its WAL
+        shutil.copy(part, tmp_path / part.name)
+    config = _config(tmp_path, database=f"sqlite:///{tmp_path / 'k.db'}")
+    sessions = open_store(config.database)
+    with sessions.begin() as session:
+        for row in session.execute(select(SloSumRow.__table__)).mappings().all():
+            parts = {k: json.loads(row[k]) for k in ("sums", "inner", "last")}
+            for key in ("st", "w", "wi"):
+                for value in parts.values():
+                    value.pop(key, None)
+            session.execute(
+                update(SloSumRow)
+                .where(SloSumRow.target_id == row["target_id"], SloSumRow.bucket == row["bucket"])
+                .values(**{k: json.dumps(v) for k, v in parts.items()})
+            )
+    with sessions() as session:
+        ids = sorted(t.id for t in queries.targets(session).values())
+        layouts = queries.histogram_layouts(session)
+        windows, credited = evaluate._summed(session, NOW - 3600, NOW, ids, layouts)
+        assert len(windows) == len(ids) - 1 and credited == {}  # all but the stale one
+        measured = evaluate.measure(session, config, NOW - 3600, NOW)
+        stalled = evaluate._stalled_in_store(session, config, ids, NOW - 3600, NOW)
+    assert measured.availability is not None
+    assert sum(stalled.values()) > 0
+    assert measured.availability.stalled == pytest.approx(sum(stalled.values()))
