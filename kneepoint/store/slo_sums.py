@@ -275,12 +275,12 @@ def walk(
     has lasted `after` (all it lasted so far, at the sample where it does), and each later
     pair's as it comes."""
     credits: list[float] = []
+    earlier = None if run is None else stall.Point(run.ts, *run.point)
     for i in range(first, end):
         ts, point = rows.ts[i], rows.stall[i]
+        later = stall.Point(ts, *point)
         credit = 0.0
-        if run is not None and stall.stuck(
-            stall.Point(run.ts, *run.point), stall.Point(ts, *point), widest
-        ):
+        if run is not None and earlier is not None and stall.stuck(earlier, later, widest):
             start = run.ts if run.start is None else run.start
             if run.qualified:
                 credit = ts - run.ts
@@ -289,6 +289,7 @@ def walk(
             run = Run(ts, point, start, run.qualified or ts - start >= after)
         else:
             run = Run(ts, point)
+        earlier = later
         credits.append(credit)
     return sum(credits), run, credits
 
