@@ -11,14 +11,17 @@ rows; here a GPU whose identity changes, and one that appears, within a round.
 from __future__ import annotations
 
 import re
+import sqlite3
 from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
 
+import pytest
 from apscheduler.events import EVENT_JOB_ERROR, EVENT_JOB_EXECUTED, JobExecutionEvent
 from sqlalchemy import event, select
 from sqlalchemy.orm import Session, sessionmaker
 
+import collectors.collect
 from collectors.cluster import Cluster
 from collectors.collect import store_fetched
 from collectors.schedule import record_job_event
@@ -146,3 +149,38 @@ def test_a_membership_beat_is_one_statement(tmp_path: Path) -> None:
         assert row is not None
         assert (row.started_at, row.last_seen_at) == (100.0, 105.0)
     sessions.kw["bind"].dispose()
+
+
+def test_a_layout_made_in_a_round_that_is_undone_is_made_again(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A fresh store's first round: the vLLM target's histogram layouts are added in the
+    round's savepoint, then the database refuses the exporter's rows and the savepoint is
+    undone, layouts with it. The vLLM target, stored again in its own savepoint, must not
+    point at the undone layouts: the ids the store caches are forgotten on any rollback
+    (kneepoint/store/db.py); a guard for the round's batch, which now also keeps GPUs."""
+    real = collectors.collect.record_gpus
+
+    def refuse(session: Session, target_id: int, ts: float, gpus: list) -> None:  # type: ignore[type-arg]
+        real(session, target_id, ts, gpus)
+        raise ValueError("value out of range for column fb_used_mib")
+
+    monkeypatch.setattr(collectors.collect, "record_gpus", refuse)
+    database = tmp_path / "k.db"
+    sessions = open_store(f"sqlite:///{database}")
+    fetched = [
+        Fetched(Target(name="r", kind="vllm", url="http://127.0.0.1:9/r"), T0, 0.01,
+                read(VLLM_032), None),
+        Fetched(Target(name="n", kind="dcgm", url="http://127.0.0.1:9/n"), T0, 0.01,
+                read(DCGM_L4), None),
+    ]  # fmt: skip
+    outcomes = {o.target: o for o in store_fetched(fetched, sessions)}
+    assert outcomes["r"].ok and not outcomes["n"].ok
+    sessions.kw["bind"].dispose()
+    with sqlite3.connect(database) as connection:
+        layouts = dict(connection.execute("SELECT id, bounds FROM histogram_layouts"))
+        columns = [c[1] for c in connection.execute("PRAGMA table_info(replica_samples)")]
+        (row,) = connection.execute("SELECT * FROM replica_samples").fetchall()
+    used = {int(v.split("|")[0]) for c, v in zip(columns, row, strict=True)
+            if c.startswith("hist_") and v}  # fmt: skip
+    assert used and used <= set(layouts)
