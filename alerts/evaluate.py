@@ -332,18 +332,23 @@ def _heads(
     spans = [(low - size, low) for start, low in lows.items() if low > start]
     rows = slo_sums.raw_spans(session, ids, spans)
     stored = slo_sums.rows_in(
-        session, ids, sorted({low - size for low in lows.values()}), (*SUM_BREAKS, "last")
+        session,
+        ids,
+        sorted({low - size for low in lows.values()}),
+        (*SUM_BREAKS, "last", "last_ts"),
     )
     # Each row's bucket (the windows' buckets do not overlap: _apart).
     buckets = [math.floor(ts / size) * size for ts in rows.ts.astype(float)]
     of = {low - size: start for start, low in lows.items() if low > start}
     entering: dict[tuple[float, int], slo_sums.Run | None] = {}
+    lasts: dict[tuple[float, int], tuple[float, slo_sums.Values]] = {}
     for bucket, rows_of in stored.items():
         for target_id, row in rows_of.items():
             last = json.loads(row["last"])
+            lasts[(bucket, target_id)] = (float(row["last_ts"]), last)
             if "wi" in last:  # kept since the sums keep stalls
                 entering[(bucket, target_id)] = slo_sums.Run.from_json(last["wi"])
-    found = slo_sums.heads(rows, layouts, buckets, of, entering, rule)
+    found = slo_sums.heads(rows, layouts, buckets, of, entering, rule, lasts)
     out: dict[float, Heads] = {
         start: ({}, {}, rows[(rows.ts >= start) & (rows.ts < low)] if len(rows) else rows)
         for start, low in lows.items()

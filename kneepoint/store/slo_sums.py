@@ -341,6 +341,7 @@ def heads(
     starts: dict[float, float],
     entering: dict[tuple[float, int], Run | None],
     rule: StallRule = DEFAULT_RULE,
+    lasts: dict[tuple[float, int], tuple[float, Values]] | None = None,
 ) -> dict[tuple[float, int], Stretch]:
     """The stretch from `starts[bucket]` to the bucket's end of each target's samples in
     each of `buckets` (`buckets` labels each row of `frame`, whole buckets ordered by target
@@ -349,7 +350,8 @@ def heads(
     `_heads`). Stall detection walks the whole bucket from `entering` (the state entering
     it, as its sums row keeps it: the writer's walk, so the same credits), and the stretch's
     `st` is what it credits from the start on (None where `entering` has no entry: a row
-    written before the sums kept stalls)."""
+    written before the sums kept stalls). `lasts`: the sums row's last_ts and `last` per
+    (bucket, target), whose histograms are the bucket's last sample's, decoded already."""
     if frame.empty:
         return {}
     frame = frame.reset_index(drop=True)
@@ -367,7 +369,9 @@ def heads(
             run = entering.get(key)
             widest = max_gap(rows.ts[first:end], None if run is None else run.ts, rule)
             _, run, _ = walk(rows, first, head, run, rule.after, widest)
-            found = _stretch(rows, head, end, layouts, None, rule, (run, widest))
+            last_ts, last = (lasts or {}).get(key, (None, None))
+            known_last = last if last_ts == rows.ts[end - 1] else None
+            found = _stretch(rows, head, end, layouts, None, rule, (run, widest), known_last)
             if not known:
                 found[0].st = None
             out[key] = found
@@ -383,9 +387,12 @@ def _stretch(
     before: Carry | None,
     rule: StallRule = DEFAULT_RULE,
     state: tuple[Run | None, float] | None = None,
+    known_last: Values | None = None,
 ) -> Stretch:
     """`state`: the stall state at the sample before `first` and the widest stuck gap (else
-    `before`'s state, and the gap from these rows: `max_gap`)."""
+    `before`'s state, and the gap from these rows: `max_gap`). `known_last`: the values at
+    the last row, decoded already (its sums row's `last`): its histograms are not decoded
+    again."""
     sigs = rows.sigs[first:end]
     ts = rows.ts[first:end]
     inner = Part(n=end - first, s=ts[-1] - ts[0])
@@ -403,7 +410,17 @@ def _stretch(
     edges = sorted({0, end - first - 1, *resets, *(i - 1 for i in resets)})
     for name, column in zip(HISTOGRAMS, HIST_COLUMNS, strict=True):
         texts = rows.texts[column]
-        decoded = [d for d in (_hist(texts[first + i], layouts) for i in edges) if d is not None]
+        given = None if known_last is None else known_last["h"].get(name)
+        decoded = [
+            d
+            for d in (
+                list(given)
+                if given is not None and i == end - first - 1 and _layout(texts[first + i])
+                else _hist(texts[first + i], layouts)
+                for i in edges
+            )
+            if d is not None
+        ]
         total = [0.0] * len(decoded[0]) if decoded else []
         for a, b in itertools.pairwise(decoded):
             if len(a) == len(b):

@@ -31,7 +31,7 @@ from collectors.vllm import parse_vllm
 from kneepoint import status
 from kneepoint.config import Config, load_config
 from kneepoint.derived import stall
-from kneepoint.samples import Histogram, ReplicaSample
+from kneepoint.samples import HISTOGRAMS, Histogram, ReplicaSample
 from kneepoint.store import queries, rollup, slo_sums, stall_rows
 from kneepoint.store.db import open_store
 from kneepoint.store.models import Base, ReplicaRollupRow, ReplicaSampleRow, SloSumRow
@@ -706,3 +706,35 @@ def test_rows_summed_before_stalls_were_read_from_the_candidate_rows(
     assert measured.availability is not None
     assert sum(stalled.values()) > 0
     assert measured.availability.stalled == pytest.approx(sum(stalled.values()))
+
+
+def test_a_burn_round_decodes_a_histogram_once_per_window_start(
+    tmp_path: Path, seeded: str
+) -> None:
+    """A window's partial start bucket ends at its bucket's last sample, whose histograms
+    its sums row keeps decoded (`last`): only the first sample in the window is decoded
+    there; the samples at the end are decoded once for every window (before: both ends of
+    every partial bucket, and the 5-minute window's samples again)."""
+    config = _config(tmp_path, database=seeded)
+    decoded: list[object] = []
+    original = slo_sums._hist
+
+    def spy(text: object, layouts: Any) -> Any:
+        decoded.append(text)
+        return original(text, layouts)
+
+    slo_sums._hist = spy  # type: ignore[assignment]
+    try:
+        with open_store(config.database)() as session:
+            burn_rates(session, config, NOW)
+    finally:
+        slo_sums._hist = original  # type: ignore[assignment]
+    with open_store(config.database)() as session:
+        # The histograms each replica's latest sample has (the stale one's are old).
+        latest = session.execute(
+            select(ReplicaSampleRow).where(ReplicaSampleRow.ts > NOW - 600)
+        ).scalars()
+        present = {(r.target_id, h) for r in latest for h in HISTOGRAMS if getattr(r, f"hist_{h}")}
+    windows = len(slo.windows_needed())
+    # One sample per window start, two at the end (a counter reset adds two, rarely).
+    assert 0 < len(decoded) <= len(present) * (windows + 2) + 4
