@@ -29,7 +29,10 @@ Every `--every` seconds it prints each collector's VmRSS; at the end, per collec
 the first sample, the last and the largest, the peak (VmHWM), and the slopes of
 least-squares lines (MiB per hour) through the samples from the fifth minute on and through
 those of the last `--last` minutes (the first minutes hold the start-up's growth: tables,
-caches, the first rollup; on a fresh store the later ones too, while its windows fill).
+caches, the first rollup; on a fresh store the later ones too, while its windows fill),
+and each 10 minutes' floor (the smallest sample): RSS swings by tens of MiB within minutes
+(a rollup's or evaluation's peak, then the trim after it), so a 40-minute slope through
+such swings is mostly noise, while the floors show what stays resident.
 """
 
 from __future__ import annotations
@@ -72,6 +75,15 @@ def slope_per_hour(points: list[tuple[float, float]]) -> float:
     if var == 0:
         return 0.0
     return sum((x - mx) * (y - my) for x, y in points) / var * 3600
+
+
+def floors(points: list[tuple[float, float]], block: float = 600.0) -> list[float]:
+    """The smallest MiB of each `block` seconds of (seconds, MiB) samples, in time order."""
+    lowest: dict[int, float] = {}
+    for at, mib in points:
+        index = int(at // block)
+        lowest[index] = min(mib, lowest.get(index, mib))
+    return [lowest[index] for index in sorted(lowest)]
 
 
 def tree_rss_mib(pid: int) -> float:
@@ -246,7 +258,8 @@ def main() -> None:
         print(
             f"{label}: RSS first {sizes[0]:.0f} MiB, last {sizes[-1]:.0f}, max {max(sizes):.0f}, "
             f"{peak}slope from minute 5: {slope_per_hour(settled):+.1f} MiB/h, over the last "
-            f"{args.last:g} min: {slope_per_hour(last):+.1f} MiB/h ({len(points)} samples)"
+            f"{args.last:g} min: {slope_per_hour(last):+.1f} MiB/h ({len(points)} samples); "
+            f"floor per 10 min: {' '.join(f'{mib:.0f}' for mib in floors(points))} MiB"
         )
 
 
