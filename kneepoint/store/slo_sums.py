@@ -63,6 +63,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field, replace
 from typing import Any, cast
 
+import numpy as np
 import pandas as pd
 from sqlalchemy import ARRAY, Integer, Table, and_, any_, delete, func, literal, select, union_all
 from sqlalchemy.orm import Session
@@ -212,9 +213,17 @@ def _layout(text: object) -> str:
 def signatures(frame: pd.DataFrame) -> list[str]:
     """Per row: which availability counters it knows, and each histogram's layout."""
     known = frame[list(AVAILABILITY)].notna().to_numpy()
-    bits = ["".join("1" if k else "0" for k in row) for row in known.tolist()]
-    layouts = [frame[c].map(_layout).tolist() for c in HIST_COLUMNS]
-    return [f"{k}|{','.join(parts)}" for k, *parts in zip(bits, *layouts, strict=True)]
+    # Each row's known counters as one number, then written once per number seen.
+    codes = (known * (1 << np.arange(known.shape[1]))).sum(axis=1).tolist()
+    bits = {
+        code: "".join("1" if code >> i & 1 else "0" for i in range(known.shape[1]))
+        for code in set(codes)
+    }
+    layouts = [
+        [t.split("|", 1)[0] if isinstance(t, str) else "" for t in frame[c].tolist()]
+        for c in HIST_COLUMNS
+    ]
+    return [f"{bits[k]}|{','.join(parts)}" for k, *parts in zip(codes, *layouts, strict=True)]
 
 
 @dataclass
@@ -227,6 +236,9 @@ class _Rows:
     texts: dict[str, list[Any]]
     went_down: list[bool]  # a counter went down from the target's previous row
     stall: list[tuple[float | None, ...]]  # STALL per row (None: unknown)
+    # stall.stuck(previous row, this row) but for the gap test, where the previous row is
+    # the same target's (vectorized: a walk reads it instead of calling stuck per pair).
+    stuck: list[bool]
 
     @staticmethod
     def of(frame: pd.DataFrame, parts: pd.Series | None = None) -> _Rows:
@@ -237,6 +249,7 @@ class _Rows:
         down = (values.groupby(groups).ffill().groupby(groups).diff() < 0).any(axis=1)
         known = [c for c in STALL if c in frame]
         read = frame[known].astype(float).to_numpy().tolist() if known else [[]] * len(frame)
+        stuck = _stuck_pairs(frame, known, groups)
         at = [known.index(c) if c in known else None for c in STALL]
         points = [
             tuple(None if i is None or math.isnan(row[i]) else row[i] for i in at) for row in read
@@ -248,7 +261,25 @@ class _Rows:
             {c: frame[c].tolist() for c in HIST_COLUMNS},
             down.tolist(),
             points,
+            stuck,
         )
+
+
+def _stuck_pairs(frame: pd.DataFrame, known: list[str], groups: list[Any]) -> list[bool]:
+    """Per row: is it and the row before it of the same group a stuck pair (stall.stuck
+    without its gap test)? Work present at both (unknown queues count as none), a progress
+    counter known at both, and none known at both that differs."""
+    queues = [c for c in QUEUES if c in known]
+    progress = [c for c in stall.PROGRESS if c in known]
+    if not queues or not progress:
+        return [False] * len(frame)
+    values = frame[known].astype(float)
+    before = values.groupby(groups).shift(1)  # NaN at a group's first row: no pair
+    work = values[queues].fillna(0.0).sum(axis=1) > 0
+    worked = before[queues].fillna(0.0).sum(axis=1) > 0
+    both = values[progress].notna() & before[progress].notna()
+    same = (~both | (values[progress] == before[progress])).all(axis=1)
+    return (work & worked & both.any(axis=1) & same).tolist()
 
 
 # The increases within a stretch of samples, the step into it, the values at its last sample,
@@ -275,12 +306,17 @@ def walk(
     has lasted `after` (all it lasted so far, at the sample where it does), and each later
     pair's as it comes."""
     credits: list[float] = []
-    earlier = None if run is None else stall.Point(run.ts, *run.point)
     for i in range(first, end):
         ts, point = rows.ts[i], rows.stall[i]
-        later = stall.Point(ts, *point)
         credit = 0.0
-        if run is not None and earlier is not None and stall.stuck(earlier, later, widest):
+        if run is None:
+            paired = False
+        elif i > first:  # the row before is this stretch's: its pair, judged already
+            paired = rows.stuck[i] and ts - run.ts <= widest
+        else:
+            earlier = stall.Point(run.ts, *run.point)
+            paired = stall.stuck(earlier, stall.Point(ts, *point), widest)
+        if run is not None and paired:
             start = run.ts if run.start is None else run.start
             if run.qualified:
                 credit = ts - run.ts
@@ -289,7 +325,6 @@ def walk(
             run = Run(ts, point, start, run.qualified or ts - start >= after)
         else:
             run = Run(ts, point)
-        earlier = later
         credits.append(credit)
     return sum(credits), run, credits
 
