@@ -2,7 +2,7 @@
 aims of issue 25; plus alert evaluation with SLOs and the weekly review.
 
     .venv/bin/python bench/bench_pages.py [--replicas 4,200,1000] [--days 7] [--raw-hours 12]
-        [--pages overview,alerts,...] [--ranges 1h,24h,7d] [--eval-rounds 8] [--no-review]
+        [--pages overview,alerts,...|none] [--ranges 1h,24h,7d] [--eval-rounds 8] [--no-review]
         [--keep DIR] [--source DIR]... [--seed-only]
 
 For each fleet size a store is seeded by bench/scale_seed.py (SQL only, PostgreSQL: samples
@@ -249,7 +249,9 @@ def main() -> None:
     parser.add_argument("--replicas", default="4,200,1000", help="fleet sizes, comma-separated")
     parser.add_argument("--days", type=float, default=7.0, help="days of seeded history")
     parser.add_argument("--raw-hours", type=float, default=12.0, help="newest hours at 15 s")
-    parser.add_argument("--pages", help="url paths, comma-separated (default: every page)")
+    parser.add_argument(
+        "--pages", help="url paths, comma-separated (default: every page; none: no page)"
+    )
     parser.add_argument("--ranges", default="1h,24h,7d")
     parser.add_argument("--eval-rounds", type=int, default=8, help="timed rounds, 15 s apart")
     parser.add_argument("--no-review", action="store_true", help="skip the weekly review")
@@ -270,7 +272,8 @@ def main() -> None:
     sources = [s.resolve() for s in (args.source or [ROOT])]
     labels = [checkout_label(s) for s in sources]
     titles = page_titles(sources[0])
-    pages = args.pages.split(",") if args.pages else list(titles)
+    # `--pages none`: evaluation and the review only (no page runs, no warmer rounds).
+    pages = [] if args.pages == "none" else args.pages.split(",") if args.pages else list(titles)
     unknown = [p for p in pages if p not in titles]
     if unknown:
         parser.error(f"--pages: no page {', '.join(unknown)} (pages: {', '.join(titles)})")
@@ -319,7 +322,7 @@ def main() -> None:
                     *("--now", repr(seeded["now"]), "--pages", ",".join(pages)),
                     *("--ranges", ",".join(ranges), "--eval-rounds", str(args.eval_rounds)),
                     *(() if args.no_review else ("--review",)),
-                    "--warmer-round",
+                    *(("--warmer-round",) if pages else ()),
                     *("--timeout", str(args.timeout), "--out", str(out)),
                 )
                 results.append(json.loads(out.read_text()))

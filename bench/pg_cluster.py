@@ -4,7 +4,8 @@ cluster kept in DIR between runs, so that a store seeded once (1,000 replicas ×
 
 The kept cluster is started the way tests/postgres.py starts its throwaway one (Debian's
 binaries, loopback only, trusted connections, fsync off); tests/postgres.py has no way to keep
-its folder, hence the few lines of initdb/pg_ctl here."""
+its folder, hence the few lines of initdb/pg_ctl here. A second bench on a kept cluster that
+is running uses it and leaves it running (so that a review-only run can go beside a page run)."""
 
 from __future__ import annotations
 
@@ -47,8 +48,13 @@ def kept_postgres(folder: Path) -> Iterator[Callable[[str], tuple[str, bool]]]:
 
     if not (data / "PG_VERSION").exists():
         run(f"{bin_dir}/initdb", "-D", str(data), "-U", "kneepoint", "--auth=trust", "-E", "UTF8")
-    options = f"-p {port} -k {folder} -c listen_addresses=127.0.0.1 -c fsync=off"
-    run(f"{bin_dir}/pg_ctl", "-D", str(data), "-o", options, "-l", f"{folder}/log", "-w", "start")
+    running = _running_port(bin_dir, data, as_user)
+    if running is not None:  # another bench's: used as it is, and left running for it
+        port = running
+    else:
+        options = f"-p {port} -k {folder} -c listen_addresses=127.0.0.1 -c fsync=off"
+        log = f"{folder}/log"
+        run(f"{bin_dir}/pg_ctl", "-D", str(data), "-o", options, "-l", log, "-w", "start")
 
     def database(name: str) -> tuple[str, bool]:
         with psycopg.connect(
@@ -64,7 +70,21 @@ def kept_postgres(folder: Path) -> Iterator[Callable[[str], tuple[str, bool]]]:
     try:
         yield database
     finally:
-        run(f"{bin_dir}/pg_ctl", "-D", str(data), "-m", "fast", "stop")
+        if running is None:
+            run(f"{bin_dir}/pg_ctl", "-D", str(data), "-m", "fast", "stop")
+
+
+def _running_port(bin_dir: str, data: Path, as_user: list[str]) -> int | None:
+    """The port of the server already running on `data` (pg_ctl status says so; its
+    postmaster.pid's fourth line is the port), or None."""
+    status = subprocess.run(
+        [*as_user, f"{bin_dir}/pg_ctl", "-D", str(data), "status"],
+        capture_output=True,
+        check=False,
+    )
+    if status.returncode != 0:
+        return None
+    return int((data / "postmaster.pid").read_text().splitlines()[3])
 
 
 @contextmanager
