@@ -3,7 +3,7 @@ aims of issue 25; plus alert evaluation with SLOs and the weekly review.
 
     .venv/bin/python bench/bench_pages.py [--replicas 4,200,1000] [--days 7] [--raw-hours 12]
         [--pages overview,alerts,...|none] [--ranges 1h,24h,7d] [--eval-rounds 8] [--no-review]
-        [--keep DIR] [--source DIR]... [--seed-only]
+        [--no-warmer-round] [--keep DIR] [--source DIR]... [--seed-only]
 
 For each fleet size a store is seeded by bench/scale_seed.py (SQL only, PostgreSQL: samples
 every 15 s for the newest --raw-hours, one a minute before that, the 5-minute and hourly
@@ -192,8 +192,11 @@ def table(
     line = f"{'warmer, a round, 1 h pages':<28} |"
     each = f"{'warmer, a minute of rounds':<28} |"
     for result in results:
-        done = result.get("warmer") or {}
-        if done.get("seconds") is None:
+        done = result.get("warmer")
+        if done is None:  # --no-warmer-round, or no pages
+            line += f" {'(not run)':>49} |"
+            each += f" {'':>49} |"
+        elif done.get("seconds") is None:
             line += f" {'(no warmer)':>49} |"
             each += f" {'':>49} |"
         else:
@@ -255,6 +258,12 @@ def main() -> None:
     parser.add_argument("--ranges", default="1h,24h,7d")
     parser.add_argument("--eval-rounds", type=int, default=8, help="timed rounds, 15 s apart")
     parser.add_argument("--no-review", action="store_true", help="skip the weekly review")
+    parser.add_argument(
+        "--no-warmer-round",
+        action="store_true",
+        help="skip the warmer's minute of rounds with every page visited (at 1,000 replicas "
+        "each round replays every page's reads: minutes)",
+    )
     parser.add_argument("--keep", type=Path, help="keep the PostgreSQL cluster in DIR, reuse it")
     parser.add_argument(
         "--source",
@@ -322,7 +331,7 @@ def main() -> None:
                     *("--now", repr(seeded["now"]), "--pages", ",".join(pages)),
                     *("--ranges", ",".join(ranges), "--eval-rounds", str(args.eval_rounds)),
                     *(() if args.no_review else ("--review",)),
-                    *(("--warmer-round",) if pages else ()),
+                    *(("--warmer-round",) if pages and not args.no_warmer_round else ()),
                     *("--timeout", str(args.timeout), "--out", str(out)),
                 )
                 results.append(json.loads(out.read_text()))
