@@ -180,20 +180,19 @@ def _intervals(frame: pd.DataFrame, layouts: dict[int, tuple[float, ...]]) -> pd
     if len(frame) < 2:
         return pd.DataFrame(columns=["ts", "mean_prompt_tokens", "itl_p99_seconds"])
     itl = queries.histograms(frame.hist_itl, layouts)
+    # Plain lists, not `.iloc` per row: at 1,000 replicas × a week that indexing was most of
+    # the review's time (157 of 307 s in a profile); the arithmetic is the same floats.
+    times = frame.ts.tolist()
+    counts = frame.request_prompt_tokens_count.tolist()
+    sums = frame.request_prompt_tokens_sum.tolist()
     rows = []
     for index in range(1, len(frame)):
-        count = (
-            frame.request_prompt_tokens_count.iloc[index]
-            - frame.request_prompt_tokens_count.iloc[index - 1]
-        )
-        tokens = (
-            frame.request_prompt_tokens_sum.iloc[index]
-            - frame.request_prompt_tokens_sum.iloc[index - 1]
-        )
+        count = counts[index] - counts[index - 1]
+        tokens = sums[index] - sums[index - 1]
         histogram = window_histogram([itl[index - 1], itl[index]])
         rows.append(
             {
-                "ts": float(frame.ts.iloc[index]),
+                "ts": float(times[index]),
                 "mean_prompt_tokens": tokens / count
                 if count and count > 0 and tokens >= 0
                 else None,
