@@ -288,7 +288,13 @@ def test_collectors_split_the_targets_and_a_killed_leader_is_replaced(
                     mine = [t for t, c in hits if c == name]
                     share = {t for t in TARGETS if want[t] == name}
                     rounds = whole_rounds(mine, share)
-                    assert rounds is not None and rounds >= 1, (name, sorted(share), mine)
+                    # A member that rendezvous hashing gave no target (about one run in 20
+                    # with 10 targets over 3 random member ids) has no round to make.
+                    assert rounds is not None and (rounds >= 1 or not share), (
+                        name,
+                        sorted(share),
+                        mine,
+                    )
                 return want
 
             start("c1", configs["c1"])
