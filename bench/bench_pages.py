@@ -3,20 +3,23 @@ aims of issue 25; plus alert evaluation with SLOs and the weekly review.
 
     .venv/bin/python bench/bench_pages.py [--replicas 4,200,1000] [--days 7] [--raw-hours 12]
         [--pages overview,alerts,...|none] [--ranges 1h,24h,7d] [--eval-rounds 8] [--no-review]
-        [--no-warmer-round] [--keep DIR] [--source DIR]... [--seed-only]
+        [--no-warmer-round] [--steady] [--keep DIR] [--source DIR]... [--seed-only]
 
 For each fleet size a store is seeded by bench/scale_seed.py (SQL only, PostgreSQL: samples
 every 15 s for the newest --raw-hours, one a minute before that, the 5-minute and hourly
 summary tiers; --replicas vLLM replicas and a dcgm node per 8 of them, 8 GPUs each) on a
 throwaway PostgreSQL cluster (tests/postgres.py), or on one kept in DIR with --keep, where a
-store seeded once is reused by later runs (per size, days, raw hours and schema version).
+store seeded once is reused by later runs (per size, days, raw hours and schema version; a
+checkout with a newer schema gets a copy of the newest older store, migrated forward).
 
 What is timed runs in a child process (bench/page_runs.py) with the product code of each
 --source checkout first on its PYTHONPATH (default: this one; give several, e.g. this one
 and `git worktree add /tmp/old 4f6a22f`, to get before and after from one run and one bench):
 
 - evaluation: `evaluate_once` with a latency and an availability SLO, --eval-rounds rounds
-  15 s apart (store time); those entering a new minute recompute burn rates;
+  15 s apart (store time); those entering a new minute recompute burn rates; with --steady
+  the SLO running sums are first built to the rounds' start in one untimed go (timed apart),
+  so the rounds are steady ones, not rounds that also fold the week's backfill;
 - each page: the whole script run of app/main.py with ?page=<url_path>&range=<range> through
   streamlit.testing.v1.AppTest, cold (after st.cache_data.clear()), warm (a second
   session in the same collection round, no new data), and after a new round (`round`: a
@@ -211,6 +214,13 @@ def table(
         cell = ", ".join(f"{n} {state}" for state, n in sorted(counts.items())) or "none"
         line += f" {cell:>49} |"
     lines.append(line)
+    if any(result.get("backfill") for result in results):
+        line = f"{'SLO sums built first':<28} |"
+        for result in results:
+            done = result.get("backfill")
+            cell = "-" if not done else f"{done['seconds']:.1f} s, {done['buckets']} buckets"
+            line += f" {cell:>49} |"
+        lines.append(line)
     # Evaluation: burn-rate rounds and plain rounds, median and max of each.
     for kind, burn in (("evaluation, burn-rate rounds", True), ("evaluation, plain rounds", False)):
         line = f"{kind:<28} |"
@@ -264,6 +274,12 @@ def main() -> None:
         help="skip the warmer's minute of rounds with every page visited (at 1,000 replicas "
         "each round replays every page's reads: minutes)",
     )
+    parser.add_argument(
+        "--steady",
+        action="store_true",
+        help="build the SLO running sums before the evaluation rounds (the backfill timed "
+        "apart), so the rounds are steady ones",
+    )
     parser.add_argument("--keep", type=Path, help="keep the PostgreSQL cluster in DIR, reuse it")
     parser.add_argument(
         "--source",
@@ -302,10 +318,12 @@ def main() -> None:
         for replicas in sizes:
             results: list[dict[str, Any]] = []
             for source in sources:
-                name = (
-                    f"pages_{replicas}r_{args.days:g}d_{args.raw_hours:g}h_{schema_version(source)}"
-                ).replace(".", "_")
-                url, _ = database(name)
+                stem = f"pages_{replicas}r_{args.days:g}d_{args.raw_hours:g}h_".replace(".", "_")
+                version = schema_version(source)
+                # A store seeded under an older schema is copied and migrated forward (by the
+                # seed step's open_store) rather than seeded again: the newest such first.
+                older = [f"{stem}{v:04d}" for v in range(int(version) - 1, 0, -1)]
+                url, _ = database(f"{stem}{version}", older)
                 seeded = json.loads(
                     worker(
                         source,
@@ -331,6 +349,7 @@ def main() -> None:
                     *("--now", repr(seeded["now"]), "--pages", ",".join(pages)),
                     *("--ranges", ",".join(ranges), "--eval-rounds", str(args.eval_rounds)),
                     *(() if args.no_review else ("--review",)),
+                    *(("--steady",) if args.steady else ()),
                     *(("--warmer-round",) if pages and not args.no_warmer_round else ()),
                     *("--timeout", str(args.timeout), "--out", str(out)),
                 )

@@ -3,7 +3,7 @@ checkout first on sys.path (PYTHONPATH=<checkout>), so the same bench times befo
 
     page_runs.py seed    --url URL --replicas N --nodes N --gpus N --days D --raw-hours H
     page_runs.py measure --config FILE --app FILE --now T --pages a,b --ranges 1h,24h
-                         [--eval-rounds 8] [--review] --out FILE.json
+                         [--eval-rounds 8] [--steady] [--review] --out FILE.json
 
 `seed` fills a PostgreSQL store with bench/scale_seed.py (once: a store it marked as seeded is
 reused) and prints the seeded clock. `measure` runs, in this order:
@@ -11,7 +11,9 @@ reused) and prints the seeded clock. `measure` runs, in this order:
 1. alert evaluation (`alerts.evaluate.evaluate_once`) every 15 s of store time up to the seeded
    clock, after one untimed round a minute before (the collector's previous round): the
    rounds that enter a new minute recompute the SLO burn rates (burn-rate rounds), the others
-   do not (plain rounds);
+   do not (plain rounds); with --steady the SLO running sums are first built up to the
+   untimed round (`alerts.evaluate.advance_sums` without a budget, timed apart: `backfill`),
+   so the timed rounds fold only their own new buckets, as a collector's steady rounds do;
 2. every page as its router runs it: the whole script run of app/main.py with
    ?page=<url_path>&range=<range> through streamlit.testing.v1.AppTest, cold (after
    st.cache_data.clear()) and warm (a second session 5 s later by the app's clock: the same
@@ -108,12 +110,36 @@ def error_of(exc: BaseException) -> str:
     return f"{type(exc).__name__}: {str(exc).splitlines()[0] if str(exc) else ''}"[:200]
 
 
+def round_times(now: float, rounds: int) -> list[float]:
+    """The untimed round, then the timed ones ending at `now`; the timed rounds start on a
+    minute (a burn-rate round), so that 2 rounds are one of each."""
+    first = (now - 15 * (rounds - 1)) // 60 * 60
+    return [first - 60] + [first + 15 * i for i in range(rounds)]
+
+
+def backfill(config: Any, sessions: Any, at: float) -> dict[str, Any] | None:
+    """The SLO running sums built up to `at` at once, as the collector's rounds would have
+    built them over the store's history (None: a checkout without running sums)."""
+    from alerts import evaluate
+
+    if not hasattr(evaluate, "advance_sums"):
+        return None
+    began, buckets = time.perf_counter(), 0
+    while True:  # each call folds a day at most (slo_sums.advance's `most`)
+        with sessions.begin() as session:
+            done = evaluate.advance_sums(session, config, at, budget=10**9)
+        if not done:
+            break
+        buckets += done
+    seconds = time.perf_counter() - began
+    say(f"  SLO sums built to {at:.0f}: {buckets} target-buckets in {seconds:.1f} s")
+    return {"seconds": seconds, "buckets": buckets}
+
+
 def evaluation(config: Any, sessions: Any, now: float, rounds: int) -> list[dict[str, Any]]:
     from alerts.evaluate import evaluate_once
 
-    # The timed rounds start on a minute (a burn-rate round), so that 2 rounds are one of each.
-    first = (now - 15 * (rounds - 1)) // 60 * 60
-    times = [first - 60] + [first + 15 * i for i in range(rounds)]
+    times = round_times(now, rounds)
     done: list[dict[str, Any]] = []
     for number, at in enumerate(times):
         burn = number == 0 or at // 60 != times[number - 1] // 60
@@ -309,13 +335,21 @@ def measure(args: argparse.Namespace) -> None:
 
     config = load_config(args.config)
     sessions = connect_store(config.database)
-    results: dict[str, Any] = {"evaluation": [], "pages": [], "review": None, "warmer": None}
+    results: dict[str, Any] = {
+        "evaluation": [],
+        "pages": [],
+        "review": None,
+        "warmer": None,
+        "backfill": None,
+    }
     pages = [p for p in args.pages.split(",") if p]
     if pages or args.eval_rounds:
         # An interrupted run's rounds. A run of the review alone writes no round and reads
         # none (the review ends before the seeded clock), so it leaves the store alone: it
         # may run beside a run that has a round written.
         drop_rounds(sessions, args.now)
+    if args.eval_rounds and args.steady:
+        results["backfill"] = backfill(config, sessions, round_times(args.now, args.eval_rounds)[0])
     if args.eval_rounds:
         results["evaluation"] = evaluation(config, sessions, args.now, args.eval_rounds)
     results["alerts"] = alert_count(sessions)
@@ -417,6 +451,7 @@ def main() -> None:
     measuring.add_argument("--now", type=float, required=True)
     measuring.add_argument("--eval-rounds", type=int, default=8)
     measuring.add_argument("--review", action="store_true")
+    measuring.add_argument("--steady", action="store_true")
     measuring.add_argument("--warmer-round", action="store_true")
     measuring.add_argument("--timeout", type=float, default=900.0)
     args = parser.parse_args()

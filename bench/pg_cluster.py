@@ -13,7 +13,8 @@ import os
 import shutil
 import subprocess
 import sys
-from collections.abc import Callable, Iterator
+import time
+from collections.abc import Callable, Iterator, Sequence
 from contextlib import contextmanager
 from pathlib import Path
 
@@ -25,7 +26,7 @@ from tests.postgres import _binaries, running_postgres  # noqa: E402
 
 
 @contextmanager
-def kept_postgres(folder: Path) -> Iterator[Callable[[str], tuple[str, bool]]]:
+def kept_postgres(folder: Path) -> Iterator[Callable[..., tuple[str, bool]]]:
     """A cluster whose data lives in `folder` (made on first use). Yields `database(name)`,
     which returns the SQLAlchemy URL of database `name` and whether it already existed."""
     import psycopg
@@ -56,16 +57,33 @@ def kept_postgres(folder: Path) -> Iterator[Callable[[str], tuple[str, bool]]]:
         log = f"{folder}/log"
         run(f"{bin_dir}/pg_ctl", "-D", str(data), "-o", options, "-l", log, "-w", "start")
 
-    def database(name: str) -> tuple[str, bool]:
+    def database(name: str, copy_of: Sequence[str] = ()) -> tuple[str, bool]:
+        """Database `name`, made when missing: a copy of the first of `copy_of` that exists
+        (a store seeded once serves a checkout with a newer schema, which migrates its copy
+        forward: seeding 1,000 replicas takes most of an hour), else empty."""
         with psycopg.connect(
             f"host=127.0.0.1 port={port} user=kneepoint dbname=postgres", autocommit=True
         ) as connection:
-            found = connection.execute(
-                "SELECT 1 FROM pg_database WHERE datname = %s", (name,)
-            ).fetchone()
-            if not found:
+
+            def exists(candidate: str) -> bool:
+                query = "SELECT 1 FROM pg_database WHERE datname = %s"
+                return connection.execute(query, (candidate,)).fetchone() is not None
+
+            found = exists(name)
+            source = next((c for c in copy_of if exists(c)), None)
+            if not found and source is not None:
+                began = time.perf_counter()
+                # FILE_COPY: the files copied as they are, not WAL-logged block by block.
+                connection.execute(
+                    f'CREATE DATABASE "{name}" TEMPLATE "{source}" STRATEGY FILE_COPY'
+                )
+                print(
+                    f"{name}: a copy of {source} ({time.perf_counter() - began:.0f} s)",
+                    flush=True,
+                )
+            elif not found:
                 connection.execute(f'CREATE DATABASE "{name}"')
-        return f"postgresql+psycopg://kneepoint@127.0.0.1:{port}/{name}", bool(found)
+        return f"postgresql+psycopg://kneepoint@127.0.0.1:{port}/{name}", found
 
     try:
         yield database
@@ -88,8 +106,8 @@ def _running_port(bin_dir: str, data: Path, as_user: list[str]) -> int | None:
 
 
 @contextmanager
-def throwaway_postgres() -> Iterator[Callable[[str], tuple[str, bool]]]:
-    """tests/postgres.py's throwaway cluster, with the same `database(name)` as kept_postgres
-    (every database is new: the cluster is removed at the end)."""
+def throwaway_postgres() -> Iterator[Callable[..., tuple[str, bool]]]:
+    """tests/postgres.py's throwaway cluster, with the same `database(name, copy_of)` as
+    kept_postgres (every database is new and empty: the cluster is removed at the end)."""
     with running_postgres() as fresh:
-        yield lambda name: (fresh(), False)
+        yield lambda name, copy_of=(): (fresh(), False)
