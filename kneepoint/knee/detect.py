@@ -8,8 +8,6 @@ from dataclasses import dataclass
 from itertools import accumulate
 from typing import Any
 
-from kneed import KneeLocator
-
 from kneepoint.config import Slo
 from kneepoint.knee.runs import Point, Run
 
@@ -64,6 +62,10 @@ def knee(points: tuple[Point, ...] | list[Point]) -> int | None:
     envelope = list(accumulate((p.output_tokens_per_second for p in ladder), max))
     if envelope[-1] <= envelope[0]:  # flat or falling from the first step: it never paid
         return ladder[0].concurrency
+    # Imported here: kneed brings scipy.signal and scipy.stats, 1 s of every CLI command's
+    # 1.5 s start, and only a knee needs them.
+    from kneed import KneeLocator
+
     xs = [p.concurrency for p in ladder]
     with warnings.catch_warnings():  # kneed warns "no knee/elbow found" on straight lines
         warnings.simplefilter("ignore")
