@@ -7,6 +7,7 @@ import time
 from pathlib import Path
 from typing import Any
 
+import httpx
 import pytest
 
 from collectors.schedule import collect_round
@@ -22,7 +23,10 @@ from tests.conftest import free_port
 from tests.real.prometheus_server import running_prometheus
 
 pytestmark = [pytest.mark.real, pytest.mark.timeout(600)]
-WARM_UP_SECONDS, TRAFFIC_SECONDS, DRAIN_SECONDS = 20.0, 150.0, 20.0
+# Seconds of quiet after Prometheus's first scrapes, of traffic, and of quiet after it. Both
+# stores hold all the traffic, so its length only sets how many requests are compared: 60 s
+# gave 0.02 % at most (150 s before, 0.01 %), against the 2 % allowed.
+WARM_UP_SECONDS, TRAFFIC_SECONDS, DRAIN_SECONDS = 10.0, 60.0, 20.0
 # Window numbers that must agree within 2 %: rates, ratios, quantiles, cost, energy.
 REPLICA_KEYS = (
     "generation_tokens_per_second",
@@ -39,6 +43,18 @@ SAME = ("engine_generation", "engines", "model_names", "kv_cache_capacity_tokens
 
 def host_port(target: Target) -> str:
     return target.url.reveal().removeprefix("http://").removesuffix("/metrics")
+
+
+def scraped_all(url: str, targets: int, seconds: float = 60.0) -> None:
+    """Wait until Prometheus has tried every target once (it finds them some seconds after
+    it starts, later under load): polled rather than a fixed wait."""
+    deadline = time.monotonic() + seconds
+    while time.monotonic() < deadline:
+        answer = httpx.get(f"{url}/api/v1/query", params={"query": "up"}, timeout=10).json()
+        if len(answer["data"]["result"]) == targets:
+            return
+        time.sleep(0.5)
+    raise AssertionError(f"Prometheus did not scrape its {targets} targets in {seconds:.0f} s")
 
 
 def flat(status: dict[str, Any]) -> dict[str, Any]:
@@ -85,13 +101,14 @@ def test_prometheus_mode_shows_what_direct_scraping_shows(tmp_path: Path) -> Non
                 ),
             )
             direct_store, through_store = open_store(direct.database), open_store(through.database)
+            scraped_all(url, sum(map(len, jobs.values())))
             began = time.time()
             groups = live_groups(fleet)
             # The window compared holds all the traffic, with quiet at both ends: Prometheus
-            # is scraping before the traffic starts (it finds its targets about 5 s after it
-            # starts) and the engines are idle again before the window ends. Both stores then
-            # hold the same increases; they differ only by where each scraper's first and
-            # last samples fell, about a second each way in a window of three minutes.
+            # is scraping before the window starts (scraped_all) and the engines are idle
+            # again before the window ends. Both stores then hold the same increases; they
+            # differ only by where each scraper's first and last samples fell, about a second
+            # each way in a window of a minute and a half.
             window_start = began + WARM_UP_SECONDS - 5
             stop_at = began + WARM_UP_SECONDS + TRAFFIC_SECONDS
             window_end = stop_at + DRAIN_SECONDS
