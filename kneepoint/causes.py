@@ -26,8 +26,9 @@ not blamed on a restart minutes ago. When none fits, the evidence says so with t
 When several fit, the primary is the first in ORDER (a root before its symptoms: a wedged
 engine or a failing GPU explains a queue; a deploy explains a changed cache; load past the
 knee explains a full cache), and the others are listed as secondary. `gather` reads the
-signals from the store: the kernel's View (kneepoint/views.py) over `WINDOW`, the knees of
-the stored runs, and the timeline's events over the `LOOKBACK` before the onset."""
+signals from the store: the status over `WINDOW` and each replica's peaks in it from the
+database's few rows per replica (kneepoint/store/window_rows.py), the knees of the stored
+runs, and the timeline's events over the `LOOKBACK` before the onset."""
 
 from __future__ import annotations
 
@@ -339,42 +340,42 @@ def gather(
     events: Sequence[Event] | None = None,
 ) -> Signals:
     """Every replica's signals over the window ending `now`, and the changes in the LOOKBACK
-    before `began` (None: now), or `events` where the caller read them already."""
-    from kneepoint.knee.detect import assess, knee_for_replica
-    from kneepoint.store.runs import load_runs
-    from kneepoint.views import build_view
+    before `began` (None: now), or `events` where the caller read them already.
 
-    view = build_view(session, config, now, window, series=True)  # its own points per replica
+    The window's numbers come from the database's few rows per replica
+    (kneepoint/store/window_rows.py: the status's edge rows, its peaks and the two peaks of
+    `loads`), at any fleet size: no replica's series is built only to take two maxima of it
+    (that was 18 to 29 s a round at 1,000 replicas). The same signals as from the series
+    (tests/kneepoint/test_causes_gather.py)."""
+    from kneepoint.knee.detect import assess, knee_for_replica
+    from kneepoint.status import build_status
+    from kneepoint.store import queries, window_rows
+    from kneepoint.store.runs import load_runs
+
+    edges = window_rows.read(session, now - window, now)
+    status = build_status(session, config, now, window, edges=edges)
+    ids = {name: row.id for name, row in queries.targets(session).items()}
     assessments = [assess(run, config.slos) for run in load_runs(session)]
-    series = view.series
+    xids = _xids(status["gpus"])
     out = []
-    for replica in view.status["replicas"]:
+    for replica in status["replicas"]:
         name = replica["name"]
-        rows = view.rows.get(name, {})
-        mine = series[series.replica == name] if len(series) else series
-        concurrency = None
-        if len(mine) and mine.requests_running.notna().any():
-            concurrency = float((mine.requests_running + mine.requests_waiting.fillna(0)).max())
-        waiting_capacity = (
-            float(mine.requests_waiting_capacity.max())
-            if len(mine) and mine.requests_waiting_capacity.notna().any()
-            else replica.get("requests_waiting_capacity")
-        )
+        target = ids.get(name)
+        peaks = edges.peaks.get(target, {}) if target is not None else {}
+        loads = edges.loads.get(target, {}) if target is not None else {}
+        waiting_capacity = loads.get("peak_waiting_capacity")
+        if waiting_capacity is None:  # no row of the window knows it: the latest, if any
+            waiting_capacity = replica.get("requests_waiting_capacity")
         knee = knee_for_replica(name, replica.get("model_names") or [], assessments)
-        xids = tuple(
-            f"GPU {g['host']}/{g['index']}: XID {g['xid_error']:.0f}"
-            for g in view.status["gpus"]
-            if g["replica"] == name and g.get("xid_error")
-        )
         out.append(
             ReplicaSignals(
                 name,
-                concurrency,
+                loads.get("peak_concurrency"),
                 knee.knee_concurrency if knee else None,
-                rows.get("peak_kv_occupancy", replica.get("kv_cache_occupancy")),
+                peaks.get("peak_kv_occupancy"),
                 waiting_capacity,
                 replica.get("preemptions_per_second"),
-                xids,
+                xids.get(name, ()),
                 replica.get("stalled"),
                 _ts(replica.get("stalled_since")),
                 replica.get("requests_running"),
@@ -384,6 +385,18 @@ def gather(
     if events is None:
         events = changes_before(session, config, min(now, began or now))
     return Signals(now, tuple(out), tuple(events))
+
+
+def _xids(gpus: Sequence[dict[str, object]]) -> dict[str, tuple[str, ...]]:
+    """Each replica's GPUs reporting an XID error, in the status's GPU order: one pass over
+    the GPUs, not one per replica (a million steps at 1,000 replicas' GPUs)."""
+    found: dict[str, list[str]] = {}
+    for gpu in gpus:
+        if gpu.get("xid_error") and isinstance(gpu["replica"], str):
+            found.setdefault(gpu["replica"], []).append(
+                f"GPU {gpu['host']}/{gpu['index']}: XID {gpu['xid_error']:.0f}"
+            )
+    return {replica: tuple(parts) for replica, parts in found.items()}
 
 
 def changes_before(session: Session, config: Config, began: float) -> tuple[Event, ...]:

@@ -17,7 +17,9 @@ target:
 - every row where the telescoping does not hold: a target with a counter missing at some of
   its rows but not all (frame_windows steps over the gap from the last known value, and
   counts the rows that know it), as queries.counter_windows leaves those to its caller;
-- views._peaks' numbers, computed in the same statement (`peaks`).
+- views._peaks' numbers, computed in the same statement (`peaks`), and the two peaks
+  causes.gather weighs (`loads`): the most requests running + waiting at one row, and the
+  most sequences waiting for KV capacity, as its rows' series gave them.
 """
 
 from __future__ import annotations
@@ -44,6 +46,8 @@ HELPERS = (
     "waiting_max",
     "running_max",
     "running_known",
+    "concurrency_max",
+    "waiting_capacity_max",
 )
 
 Peaks = dict[str, float | None]
@@ -57,6 +61,7 @@ class Edges:
     frame: pd.DataFrame
     peaks: dict[int, Peaks] = field(default_factory=dict)
     rows: dict[int, int] = field(default_factory=dict)  # each target's rows in the range
+    loads: dict[int, Peaks] = field(default_factory=dict)  # each target's `_loads`
 
 
 def read(session: Session, start: float, end: float) -> Edges:
@@ -86,10 +91,12 @@ def read(session: Session, start: float, end: float) -> Edges:
     if frame.empty:
         return Edges(empty)
     firsts = frame.drop_duplicates("target_id")
-    peaks = {int(record["target_id"]): _peaks(record) for record in firsts.to_dict("records")}
+    records = firsts.to_dict("records")
+    peaks = {int(record["target_id"]): _peaks(record) for record in records}
+    loads = {int(record["target_id"]): _loads(record) for record in records}
     counts = dict(zip(firsts.target_id.astype(int), firsts.n_rows.astype(int), strict=True))
     frame = frame.drop(columns=list(HELPERS)).reset_index(drop=True)
-    return Edges(frame, peaks, counts)
+    return Edges(frame, peaks, counts, loads)
 
 
 def _statement(rows: Any, columns: list[str], summary: bool, postgres: bool = False) -> Any:
@@ -141,6 +148,13 @@ def _statement(rows: Any, columns: list[str], summary: bool, postgres: bool = Fa
         .over(**whole)
         .label("running_max"),
         func.count(rows.c.requests_running).over(**whole).label("running_known"),
+        # causes.gather's: a row's running + waiting (a row without running counts not,
+        # as pandas skips its NaN sum), and the stored gauge as it is (no summary peak:
+        # the series read the stored value).
+        func.max(rows.c.requests_running + func.coalesce(rows.c.requests_waiting, 0.0))
+        .over(**whole)
+        .label("concurrency_max"),
+        func.max(rows.c.requests_waiting_capacity).over(**whole).label("waiting_capacity_max"),
     ).subquery("marked")
     m = marked.c
     # The seconds saturated since the previous row: the summary row's own count, else the
@@ -212,6 +226,18 @@ def _peaks(record: dict[str, Any]) -> Peaks:
         "peak_waiting": peak(record["waiting_max"]),
         "peak_running": peak(record["running_max"]) if record["running_known"] else None,
     }
+
+
+def _loads(record: dict[str, Any]) -> Peaks:
+    """causes.gather's peaks of one target (None: no row knows it)."""
+    return {
+        "peak_concurrency": _known(record["concurrency_max"]),
+        "peak_waiting_capacity": _known(record["waiting_capacity_max"]),
+    }
+
+
+def _known(value: Any) -> float | None:
+    return None if _missing(value) else float(value)
 
 
 def _missing(value: Any) -> bool:
