@@ -23,7 +23,7 @@ import pandas as pd
 from sqlalchemy import select
 from sqlalchemy.orm import Session
 
-from alerts import maintenance, slo
+from alerts import maintenance, slo, slo_prepared
 from alerts.engine import FIRING, RESOLVED, Alert, Transition, evaluate
 from alerts.outbox import enqueue, notice_for, put, read_ahead
 from alerts.rules import effective_rules
@@ -86,16 +86,19 @@ def _write_alerts(
 
 # Burn windows are five minutes and longer: their rates are recomputed once a minute, not at
 # every evaluation (reading up to three days of rows each time). Only the latest is kept.
-_burn_cache: dict[tuple[Secret, tuple[str, ...], float], dict[str, dict[float, float | None]]] = {}
+_burn_cache: dict[tuple[Secret, str, float], dict[str, dict[float, float | None]]] = {}
 
 
 def burn_rates_cached(
     session: Session, config: Config, now: float
 ) -> dict[str, dict[float, float | None]]:
-    key = (config.database, tuple(s.name for s in config.slos), now // 60)
+    """burn_rates once a minute, from that minute's SLO reports, which the leader stores for
+    the pages (alerts/slo_prepared.py): one computation feeds both."""
+    key = (config.database, slo_prepared.fingerprint(config), now // 60)
     if key not in _burn_cache:
         _burn_cache.clear()
-        _burn_cache[key] = burn_rates(session, config, now)
+        reports = slo_prepared.prepare(session, config, now, slo_reports)
+        _burn_cache[key] = {r.slo.name: r.rates for r in reports}
     return _burn_cache[key]
 
 

@@ -39,7 +39,8 @@ out of budgets and burn rates."""
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass
+from dataclasses import asdict, dataclass
+from typing import Any
 
 from kneepoint.config import Rule, Slo
 from kneepoint.samples import Histogram
@@ -249,3 +250,28 @@ def report(
         return Report(slo_, budget(slo_, whole), rates, burning(slo_, rates))
     except ThresholdNotABound as error:
         return Report(slo_, Budget(None, None), {}, [], str(error))
+
+
+def report_json(report: Report) -> dict[str, Any]:
+    """`report` as plain JSON values (what the leader stores for pages: alerts/slo_prepared.py);
+    `report_of` reads them back equal. Floats go through JSON exactly (shortest repr), and
+    the burn rates keep their windows' order as pairs (JSON's object keys are strings)."""
+    return {
+        "slo": report.slo.model_dump(mode="json"),
+        "budget": [report.budget.compliance, report.budget.budget_left],
+        "rates": [[seconds, rate] for seconds, rate in report.rates.items()],
+        "burning": [asdict(w) for w in report.burning],
+        "problem": report.problem,
+    }
+
+
+def report_of(values: dict[str, Any]) -> Report:
+    """The Report `report_json` gave `values` of."""
+    compliance, left = values["budget"]
+    return Report(
+        Slo.model_validate(values["slo"]),
+        Budget(compliance, left),
+        {float(seconds): rate for seconds, rate in values["rates"]},
+        [BurnWindow(**w) for w in values["burning"]],
+        values["problem"],
+    )

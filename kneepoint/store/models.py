@@ -430,3 +430,21 @@ class SloSumProgressRow(Base):
     name: Mapped[str] = mapped_column(String(32), primary_key=True)
     since: Mapped[float] = mapped_column(Float)
     until: Mapped[float] = mapped_column(Float)
+
+
+class PreparedRow(Base):
+    """A result computed once by the HA leader and read by every page (kneepoint/store/
+    prepared_rows.py): `kind` names what it is (e.g. "slo_reports"), `key` the inputs it was
+    computed from besides the store (a fingerprint of the config's parts it reads, so an app
+    with another config never reads it), `as_of` the moment it is of, `payload` its JSON.
+    Only the newest few per kind are kept."""
+
+    __tablename__ = "prepared"
+    __table_args__ = (UniqueConstraint("kind", "key", "as_of", name="uq_prepared_kind_key_as_of"),)
+
+    id: Mapped[int] = mapped_column(Integer, primary_key=True)
+    kind: Mapped[str] = mapped_column(String(64))
+    key: Mapped[str] = mapped_column(String(64))
+    as_of: Mapped[float] = mapped_column(Float)
+    written_at: Mapped[float] = mapped_column(Float)
+    payload: Mapped[str] = mapped_column(Text)
