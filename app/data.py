@@ -25,7 +25,7 @@ from alerts.outbox import channel_health, view_of
 from alerts.rules import effective_rules
 from alerts.silences import Silence
 from alerts.slo import BURN_WINDOWS, Report, burn_rules, window_label
-from app import warm
+from app import run_version, warm
 from kneepoint import audit, fleet_status, prepared
 from kneepoint.auth import Limits
 from kneepoint.config import ENGINE_KINDS, Config, ConfigError, config_path, load_config
@@ -194,17 +194,22 @@ def _health(
 
 
 def now() -> float:
-    """The time pages compute as of: the store's data version's tick (kneepoint/prepared.py),
-    read afresh on every call; it moves only with new data, or with the wall clock floored
-    to the scrape interval when no data comes (a dead collector's replicas go stale)."""
+    """The time pages compute as of: the tick of this script run's data version
+    (`version()`, kneepoint/prepared.py); it moves only with new data, or with the wall clock
+    floored to the scrape interval when no data comes (a dead collector's replicas go stale)."""
     return version().tick
 
 
 def version() -> prepared.Version:
-    """The store's data version now (one small query), remembered for this config so the
-    cached reads of this page run key on it."""
+    """The store's data version for this script run: read once, at the start of a full run
+    (app/main.py) or at the first call of a fragment run (app/run_version.py), so every
+    section of a page keys its cached reads on one version and computes as of one tick.
+    Outside a script run (or in a page script run alone) it is read now; either way it is
+    remembered for this config (`known` outside a script run)."""
     path = config_file()
-    found = read_version(path)
+    found = run_version.current(path, read_version)
+    if found is None:
+        found = read_version(path)
     with _LOCK:
         _VERSIONS[path] = found
     return found
@@ -223,8 +228,12 @@ def config_file() -> str:
 
 
 def known(path: str) -> prepared.Version:
-    """The version this process read last (every page run reads it through `now()` first),
-    else read now: a read keyed on it computes from data at least that new."""
+    """The version this script run computes as of (`version()`); outside a script run, the
+    one this process read last, else read now: a read keyed on it computes from data at
+    least that new."""
+    found = run_version.current(path, read_version)
+    if found is not None:
+        return found
     with _LOCK:
         known = _VERSIONS.get(path)
     return known if known is not None else version()

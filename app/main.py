@@ -5,7 +5,7 @@ from __future__ import annotations
 import streamlit as st
 from streamlit.navigation.page import StreamlitPage
 
-from app import auth, changes, chrome, data, filters
+from app import auth, changes, chrome, data, filters, run_version
 from app.registry import PAGES, PAGES_DIR, SECTIONS, section
 from kneepoint.config import ConfigError
 from kneepoint.secrets import scrub_log_records
@@ -62,6 +62,9 @@ except ConfigError as error:
     st.error(str(error))
     st.stop()
 chosen = filters.sidebar(replicas)
+# One data version for the whole run (app/run_version.py): every section, chart marker and
+# the footer compute as of its tick, read once here, though the store's moves meanwhile.
+run_version.begin(data.config_file(), data.read_version)
 changes.mark_charts(chosen)  # every time-series chart marks the timeline's events
 st.query_params["page"] = current_path
 page.run()
