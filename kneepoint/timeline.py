@@ -521,13 +521,16 @@ def _config_events(
 
 
 def _gpu_events(session: Session, config: Config, since: float, until: float) -> list[Event]:
-    from kneepoint.status import replica_of  # status imports much; only here
+    from kneepoint.status import GpuOwners  # status imports much; only here
 
     frame = queries.gpu_frame(session, since - 600.0, until)  # and the samples before
     if frame.empty:
         return []
     exporters = queries.targets(session)
     by_id = {row.id: name for name, row in exporters.items()}
+    # The config's GPU references indexed once per read, not once per GPU (status.replica_of
+    # does): a walk over every target for each GPU, a million steps at 1,000 replicas.
+    owners = GpuOwners(config)
     found: list[Event] = []
     for target_id, rows in frame.groupby("target_id", sort=False):
         exporter = by_id.get(int(target_id), str(target_id))
@@ -538,7 +541,7 @@ def _gpu_events(session: Session, config: Config, since: float, until: float) ->
             index = int(first.gpu_index)
             pod = None if pd.isna(first.get("pod")) else str(first.get("pod"))
             namespace = None if pd.isna(first.get("namespace")) else str(first.get("namespace"))
-            owner = replica_of(config, {host, exporter}, index, pod, namespace) or exporter
+            owner = owners.of({host, exporter}, index, pod, namespace) or exporter
             name = f"GPU {index} on {host}"
             times = [float(t) for t in gpu.ts]
             found += gpu_xids(name, owner, times, list(gpu.xid_error))

@@ -6,7 +6,8 @@ reference), on SQLite and PostgreSQL, below and above distribution.FLEET_THRESHO
 on a store with a gap, a restart (counters from zero), a stalled replica, one without
 requests_waiting_capacity, one without requests_running at some rows, a stale one, and GPUs
 reporting an XID. And gathering at fleet size builds no series: no replica_frame of the
-fleet, no View."""
+fleet, no View; the changes before an onset (the timeline's GPU events) index the GPUs'
+owners once per read, not once per GPU."""
 
 from __future__ import annotations
 
@@ -278,3 +279,28 @@ def test_gather_at_fleet_size_builds_no_series(
     assert len(signals.replicas) == len(REPLICAS)
     assert None not in asked, asked
     assert all(set(targets) <= {stalled} for targets in asked), asked
+
+
+def test_the_changes_before_an_onset_index_the_gpus_owners_once(
+    store: tuple[sessionmaker[Session], Config], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The timeline's GPU events (what a likely cause weighs as hardware) find each GPU's
+    replica from the config's references indexed once per read, not once per GPU (a walk
+    over every target each: a million steps at 1,000 replicas' GPUs, per onset read)."""
+    from kneepoint import status
+
+    sessions, config = store
+    built: list[int] = []
+
+    class Counted(status.GpuOwners):
+        def __init__(self, config: Config) -> None:
+            built.append(1)
+            super().__init__(config)
+
+    monkeypatch.setattr(status, "GpuOwners", Counted)
+    with sessions() as session:
+        found = causes.changes_between(session, config, NOW - causes.LOOKBACK, NOW)
+    assert len(built) == 1, len(built)
+    # Broken's GPU turned to XID 79 ten minutes before NOW; GPU 2 (no replica's) kept 43.
+    xids = [(e.replica, e.detail) for e in found if e.kind == "gpu_xid"]
+    assert xids == [("broken", f"XID 79 on GPU 0 on {NODE}")], xids
