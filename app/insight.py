@@ -108,9 +108,26 @@ def _causes(
     found = causes.causes_of(
         _signals(path, now, version),
         list(troubles.values()),
-        lambda since, until: _changes(path, since, until, version),
+        lambda since, until: _changes(path, since, until, settled(version, until)),
     )
     return dict(zip(troubles, found, strict=True))
+
+
+SETTLE = 300.0  # a span ending this long before the tick gets no row from a new round
+
+
+def settled(version: data.Key, until: float) -> data.Key:
+    """The version the changes of a span ending at `until` are cached under: the whole data
+    version while the span reaches the rounds being written; once it ends SETTLE before the
+    tick, what can still change a past span's events only: the mutations (an annotation
+    posted for a past time, an alert's history), the targets and the rollups' progress (a
+    rollup replaces the rows a span reads; it moves every 5 minutes), not the newest round
+    nor the tick. So an SLO burn's onset an hour back, or an alert pending for a while, has
+    its hour of changes read once per rollup, not once per 15 s round by the warmer."""
+    samples, changes, tick = version
+    if until > tick - SETTLE:
+        return version
+    return (tuple(samples[1:]), changes)
 
 
 # Keyed on the data version (a change written late, or an annotation, shows at once); the
