@@ -18,12 +18,14 @@ from types import SimpleNamespace
 from typing import Any
 
 import pytest
+from streamlit.runtime.scriptrunner_utils.script_requests import RerunData
+from streamlit.testing.v1 import AppTest
 
 from app import run_version
 from kneepoint import prepared
 from kneepoint.prepared import Version
 from tests.app import test_page_calls as page_calls
-from tests.app.test_page_calls import SCRAPE, Clock, a_round, page_run, title
+from tests.app.test_page_calls import MAIN, SCRAPE, Clock, a_round, page_run, title
 
 # test_page_calls's fixtures, by the names tests ask for: its store, held clock and counts.
 seeded, clock, calls = page_calls.seeded, page_calls.clock, page_calls.calls
@@ -43,18 +45,24 @@ def reads(monkeypatch: pytest.MonkeyPatch) -> Counter[str]:
     return counted
 
 
+class Moving:
+    """`clock` one scrape interval later at every read of it: on the quiet seeded store each
+    version read gives a new tick, as a long page run at fleet size sees."""
+
+    def __init__(self, clock: Clock) -> None:
+        self.clock = clock
+
+    def time(self) -> float:
+        self.clock.at += SCRAPE
+        return self.clock.at
+
+
 @pytest.fixture
 def moving(clock: Clock, monkeypatch: pytest.MonkeyPatch) -> Iterator[Clock]:
-    """The wall clock one scrape interval later at every read of it: on the quiet seeded
-    store each version read gives a new tick, as a long page run at fleet size sees."""
+    """The app's wall clock moving at every read (`Moving`)."""
     import app.data
 
-    class Moving:
-        def time(self) -> float:
-            clock.at += SCRAPE
-            return clock.at
-
-    monkeypatch.setattr(app.data, "time", Moving())
+    monkeypatch.setattr(app.data, "time", Moving(clock))
     yield clock
 
 
@@ -101,6 +109,76 @@ def test_a_round_written_during_a_page_run_shows_in_the_next_run(
     calls.clear()
     page_run("overview")
     assert calls["build_status"] == 1, "the next run did not compute the new round"
+
+
+# -- a fragment that reruns alone (st.fragment(run_every=...)): its own fresh version, once --
+
+
+def overview_run() -> AppTest:
+    """A full run of the Overview, kept: its fragments (status line, tiles, charts, footer)
+    can then rerun alone in the same session."""
+    app = AppTest.from_file(MAIN, default_timeout=60)
+    app.query_params["page"] = "overview"
+    app.run()
+    assert not app.exception, [e.value for e in app.exception]
+    return app
+
+
+def fragment_rerun(app: AppTest, monkeypatch: pytest.MonkeyPatch, count: int = 0) -> None:
+    """Rerun the page's fragments alone (the first `count`; 0: all, as auto-reruns due at
+    once are rerun together), as the browser asks for a `run_every` fragment: AppTest has no
+    call for it, so its request carries the fragment ids (AppTest keeps the fragments of the
+    session's runs, as a served session does)."""
+    import streamlit.testing.v1.local_script_runner as runner
+
+    ids = list(app._fragment_storage._fragments)  # registered by the full run, in its order
+    assert len(ids) >= 3, ids
+    queued = ids[:count] if count else ids
+
+    def fragments_only(**kwargs: Any) -> RerunData:
+        return RerunData(
+            **kwargs,
+            fragment_id_queue=list(queued),
+            is_auto_rerun=True,
+            is_fragment_scoped_rerun=True,
+        )
+
+    with monkeypatch.context() as patched:
+        patched.setattr(runner, "RerunData", fragments_only)
+        app.run()
+    assert not app.exception, [e.value for e in app.exception]
+
+
+def test_a_fragment_rerun_reads_a_fresh_version_once_for_all_its_sections(
+    seeded: Path,
+    clock: Clock,
+    calls: Counter[str],
+    reads: Counter[str],
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """After a round, the Overview's sections rerun alone: they show the round (its status
+    computed, once) and read the version once between them, though the tick moves."""
+    page = overview_run()
+    reads.clear()
+    calls.clear()
+    a_round(seeded, clock.at - 0.5)
+    import app.data
+
+    monkeypatch.setattr(app.data, "time", Moving(clock))
+    fragment_rerun(page, monkeypatch)
+    assert reads["version"] == 1, f"{reads['version']} version reads in one fragment run"
+    assert calls["build_status"] == 1, dict(calls)  # the new round's, not the full run's
+    assert calls["timeline.events"] == 0  # no chart marker is read again by a fragment
+
+
+def test_each_fragment_run_reads_its_own_version(
+    seeded: Path, clock: Clock, reads: Counter[str], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    page = overview_run()
+    reads.clear()
+    fragment_rerun(page, monkeypatch, count=1)
+    fragment_rerun(page, monkeypatch, count=1)
+    assert reads["version"] == 2
 
 
 # -- which run reads what (app/run_version.py), with Streamlit's run context faked ----------
