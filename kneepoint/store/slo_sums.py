@@ -246,7 +246,7 @@ class _Rows:
         stretches (a reset is looked for within each)."""
         values = frame[list(COLUMNS)].astype(float)
         groups = [frame.target_id] if parts is None else [frame.target_id, parts]
-        down = (values.groupby(groups).ffill().groupby(groups).diff() < 0).any(axis=1)
+        down = _went_down(values, groups)
         known = [c for c in STALL if c in frame]
         read = frame[known].astype(float).to_numpy().tolist() if known else [[]] * len(frame)
         stuck = _stuck_pairs(frame, known, groups)
@@ -263,6 +263,11 @@ class _Rows:
             points,
             stuck,
         )
+
+
+def _went_down(values: pd.DataFrame, groups: list[Any]) -> pd.Series:
+    """Per row: did a counter go down from the group's last row that knew it (a reset)?"""
+    return (values.groupby(groups).ffill().groupby(groups).diff() < 0).any(axis=1)
 
 
 def _stuck_pairs(frame: pd.DataFrame, known: list[str], groups: list[Any]) -> list[bool]:
@@ -386,7 +391,34 @@ def heads(
     it, as its sums row keeps it: the writer's walk, so the same credits), and the stretch's
     `st` is what it credits from the start on (None where `entering` has no entry: a row
     written before the sums kept stalls). `lasts`: the sums row's last_ts and `last` per
-    (bucket, target), whose histograms are the bucket's last sample's, decoded already."""
+    (bucket, target), whose histograms are the bucket's last sample's, decoded already.
+
+    Nearly every stretch holds no counter reset, one signature and no pair of samples that
+    may be stuck: those are found and summed in vectorized passes over all of them at once
+    (`_plain_heads`; at 1,000 replicas a round's windows start in 7,000 such stretches);
+    only the rest are walked sample by sample (`heads_walked`), the same numbers."""
+    if frame.empty:
+        return {}
+    frame = frame.reset_index(drop=True)
+    keys = pd.Series(buckets, index=frame.index, dtype=float)
+    out, walked = _plain_heads(frame, keys, layouts, starts, entering, lasts or {})
+    if walked.any():
+        rest = frame[walked].reset_index(drop=True)
+        out |= heads_walked(rest, layouts, keys[walked].tolist(), starts, entering, rule, lasts)
+    return out
+
+
+def heads_walked(
+    frame: pd.DataFrame,
+    layouts: dict[int, tuple[float, ...]],
+    buckets: list[float],
+    starts: dict[float, float],
+    entering: dict[tuple[float, int], Run | None],
+    rule: StallRule = DEFAULT_RULE,
+    lasts: dict[tuple[float, int], tuple[float, Values]] | None = None,
+) -> dict[tuple[float, int], Stretch]:
+    """`heads`, each stretch walked sample by sample (`_stretch`): the reference the
+    vectorized passes are tested against, and the path of stretches they leave."""
     if frame.empty:
         return {}
     frame = frame.reset_index(drop=True)
@@ -411,6 +443,231 @@ def heads(
                 found[0].st = None
             out[key] = found
         first = end
+    return out
+
+
+def _plain_heads(
+    frame: pd.DataFrame,
+    keys: pd.Series,
+    layouts: dict[int, tuple[float, ...]],
+    starts: dict[float, float],
+    entering: dict[tuple[float, int], Run | None],
+    lasts: dict[tuple[float, int], tuple[float, Values]],
+) -> tuple[dict[tuple[float, int], Stretch], np.ndarray]:
+    """`heads` for every (bucket, target) group of `frame` (index 0..n-1, `keys` its rows'
+    buckets) whose stretch from the window's start holds no counter reset and one signature,
+    and whose bucket holds no pair of samples that may be stuck (the pair entering it from
+    `entering` included, judged without the gap test: a wider gap only unsticks a pair).
+    There stall detection credits nothing and every count's increase is its last value
+    less its first, so no walk is needed. Returns those stretches and, per row, whether its
+    group is left to be walked (`heads_walked`)."""
+    n = len(frame)
+    ts = frame.ts.to_numpy(dtype=float)
+    targets = frame.target_id.to_numpy(dtype=np.int64)
+    buckets = keys.to_numpy(dtype=float)
+    new = np.ones(n, dtype=bool)
+    new[1:] = (targets[1:] != targets[:-1]) | (buckets[1:] != buckets[:-1])
+    group = np.cumsum(new) - 1
+    firsts = np.flatnonzero(new)
+    ends = np.append(firsts[1:], n)
+    count = len(firsts)
+    since = np.array([starts[b] for b in buckets[firsts].tolist()], dtype=float)
+    inside = ts >= since[group]  # a suffix of each group: rows are in time order
+    heads = ends - np.bincount(group, weights=inside, minlength=count).astype(np.int64)
+    found = heads < ends
+    head_row = np.zeros(n, dtype=bool)
+    head_row[heads[found]] = True
+    groups = [frame.target_id, keys]
+    down = _went_down(frame[list(COLUMNS)].astype(float), groups).to_numpy(dtype=bool)
+    known = [c for c in STALL if c in frame]
+    stuck = np.asarray(_stuck_pairs(frame, known, groups), dtype=bool)
+    sigs = np.full(n, "", dtype=object)
+    sigs[inside] = signatures(frame[inside])
+    mixed = inside & (sigs != sigs[np.minimum(heads, n - 1)[group]])
+    bad = (down & inside & ~head_row) | mixed | stuck
+    walk_group = np.bincount(group, weights=bad, minlength=count) > 0
+    # The stall state entering the bucket against its first sample: stall.stuck, no gap test.
+    stall_values = np.full((n, len(STALL)), np.nan)
+    for i, column in enumerate(STALL):
+        if column in frame:
+            stall_values[:, i] = frame[column].to_numpy(dtype=float)
+    group_keys = list(zip(buckets[firsts].tolist(), targets[firsts].tolist(), strict=True))
+    runs = [entering.get(key) for key in group_keys]
+    with_run = np.array([run is not None for run in runs], dtype=bool)
+    if with_run.any():
+        before = np.array(
+            [[np.nan if v is None else v for v in run.point] for run in runs if run is not None],
+            dtype=float,
+        ).reshape(-1, len(STALL))
+        after = stall_values[firsts[with_run]]
+        queues = len(QUEUES)
+        busy = (np.nan_to_num(before[:, :queues]).sum(axis=1) > 0) & (
+            np.nan_to_num(after[:, :queues]).sum(axis=1) > 0
+        )
+        both = ~np.isnan(before[:, queues:]) & ~np.isnan(after[:, queues:])
+        same = (~both | (before[:, queues:] == after[:, queues:])).all(axis=1)
+        walk_group[with_run] |= busy & both.any(axis=1) & same
+    walk_group &= found
+    plain = np.flatnonzero(found & ~walk_group)
+    return _plain_stretches(
+        frame,
+        plain,
+        firsts,
+        heads,
+        ends,
+        group_keys,
+        runs,
+        sigs,
+        stall_values,
+        layouts,
+        entering,
+        lasts,
+    ), walk_group[group]
+
+
+def _plain_stretches(
+    frame: pd.DataFrame,
+    plain: np.ndarray,
+    firsts: np.ndarray,
+    heads: np.ndarray,
+    ends: np.ndarray,
+    group_keys: list[tuple[float, int]],
+    runs: list[Run | None],
+    sigs: np.ndarray,
+    stall_values: np.ndarray,
+    layouts: dict[int, tuple[float, ...]],
+    entering: dict[tuple[float, int], Run | None],
+    lasts: dict[tuple[float, int], tuple[float, Values]],
+) -> dict[tuple[float, int], Stretch]:
+    """The Stretch `_stretch` gives each group of `plain` (`_plain_heads`' groups): every
+    count's first and last known value in the stretch taken for all groups at once."""
+    out: dict[tuple[float, int], Stretch] = {}
+    if not len(plain):
+        return out
+    h, e = heads[plain], ends[plain]
+    ts = frame.ts.to_numpy(dtype=float)
+    label = np.full(len(frame), -1, dtype=np.int64)
+    for g, (a, b) in enumerate(zip(h.tolist(), e.tolist(), strict=True)):
+        label[a:b] = g
+    inside = label >= 0
+    values = frame.loc[inside, list(AVAILABILITY)].astype(float)
+    by = values.groupby(label[inside], sort=True)
+    first, last, known = by.first(), by.last(), by.count()
+    increase = (last - first).where(known >= 2, 0.0)
+    # Per group, in AVAILABILITY's order (plain lists: pandas per group costs more).
+    increases_c = increase[list(AVAILABILITY)].to_numpy().tolist()
+    lasts_c = last[list(AVAILABILITY)].to_numpy().tolist()
+    all_ts = ts.tolist()
+    hl, el, fl, indices = h.tolist(), e.tolist(), firsts.tolist(), plain.tolist()
+    # The sums row's last values where they are the stretch's last sample's.
+    kept: list[Values | None] = []
+    for g, index in enumerate(indices):
+        last_ts, known_last = lasts.get(group_keys[index], (None, None))
+        kept.append(known_last if last_ts == all_ts[el[g] - 1] else None)
+    hists: dict[str, tuple[list[list[float] | None], list[list[float] | None]]] = {}
+    for name, column in zip(HISTOGRAMS, HIST_COLUMNS, strict=True):
+        texts = frame[column].to_numpy(dtype=object)
+        ending: list[list[float] | None] = []
+        for known_last, text in zip(kept, texts[e - 1].tolist(), strict=True):
+            given = None if known_last is None else known_last["h"].get(name)
+            # The bucket's last sample: its sums row keeps its histograms decoded.
+            ending.append(list(given) if given is not None and _layout(text) else None)
+        undecoded = [g for g, d in enumerate(ending) if d is None]
+        for g, d in zip(
+            undecoded, decode_many(texts[e[undecoded] - 1].tolist(), layouts), strict=True
+        ):
+            ending[g] = d
+        # The first sample in the window, where it is not the last.
+        several = np.flatnonzero(e - h > 1)
+        starting: list[list[float] | None] = [None] * len(plain)
+        for g, d in zip(
+            several.tolist(), decode_many(texts[h[several]].tolist(), layouts), strict=True
+        ):
+            starting[g] = d
+        hists[name] = (starting, ending)
+    increases = {name: _increases_many(*hists[name]) for name in HISTOGRAMS}
+    for g, index in enumerate(indices):
+        key, a, b = group_keys[index], hl[g], el[g]
+        inner = Part(n=b - a, s=all_ts[b - 1] - all_ts[a])
+        inner.c = dict(zip(AVAILABILITY, increases_c[g], strict=True))
+        last_values: Values = {
+            "c": {
+                n: None if math.isnan(v) else v
+                for n, v in zip(AVAILABILITY, lasts_c[g], strict=True)
+            },
+            "h": {},
+        }
+        for name in HISTOGRAMS:
+            total = increases[name][g]
+            if total is not None:
+                inner.h[name] = total
+            starting, ending = hists[name]
+            last_values["h"][name] = ending[g] if ending[g] is not None else starting[g]
+        if key not in entering:
+            inner.st = None
+        run = runs[index] if a == fl[index] else Run(all_ts[a - 1], _point(stall_values[a - 1]))
+        last_values["wi"] = None if run is None else run.to_json()
+        last_values["w"] = [all_ts[b - 1], list(_point(stall_values[b - 1])), None, False]
+        out[key] = (
+            inner,
+            Part(),
+            last_values,
+            [sigs[a]] * (b - a),
+            [(t, 0.0) for t in all_ts[a:b]],
+        )
+    return out
+
+
+def _point(values: np.ndarray) -> tuple[float | None, ...]:
+    return tuple(None if math.isnan(v) else v for v in values.tolist())
+
+
+def _increases_many(
+    starting: list[list[float] | None], ending: list[list[float] | None]
+) -> list[list[float] | None]:
+    """Per stretch, what `_stretch` sums for a histogram decoded at its first and last
+    sample only (no reset between): the steps from the first to the last where both are
+    known alike, zeros where one is, None where neither; in one numpy pass per length."""
+    out: list[list[float] | None] = []
+    pairs: dict[int, list[int]] = {}
+    for g, (a, b) in enumerate(zip(starting, ending, strict=True)):
+        known = [d for d in (a, b) if d is not None]
+        out.append([0.0] * len(known[0]) if known else None)
+        if a is not None and b is not None and len(a) == len(b):
+            pairs.setdefault(len(a), []).append(g)
+    for chosen in pairs.values():
+        earlier = np.array([starting[g] for g in chosen], dtype=float)
+        later = np.array([ending[g] for g in chosen], dtype=float)
+        # As step(): the increase, or the later count where it went down (a reset).
+        steps = (np.where(later >= earlier, later - earlier, later) + 0.0).tolist()
+        for g, row in zip(chosen, steps, strict=True):
+            out[g] = row
+    return out
+
+
+def decode_many(
+    texts: list[Any], layouts: dict[int, tuple[float, ...]]
+) -> list[list[float] | None]:
+    """[_hist(text, layouts) for text in texts], the counts of each layout parsed and made
+    cumulative in one numpy pass (the same numbers: a cumulative sum in order, as
+    codec.decode_histogram's accumulate)."""
+    out: list[list[float] | None] = [None] * len(texts)
+    by_layout: dict[str, list[int]] = {}
+    for i, text in enumerate(texts):
+        if isinstance(text, str):
+            by_layout.setdefault(text.split("|", 1)[0], []).append(i)
+    for layout, chosen in by_layout.items():
+        parts = [texts[i].split("|") for i in chosen]
+        width = len(layouts[int(layout)])
+        numbers = ",".join(p[2] for p in parts).split(",")
+        if width == 0 or len(numbers) != width * len(chosen):
+            for i in chosen:  # counts that do not fill the layout: one at a time
+                out[i] = _hist(texts[i], layouts)
+            continue
+        counts = np.fromiter(map(float, numbers), dtype=float, count=len(numbers))
+        cumulative = np.cumsum(counts.reshape(-1, width), axis=1)
+        for i, row, p in zip(chosen, cumulative.tolist(), parts, strict=True):
+            out[i] = [*row, float(p[1])]
     return out
 
 
@@ -458,7 +715,9 @@ def _stretch(
         ]
         total = [0.0] * len(decoded[0]) if decoded else []
         for a, b in itertools.pairwise(decoded):
-            if len(a) == len(b):
+            # Pairs of the first sample's layout only: where it changed (a break, never read
+            # across) around a reset, a pair of the new layout raised here before.
+            if len(a) == len(b) == len(total):
                 total = [x + y for x, y in zip(total, _steps(a, b), strict=True)]
         earlier = before.values["h"].get(name) if before is not None else None
         if decoded:
