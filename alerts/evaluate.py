@@ -174,12 +174,12 @@ def measure(
     the window's rows (`_stalled_in_store`), and stall detection runs on them as on the whole
     window."""
     names = {t.name for t in config.targets if t.kind in ENGINE_KINDS}
-    ids = {name: row.id for name, row in queries.targets(session).items() if name in names}
+    stored, layouts = _catalog(session, shared)
+    ids = {name: target_id for name, target_id in stored.items() if name in names}
     groups: dict[tuple[maintenance.Interval, ...], list[int]] = {}
     for name, target_id in ids.items():
         cut = tuple(maintenance.excluded(config.maintenance, name, since, until))
         groups.setdefault(cut, []).append(target_id)
-    layouts = queries.histogram_layouts(session)
     wanted = any(s.kind == "availability" for s in config.slos)  # stalled time: only for those
     windows: list[Window] = []
     availability = slo.Availability()
@@ -214,6 +214,23 @@ def measure(
     return slo.Measured(merged.histograms, availability if windows else None)
 
 
+Catalog = tuple[dict[str, int], dict[int, tuple[float, ...]]]
+
+
+def _catalog(session: Session, shared: Shared | None) -> Catalog:
+    """Every target's id by name and the histogram layouts: read once per Shared (a round's
+    windows read them alike)."""
+    if shared is not None and shared.catalog is not None:
+        return shared.catalog
+    found = (
+        {name: row.id for name, row in queries.targets(session).items()},
+        queries.histogram_layouts(session),
+    )
+    if shared is not None:
+        shared.catalog = found
+    return found
+
+
 class Shared:
     """What every window ending at the same time reads alike, read once for all of them
     (a burn-rate round's seven windows, the SLOs page's reports): each replica's newest
@@ -228,6 +245,7 @@ class Shared:
         rule: slo_sums.StallRule = slo_sums.DEFAULT_RULE,
     ) -> None:
         self.rule = rule  # how the sums judge stalls (the config's: stall_rule)
+        self.catalog: Catalog | None = None  # _catalog's, read by the first window
         self._ends: dict[tuple[float, float, tuple[int, ...]], Ends] = {}
         self.starts = _apart(starts)
         self._heads: dict[tuple[int, ...], dict[float, Heads]] = {}
@@ -333,7 +351,9 @@ def _heads(
     size = slo_sums.BUCKET
     lows = {start: math.ceil(start / size) * size for start in starts}
     spans = [(low - size, low) for start, low in lows.items() if low > start]
-    rows = slo_sums.raw_spans(session, ids, spans)
+    # Histograms from each window's start on: the stretch's edges are all there.
+    since = [start for start, low in lows.items() if low > start]
+    rows = slo_sums.raw_spans(session, ids, spans, since)
     stored = slo_sums.rows_in(
         session,
         ids,

@@ -65,7 +65,19 @@ from typing import Any, cast
 
 import numpy as np
 import pandas as pd
-from sqlalchemy import ARRAY, Integer, Table, and_, any_, delete, func, literal, select, union_all
+from sqlalchemy import (
+    ARRAY,
+    Integer,
+    Table,
+    and_,
+    any_,
+    case,
+    delete,
+    func,
+    literal,
+    select,
+    union_all,
+)
 from sqlalchemy.orm import Session
 
 from kneepoint.derived import stall
@@ -907,19 +919,31 @@ def raw(session: Session, ids: list[int], start: float, end: float, closed: bool
 
 
 def raw_spans(
-    session: Session, ids: Sequence[int], spans: Sequence[tuple[float, float]]
+    session: Session,
+    ids: Sequence[int],
+    spans: Sequence[tuple[float, float]],
+    texts_from: Sequence[float] | None = None,
 ) -> pd.DataFrame:
     """The samples of `ids` in each [start, end) of `spans`, as `raw` reads them, in one
     statement (a UNION ALL of one range of the key per span), ordered by target and time:
-    a round's windows read their partial start buckets together."""
+    a round's windows read their partial start buckets together. `texts_from`: per span,
+    the time before which the histograms are not needed (None there): a window's samples
+    before its start are read for stall detection's walk only, which reads no histogram."""
     from kneepoint.store.queries import read_bulk
 
     columns = ("target_id", "ts", *READ)
+    froms = list(texts_from) if texts_from is not None else [None] * len(spans)
+
+    def read(name: str, since: float | None) -> Any:
+        if since is None or name not in HIST_COLUMNS:
+            return SAMPLES.c[name]
+        return case((SAMPLES.c.ts >= since, SAMPLES.c[name]), else_=None).label(name)
+
     selects = [
-        select(*(SAMPLES.c[c] for c in columns)).where(
+        select(*(read(c, since) for c in columns)).where(
             among(session, SAMPLES.c.target_id, ids), SAMPLES.c.ts >= start, SAMPLES.c.ts < end
         )
-        for start, end in spans
+        for (start, end), since in zip(spans, froms, strict=True)
         if end > start
     ]
     if not ids or not selects:
