@@ -20,7 +20,7 @@ import streamlit as st
 from sqlalchemy.orm import Session, sessionmaker
 
 from alerts import evaluate as alert_rounds
-from alerts import silences
+from alerts import silences, slo_prepared
 from alerts.outbox import channel_health, view_of
 from alerts.rules import effective_rules
 from alerts.silences import Silence
@@ -332,25 +332,55 @@ def silence_list() -> list[Silence]:
 
 
 def slo_reports(now: float) -> list[Report]:
-    """Every SLO's report as of the minute of `now` (`slo_minute`)."""
-    return _slo_reports(config_file(), slo_minute(now))
+    """Every SLO's report as of `slo_minute(now)`: the leader's, else computed here."""
+    path = config_file()
+    return _slo_reports(path, slo_minute(now))
 
 
 def slo_minute(now: float) -> float:
-    """The moment SLO reports are computed as of: `now` floored to SLO_STEP."""
-    return warm.floor(now, SLO_STEP)
+    """The moment the SLO reports shown at `now` are as of: the newest the HA leader stored
+    (alerts/slo_prepared.py) when it is at most slo_prepared.STALE old, shown with that
+    "As of" rather than computed again (35 s at 1,000 replicas); else, with no leader
+    preparing them for this config, `now` floored to SLO_STEP, computed here."""
+    path = config_file()
+    config, sessions = _open(path)
+    with sessions() as session:
+        stored = slo_prepared.newest(session, config, now)
+    return stored if stored is not None else warm.floor(now, SLO_STEP)
 
 
-# Keyed on the minute, not on each round, as alert evaluation recomputes burn rates
-# (alerts/evaluate.py burn_rates_cached): windows of 5 minutes to 30 days that end at the
-# minute, which the rounds after it do not change (they write later samples), and the
-# costliest computation the warmer makes (23 of 38 s a round at 200 replicas): once a
-# minute, not every 15 s round. The warmer makes it when the tick enters a new minute.
+# Computed here only where no leader stores them: keyed on the minute, not on each round, as
+# alert evaluation recomputes burn rates (alerts/evaluate.py burn_rates_cached): windows of 5
+# minutes to 30 days that end at the minute, which the rounds after it do not change (they
+# write later samples), and the costliest computation the warmer makes (23 of 38 s a round
+# at 200 replicas): once a minute, not every 15 s round. The warmer makes it when the tick
+# enters a new minute.
 SLO_STEP = 60.0
 
 
-@versioned(None, times=("now",), step=SLO_STEP)
-def _slo_reports(path: str, now: float) -> list[Report]:
+def _slo_reports(path: str, at: float) -> list[Report]:
+    """The reports as of `at` (`slo_minute`): the stored ones, read once per process and
+    moment, else computed."""
+    try:
+        return _stored_slo_reports(path, at)
+    except LookupError:  # none stored as of `at` (raised, so no cache keeps the miss)
+        return _computed_slo_reports(path, at)
+
+
+@st.cache_data(max_entries=KEPT, show_spinner=False)
+def _stored_slo_reports(path: str, at: float) -> list[Report]:
+    config, sessions = _open(path)
+    with sessions() as session:
+        found = slo_prepared.stored(session, config, at)
+    if found is None:
+        raise LookupError(at)
+    return found
+
+
+# pin=False: asked for only while no leader stores the reports (e.g. before its first
+# round), so the warmer stops computing them a few versions after the leader's appear.
+@versioned(None, times=("now",), step=SLO_STEP, pin=False)
+def _computed_slo_reports(path: str, now: float) -> list[Report]:
     config, sessions = _open(path)
     with sessions() as session:
         return alert_rounds.slo_reports(session, config, now)

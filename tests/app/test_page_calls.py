@@ -445,9 +445,16 @@ def test_slo_reports_are_computed_once_a_minute_not_every_round(
 ) -> None:
     """As alert evaluation recomputes burn rates once a minute, the warmer recomputes the
     SLO reports when the tick enters a new minute, not for each round within it (on 9642920
-    every round, the costliest call it makes); the Overview still reads them all."""
-    import app.data
+    every round, the costliest call it makes); the Overview still reads them all. With no
+    leader storing them (alerts/slo_prepared.py: its rows deleted here; pages that find them
+    compute nothing, tests/app/test_slo_prepared_page.py)."""
+    from sqlalchemy import delete
 
+    import app.data
+    from kneepoint.store.models import PreparedRow
+
+    with open_store(load_config(troubled).database).begin() as session:
+        session.execute(delete(PreparedRow))
     warmer = warmer_of(troubled, registry)
     assert "budget exhausted" in " ".join(m.value for m in page_run("overview").markdown)
     warmer.once()
