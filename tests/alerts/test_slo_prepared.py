@@ -193,7 +193,7 @@ def test_only_the_newest_few_are_kept_and_a_row_added_meanwhile_breaks_nothing(
     with sessions.begin() as session:
         for n in range(prepared_rows.KEEP + 3):
             assert prepared_rows.write(session, "k", "key", 60.0 * n, f"[{n}]", 0.0)
-        assert not prepared_rows.write(session, "k", "key", 0.0 + 60 * (n), "[]", 0.0)
+        assert not prepared_rows.write(session, "k", "key", 60.0 * n, "[]", 0.0)  # written once
     with sessions() as session:
         kept = session.scalars(select(PreparedRow.payload).order_by(PreparedRow.as_of)).all()
     assert kept == [f"[{n}]" for n in range(3, prepared_rows.KEEP + 3)]
