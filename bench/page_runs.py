@@ -132,7 +132,7 @@ def backfill(config: Any, sessions: Any, at: float) -> dict[str, Any] | None:
             break
         buckets += done
     seconds = time.perf_counter() - began
-    say(f"  SLO sums built to {at:.0f}: {buckets} target-buckets in {seconds:.1f} s")
+    say(f"  SLO sums built to {at:.0f}: {buckets} buckets in {seconds:.1f} s")
     return {"seconds": seconds, "buckets": buckets}
 
 
