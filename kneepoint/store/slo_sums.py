@@ -372,6 +372,30 @@ def stretches(
     if frame.empty:
         return {}
     frame = frame.reset_index(drop=True)
+    carries = before or {}
+    # One group per target, its stretch all its rows: `heads`' passes with a start before
+    # every row, the stall state entering each from its carry.
+    keys = pd.Series(0.0, index=frame.index)
+    targets = list(dict.fromkeys(frame.target_id.astype(int).tolist()))
+    entering = {(0.0, t): getattr(carries.get(t), "run", None) for t in targets}
+    found, walked = _plain_heads(frame, keys, layouts, {0.0: -math.inf}, entering, {}, carries)
+    out = {target_id: stretch for (_, target_id), stretch in found.items()}
+    if walked.any():
+        out |= stretches_walked(frame[walked], layouts, before, rule)
+    return {t: out[t] for t in targets}  # in the frame's order, as the walk gives them
+
+
+def stretches_walked(
+    frame: pd.DataFrame,
+    layouts: dict[int, tuple[float, ...]],
+    before: dict[int, Carry] | None = None,
+    rule: StallRule = DEFAULT_RULE,
+) -> dict[int, Stretch]:
+    """`stretches`, each target's samples walked one by one (`_stretch`): the reference the
+    vectorized passes are tested against, and the path of the targets they leave."""
+    if frame.empty:
+        return {}
+    frame = frame.reset_index(drop=True)
     rows = _Rows.of(frame)
     targets = frame.target_id.astype(int).tolist()
     out: dict[int, Stretch] = {}
@@ -465,6 +489,7 @@ def _plain_heads(
     starts: dict[float, float],
     entering: dict[tuple[float, int], Run | None],
     lasts: dict[tuple[float, int], tuple[float, Values]],
+    carries: dict[int, Carry] | None = None,
 ) -> tuple[dict[tuple[float, int], Stretch], np.ndarray]:
     """`heads` for every (bucket, target) group of `frame` (index 0..n-1, `keys` its rows'
     buckets) whose stretch from the window's start holds no counter reset and one signature,
@@ -534,6 +559,7 @@ def _plain_heads(
         layouts,
         entering,
         lasts,
+        carries,
     ), walk_group[group]
 
 
@@ -550,9 +576,12 @@ def _plain_stretches(
     layouts: dict[int, tuple[float, ...]],
     entering: dict[tuple[float, int], Run | None],
     lasts: dict[tuple[float, int], tuple[float, Values]],
+    carries: dict[int, Carry] | None = None,
 ) -> dict[tuple[float, int], Stretch]:
     """The Stretch `_stretch` gives each group of `plain` (`_plain_heads`' groups): every
-    count's first and last known value in the stretch taken for all groups at once."""
+    count's first and last known value in the stretch taken for all groups at once.
+    `carries`: each target's state before its group (`stretches`), whose step into the
+    first sample is the entry step."""
     out: dict[tuple[float, int], Stretch] = {}
     if not len(plain):
         return out
@@ -569,6 +598,7 @@ def _plain_stretches(
     # Per group, in AVAILABILITY's order (plain lists: pandas per group costs more).
     increases_c = increase[list(AVAILABILITY)].to_numpy().tolist()
     lasts_c = last[list(AVAILABILITY)].to_numpy().tolist()
+    firsts_c = first[list(AVAILABILITY)].to_numpy().tolist()
     all_ts = ts.tolist()
     hl, el, fl, indices = h.tolist(), e.tolist(), firsts.tolist(), plain.tolist()
     # The sums row's last values where they are the stretch's last sample's.
@@ -620,14 +650,49 @@ def _plain_stretches(
         run = runs[index] if a == fl[index] else Run(all_ts[a - 1], _point(stall_values[a - 1]))
         last_values["wi"] = None if run is None else run.to_json()
         last_values["w"] = [all_ts[b - 1], list(_point(stall_values[b - 1])), None, False]
+        entry = Part()
+        carry = None if carries is None else carries.get(key[1])
+        if carry is not None:
+            entry = _entry(carry, firsts_c[g], last_values, inner, hists, g)
+            entry.s = all_ts[a] - carry.last_ts
         out[key] = (
             inner,
-            Part(),
+            entry,
             last_values,
             [sigs[a]] * (b - a),
             [(t, 0.0) for t in all_ts[a:b]],
         )
     return out
+
+
+def _entry(
+    carry: Carry,
+    firsts: list[float],
+    last_values: Values,
+    inner: Part,
+    hists: dict[str, tuple[list[list[float] | None], list[list[float] | None]]],
+    g: int,
+) -> Part:
+    """As `_stretch` with `before`: the step from the carry's last values into the
+    stretch's first known ones, and the carry's values where the stretch knows none
+    (`last_values` completed in place)."""
+    entry = Part()
+    previous = carry.values["c"]
+    for name, value in zip(AVAILABILITY, firsts, strict=True):
+        earlier = previous.get(name)
+        if not math.isnan(value) and earlier is not None:
+            entry.c[name] = step(earlier, value)
+        if last_values["c"][name] is None:
+            last_values["c"][name] = earlier
+    for name in HISTOGRAMS:
+        starting, ending = hists[name]
+        decoded = [d for d in (starting[g], ending[g]) if d is not None]
+        earlier_h = carry.values["h"].get(name)
+        if decoded and earlier_h is not None and len(earlier_h) == len(decoded[0]):
+            entry.h[name] = _steps(earlier_h, decoded[0])
+        if not decoded:
+            last_values["h"][name] = earlier_h
+    return entry
 
 
 def _point(values: np.ndarray) -> tuple[float | None, ...]:

@@ -210,3 +210,36 @@ def test_random_buckets_as_the_walk_gives_them() -> None:
         easy, rest = slo_sums._plain_heads(frame, keys, case[1], case[3], case[4], case[6])
         plain, walked = plain + len(easy), walked + int(rest.sum())
     assert plain > 100 and walked > 100
+
+
+def test_random_tails_as_the_walk_gives_them() -> None:
+    """`stretches` (a round's partial end bucket, each target from its newest sums row)
+    equals the walk on random samples: a carry with values, histograms of its own or
+    another layout and a stall run the first sample may continue, or none."""
+    rng = random.Random(34)
+    plain = walked = 0
+    for _ in range(100):
+        frame, layouts, _, _, entering, rule, lasts = _random_case(rng)
+        frame = frame[frame.ts < slo_sums.BUCKET * 11].reset_index(drop=True)  # one bucket
+        carries: dict[int, slo_sums.Carry] = {}
+        for (_, target), run in entering.items():
+            if rng.random() < 0.2:
+                continue
+            _, kept = lasts.get((slo_sums.BUCKET * 10, target), (0.0, {"h": {}}))
+            counts = {c: rng.choice([None, float(rng.randint(0, 60))]) for c in slo_sums.COLUMNS}
+            values = {"c": counts, "h": dict(kept["h"])}
+            carries[target] = slo_sums.Carry(
+                slo_sums.BUCKET * 10 - 7.0, "", values, slo_sums.Part(), 0, run
+            )
+        found = slo_sums.stretches(frame, layouts, carries, rule)
+        expected = slo_sums.stretches_walked(frame, layouts, carries, rule)
+        assert list(found) == list(expected)
+        for target in found:
+            assert found[target] == expected[target], target
+        keys = pd.Series(0.0, index=frame.index)
+        runs = {(0.0, t): getattr(carries.get(t), "run", None) for t in found}
+        easy, rest = slo_sums._plain_heads(
+            frame, keys, layouts, {0.0: -math.inf}, runs, {}, carries
+        )
+        plain, walked = plain + len(easy), walked + int(rest.sum())
+    assert plain > 50 and walked > 50
