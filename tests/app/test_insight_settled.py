@@ -19,7 +19,8 @@ from sqlalchemy import text
 from kneepoint import causes, prepared, timeline
 from kneepoint.config import load_config
 from kneepoint.store.db import open_store
-from kneepoint.store.models import AnnotationRow, ReplicaSampleRow
+from kneepoint.store.models import AnnotationRow
+from tests.app.test_page_calls import a_copied_round as a_round
 from tests.seed import seed
 
 
@@ -53,26 +54,6 @@ def version(config_file: Path) -> prepared.Version:
     with sessions() as session:
         newest = session.execute(text("SELECT max(last_scrape_at) FROM targets")).scalar_one()
         return prepared.version(session, config, float(newest) + 1.0)
-
-
-def a_round(config_file: Path, at: float) -> None:
-    """A collection round stored at `at`: every replica's newest sample again."""
-    sessions = open_store(load_config(config_file).database)
-    with sessions.begin() as session:
-        columns = [c.name for c in ReplicaSampleRow.__table__.columns]
-        copied = ", ".join(":at" if c == "ts" else c for c in columns)
-        session.execute(
-            text(
-                f"INSERT INTO replica_samples ({', '.join(columns)}) SELECT {copied} "
-                "FROM replica_samples AS s WHERE ts = (SELECT max(ts) FROM replica_samples "
-                "WHERE target_id = s.target_id)"
-            ),
-            {"at": at},
-        )
-        session.execute(
-            text("UPDATE targets SET last_scrape_at = :at WHERE last_scrape_at IS NOT NULL"),
-            {"at": at},
-        )
 
 
 def test_a_settled_span_s_changes_are_read_once_across_rounds(
