@@ -16,9 +16,10 @@ and the leader's write shows the minute before's. Older than STALE (no leader: a
 read, `kneepoint serve --no-collect` on a store no collector leads, a dead collector, a
 collector whose config differs) the app computes them itself, as before.
 
-HA: only the leader's evaluation writes them, inside its transaction, which
-`collectors.cluster.serialize_evaluation` runs one leader at a time; a second leader in the
-same minute reads the first's row instead of computing again. Rows never change once
+Only alert evaluation writes them: the collector's alerts job, on the HA leader only, inside
+its transaction, which `collectors.cluster.serialize_evaluation` runs one leader at a time
+(and `kneepoint alerts eval`, run by hand, which evaluates the same way). A second leader in
+the same minute reads the first's row instead of computing again. Rows never change once
 written, and the newest few are kept."""
 
 from __future__ import annotations
@@ -79,9 +80,8 @@ def newest(session: Session, config: Config, now: float, stale: float = STALE) -
 
 def prepare(session: Session, config: Config, now: float, compute: Compute) -> list[slo.Report]:
     """The reports of `now`'s minute: the ones stored in it (by this leader or the one
-    before it in turn), else `compute(session, config, now)` stored as of `now`. The
-    leader's evaluation calls it (alerts/evaluate.py burn_rates_cached); nothing else
-    writes them."""
+    before it in turn), else `compute(session, config, now)` stored as of `now`. Alert
+    evaluation calls it (alerts/evaluate.py burn_rates_cached); nothing else writes them."""
     key = fingerprint(config)
     found = prepared_rows.newest(session, KIND, key, math.floor(now / STEP) * STEP, now)
     if found is not None:
