@@ -13,7 +13,9 @@ projections of `NUMBERS`, never written out a second time:
 * `alerts.outbox.PAGES` = `pages()`: the page an alert message links to;
 * `review.weekly.ROWS`, `REPLICA_KEYS`, `VIEW_KEYS` = `weekly_rows()`, `weekly_keys(...)`;
 * `review.effects.METRICS` = `effect_metrics()`: how a what-if prediction is read;
-* the rule and runbook section (`kneepoint.runbooks.RUNBOOKS`) of a number: `rules()`.
+* the rule and runbook section (`kneepoint.runbooks.RUNBOOKS`) of a number: `rules()`;
+* an alert's unit on the pages (`app.format.metric_unit`): `rule_unit()`, and tooltips
+  (`help_text()`).
 
 tests/test_catalogue.py holds every projection equal to the table it replaced and shows that
 a number added here appears in each of them.
@@ -91,6 +93,7 @@ class Number:
     unit: str
     direction: Direction
     description: str  # one line: the rules table's text, and the number's help
+    help: str | None = None  # the pages' tooltip where it says more than `description`
     quantity: str | None = None  # the canonical quantity it is computed from (engines)
     alertable: bool = False  # a rule can watch it (alerts/values.py computes it)
     page: str | None = None  # the page that explains it (an alert message's link)
@@ -434,6 +437,7 @@ NUMBERS: tuple[Number, ...] = (
         "%",
         BETTER,
         "prefix-cache hits ÷ queries over the window (0..1)",
+        help="Δprefix_cache_hits ÷ Δprefix_cache_queries over the window.",
         quantity="prefix_cache_hit_rate",
         alertable=True,
         page="prefix-cache",
@@ -476,6 +480,8 @@ NUMBERS: tuple[Number, ...] = (
         BETTER,
         "expected speculative-decoding speedup (×)",
         quantity="spec_decode_acceptance",
+        help="(1 − α^(γ+1)) ÷ ((1 − α)(1 + cγ)), γ = positions seen, c = 0.1 draft cost. "
+        "Below 1 the drafter slows the engine down.",
         alertable=True,
         page="spec-decode",
         rule="spec-decode-slowing",
@@ -486,6 +492,7 @@ NUMBERS: tuple[Number, ...] = (
         "%",
         BETTER,
         "accepted ÷ drafted tokens (0..1)",
+        help="Δaccepted tokens ÷ Δdrafted tokens over the window.",
         quantity="spec_decode_acceptance",
         alertable=True,
         page="spec-decode",
@@ -499,7 +506,7 @@ NUMBERS: tuple[Number, ...] = (
         "spec_decode_mean_acceptance_length",
         "tokens",
         BETTER,
-        "1 + accepted ÷ drafts: tokens emitted per verification step",
+        "1 + Δaccepted ÷ Δdrafts: tokens emitted per verification step.",
         quantity="spec_decode_acceptance",
     ),
     Number(
@@ -816,7 +823,13 @@ def effect_metrics(numbers: Iterable[Number] = NUMBERS) -> tuple[tuple[str, str,
     return tuple((name, effect.label, unit) for _, name, effect, unit in placed)
 
 
-def unit(name: str) -> str:
-    """The unit a number reads in ("" for a count, and for a name not in the catalogue)."""
-    number = NUMBER.get(name)
-    return number.unit if number else ""
+def rule_unit(metric: str) -> str:
+    """The unit a rule's metric reads in ("" for a count, and for what no rule can watch)."""
+    number = NUMBER.get(metric)
+    return number.unit if number is not None and number.alertable else ""
+
+
+def help_text(name: str) -> str:
+    """A number's tooltip on the pages: its help, else its description."""
+    number = NUMBER[name]
+    return number.help or number.description
