@@ -549,7 +549,7 @@ NUMBERS: tuple[Number, ...] = (
         "ttft_seconds",
         "s",
         WORSE,
-        "time to first token over the window: its quantiles (s)",
+        "time to first token over the window: p50, p90 and p99 (s)",
         quantity="ttft",
     ),
     Number(
@@ -567,7 +567,7 @@ NUMBERS: tuple[Number, ...] = (
         "itl_seconds",
         "s",
         WORSE,
-        "inter-token latency over the window: its quantiles (s)",
+        "inter-token latency over the window: p50, p90 and p99 (s)",
         quantity="itl",
     ),
     Number(
@@ -584,7 +584,7 @@ NUMBERS: tuple[Number, ...] = (
         "e2e_seconds",
         "s",
         WORSE,
-        "request latency, end to end, over the window: its quantiles (s)",
+        "request latency, end to end, over the window: p50, p90 and p99 (s)",
         quantity="e2e",
     ),
     Number(
@@ -656,7 +656,8 @@ NUMBERS: tuple[Number, ...] = (
         "kv_cache_occupancy_p95",
         "%",
         WORSE,
-        "95th percentile of KV-cache occupancy over a what-if replay (0..1)",
+        "time-weighted 95th percentile of KV-cache occupancy over the what-if's week "
+        "(measured, baseline, predicted; 0..1)",
         effect=Effect(4, "p95 KV occupancy"),
     ),
     Number(
@@ -739,7 +740,7 @@ NUMBERS: tuple[Number, ...] = (
         "break_even_utilization",
         "%",
         WORSE,
-        "load against the knee below which a hosted API is cheaper (0..1)",
+        "load against the knee below which a hosted API is cheaper (above 1: always)",
         weekly=WeeklyRow(17, "Break-even vs API", "load vs knee below which API is cheaper"),
         weekly_source="view",
     ),

@@ -5,10 +5,12 @@ was, and a number added to the catalogue reaches every one of them."""
 from __future__ import annotations
 
 import ast
+from typing import Any
 
 import pytest
 
 from alerts.rules import effective_rules
+from alerts.values import replica_values
 from app.format import metric_unit
 from app.registry import PAGES as APP_PAGES
 from collectors.engines import parse_replica
@@ -391,3 +393,25 @@ def test_engine_sources_say_what_the_normalizers_do() -> None:
         if source.varies
     }
     assert {key: marks for key, marks in varying.items() if marks != {True, False}} == {}
+
+
+class Blank(dict[str, Any]):
+    """A status record without data: every number None."""
+
+    def __missing__(self, key: str) -> None:
+        return None
+
+
+def test_every_metric_a_rule_can_watch_is_computed_under_its_catalogue_name() -> None:
+    """A misspelt key in alerts/values.py would leave its rule without data, silently."""
+    per_replica = set(replica_values(Blank(), {}, [], None))
+    [monitor] = [
+        node
+        for node in ast.walk(ast.parse((ROOT / "alerts" / "values.py").read_text()))
+        if isinstance(node, ast.FunctionDef) and node.name == "monitor_values"
+    ]
+    [returned] = [node.value for node in ast.walk(monitor) if isinstance(node, ast.Return)]
+    assert isinstance(returned, ast.Dict)
+    fleet_only = {key.value for key in returned.keys if isinstance(key, ast.Constant)}
+    assert per_replica | fleet_only == set(catalogue.rule_metrics())
+    assert not per_replica & fleet_only
