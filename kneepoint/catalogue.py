@@ -49,7 +49,7 @@ Record = Literal["status", "view"]  # what the weekly review copies a number fro
 
 @dataclass(frozen=True)
 class Source:
-    """How one engine gives a quantity (docs/engines.md, the normalizers in collectors/).
+    """How one engine gives a quantity (docs/reference/engines.md, the normalizers in collectors/).
 
     `how` is its newest generation's; `varies` says some generation or configuration gives
     it another way or not at all (`note` says which). An engine's normalizer marks a quantity
@@ -106,7 +106,7 @@ class Number:
     sources: Mapping[str, Source] | None = field(default=None, hash=False)
 
 
-# --- how each engine gives each quantity (docs/engines.md, collectors/*.py) ---------------
+# --- how each engine gives each quantity (docs/reference/engines.md, collectors/) ----
 
 EXACT = Source("exact")
 UNAVAILABLE = Source("unavailable")
@@ -304,7 +304,7 @@ def estimated(sources: Mapping[str, Source], note: str) -> dict[str, Source]:
 
 
 # Preempted work recomputed: exact on vLLM v0 (its prompt counter counts re-prefills), an
-# estimate everywhere else from the preemptions and the mean request (metrics.md §4).
+# estimate everywhere else from the preemptions and the mean request (docs/reference/metrics.md).
 RECOMPUTE = estimated(
     QUANTITY["preemptions"].sources,
     "Δpreemptions × (mean prompt + ½ mean generated tokens); exact on vLLM v0",

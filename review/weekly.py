@@ -104,16 +104,8 @@ def period(session: Session, config: Config, end: float, window: float) -> Perio
         numbers["ttft_p99_seconds"] = (replica.get("ttft_seconds") or {}).get("p99")
         replicas[name] = numbers
     rates = {name: numbers["prefix_cache_hit_rate"] for name, numbers in replicas.items()}
-    fleet = {
-        key: view.status["fleet"].get(key)
-        for key in (
-            "generation_tokens_per_second",
-            "prefix_cache_hit_rate",
-            "cost_per_million_tokens",
-            "cost_per_million_generated_tokens",
-            "preemptions",
-        )
-    }
+    # The fleet's status gives the same numbers the review copies from each replica's.
+    fleet = {key: view.status["fleet"].get(key) for key in REPLICA_KEYS}
     fleet["hit_rate_divergence"] = details.divergence(rates)
     result = Period(end - window, end, view, replicas, fleet, slo_reports(session, config, end))
     ids = {name: row.id for name, row in targets.items() if name in replicas}
