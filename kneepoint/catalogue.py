@@ -31,9 +31,15 @@ Adding a derived number
    replica, or the page view's rows), plus `alerts/values.py` when a rule can watch it.
 3. Its tests: the function's, against hand-computed values.
 
-Nothing else lists numbers by name. Units: "%" for a share 0..1 (shown as a percentage),
-"points" for a difference of two shares, "s", "/s" for events per second, "tok/s", "×",
-"$" (USD), "J", "h", "kWh", "tokens", and "" for a count or a verdict.
+A number read from a quantity the engines do not give yet needs a `Quantity` too, with how
+each engine gives it (`Source`), and the normalizers' `unavailable` where one cannot.
+
+No other module keeps a table of numbers with what they mean; the records that carry the
+values (the status, the page view, alerts/values.py) use these names as their keys.
+
+Units: "%" for a share 0..1 (shown as a percentage), "points" for a difference of two
+shares, "s", "/s" for events per second, "tok/s", "×", "$" (USD), "J", "h", "kWh",
+"tokens", and "" for a count or a verdict.
 """
 
 from __future__ import annotations
@@ -51,9 +57,11 @@ Record = Literal["status", "view"]  # what the weekly review copies a number fro
 class Source:
     """How one engine gives a quantity (docs/reference/engines.md, the normalizers in collectors/).
 
-    `how` is its newest generation's; `varies` says some generation or configuration gives
-    it another way or not at all (`note` says which). An engine's normalizer marks a quantity
-    unavailable, with its reason, exactly where `how` is "unavailable", or `varies`."""
+    `how` is its newest generation's, `note` what differs in older ones; `varies` says some
+    generation or configuration cannot give it. An engine's normalizer marks the quantity
+    unavailable (with its reason, in words) in every scrape where `how` is "unavailable" and
+    not `varies`, in none where `how` is another and not `varies`, and in some where it
+    `varies` (tests/test_catalogue.py holds this against every capture in tests/fixtures)."""
 
     how: How
     note: str = ""
@@ -259,7 +267,9 @@ QUANTITIES: tuple[Quantity, ...] = (
     Quantity(
         "itl",
         {
-            "vllm": Source("exact", "time_per_output_token_seconds before 0.12"),
+            "vllm": Source(
+                "exact", "inter_token_latency_seconds; time_per_output_token_seconds before 0.10"
+            ),
             "sglang": Source("exact", "derived from time_per_output_token_seconds on 0.4.0"),
             "llamacpp": Source("unavailable", "no histograms"),
             "tgi": Source("derived", "a per-request mean time per token (TPOT)"),
