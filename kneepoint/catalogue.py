@@ -569,7 +569,7 @@ NUMBERS: tuple[Number, ...] = (
         "p99 time to first token over the window (s)",
         quantity="ttft",
         alertable=True,
-        page="knee",
+        page="knee",  # latency against concurrency, and where the knee is
         promql=_p99("vllm:time_to_first_token_seconds"),
         effect=Effect(3, "TTFT p99"),
     ),
@@ -633,7 +633,7 @@ NUMBERS: tuple[Number, ...] = (
         WORSE,
         "targets (fleet) not scraped for over 2 scrape intervals plus a grace",
         alertable=True,
-        page="health",
+        page="health",  # the collector's own state: jobs, scrape errors
         rule="collector-stale",
     ),
     Number(
