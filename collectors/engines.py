@@ -44,7 +44,7 @@ def _load() -> dict[str, Parser]:
 
 PARSERS: dict[str, Parser] = _load()
 
-# Name prefixes that say which engine wrote an exposition (engines.md §6.1). Gateways and
+# Name prefixes that say which engine wrote an exposition (docs/reference/engines.md). Gateways and
 # Ray may turn `:` into `_` (`sglang_num_running_reqs`, `vllm_…`). Only families the engine
 # itself defines count: `tgi_` and `trtllm_` are underscores by origin. The oldest
 # trtllm-serve names carry no prefix at all (PR #5785); those are told by the families below.

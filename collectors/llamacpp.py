@@ -5,7 +5,7 @@ llama.cpp writes its exposition by hand (tools/server/server-task.cpp `to_metric
 under the `llamacpp:` prefix, no labels (one series per family, bar the per-position
 speculative counter), no histograms. One server is one replica (`engines` 1, no model name).
 
-What each family means, and how it is read (engines.md §2):
+What each family means, and how it is read (docs/reference/engines.md, llama.cpp server):
 
 * `prompt_tokens_total` counts the prompt tokens the server *computed*: it EXCLUDES the tokens
   reused from its prompt cache (`cache_prompt`, on by default). It is stored as

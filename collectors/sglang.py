@@ -1,10 +1,10 @@
 """Normalize an SGLang /metrics scrape (the `name` label of its first metrics PR, 0.4.0 to
 0.5.23) into one canonical ReplicaSample.
 
-SGLang has two kinds of series (engines.md §1). The scheduler's (queues, KV pool, retraction,
-speculative decoding, queue time) carry rank labels (`tp_rank`, `pp_rank`, `moe_ep_rank`,
-`dp_rank` since 0.5.0) and are written by the scheduler of attention-TP rank 0 of each
-data-parallel rank, or by every TP rank with --enable-metrics-for-all-schedulers, so: one
+SGLang has two kinds of series (docs/reference/engines.md, SGLang). The scheduler's (queues,
+KV pool, retraction, speculative decoding, queue time) carry rank labels (`tp_rank`, `pp_rank`,
+`moe_ep_rank`, `dp_rank` since 0.5.0) and are written by the scheduler of attention-TP rank 0
+of each data-parallel rank, or by every TP rank with --enable-metrics-for-all-schedulers, so: one
 series per `dp_rank` is kept (the lowest pp/tp/ep rank's; the others repeat it), and those are
 added (or for occupancy, the max and mean taken). With priority scheduling the total is the
 series with `priority=""` and the per-priority breakdown beside it is dropped. The

@@ -5,7 +5,7 @@ trtllm-serve serves Prometheus text at `/prometheus/metrics` (only with
 `return_perf_metrics: true`); its `/metrics` is JSON iteration stats, which is refused here
 with the way out. It runs prometheus_client in multiprocess mode: no `_created` series, and
 every gauge carries a `pid` label (summed here; occupancy takes the max). Its names went
-through three stages (shared/docs/engines.md §4a), each a generation here:
+through three stages (docs/reference/engines.md, TensorRT-LLM), each a generation here:
 
 * "trtllm-basic": PR #5785 (trtllm-serve 1.0-1.2) exposed five unprefixed request metrics
   (`request_success_total`, the e2e / TTFT / TPOT / queue-time histograms) labelled

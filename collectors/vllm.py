@@ -195,7 +195,8 @@ def normalize_vllm(parsed: ParsedScrape) -> ReplicaSample:
 
 
 def detect_generation(parsed: ParsedScrape) -> str:
-    """Name the engine generation from which names the server exposes (metrics.md §2)."""
+    """Name the engine generation from which names the server exposes
+    (docs/reference/metrics.md)."""
     new, old = parsed.has(KV_USAGE[0]), parsed.has(KV_USAGE[1])
     if new:
         return "v1-0.10" if old else "v1"

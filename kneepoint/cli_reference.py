@@ -3,8 +3,9 @@
 `markdown()` walks the command tree Typer builds (`typer.main.get_command`) and writes, for
 every command and group, its usage, its one-line summary, its help and its options as plain
 Markdown: no terminal, so no colour and no wrapping, and the same text whatever the width of
-the terminal that runs it. The docs site's hook fills docs/reference/cli.md with it, so the
-page cannot drift from the code; `python -m kneepoint.cli_reference` prints it.
+the terminal that runs it. The docs site's hook (docs/hooks/cli_reference.py) puts it in
+docs/reference/cli.md, under that page's own title and introduction, so the page cannot drift
+from the code; `python -m kneepoint.cli_reference` prints it.
 
 The help texts are already Markdown (kneepoint/cliutil.py MARKUP): they are copied as they
 are, their first paragraph being the summary. Importing this module imports the command
@@ -27,11 +28,9 @@ if TYPE_CHECKING:
     # What this Typer's get_command returns: its own copy of Click's classes.
     from typer._click.core import Command, Parameter
 
-TITLE = "# Command line reference"
-INTRO = (
-    "Every `kneepoint` command, its options and what it does, generated from the command "
-    "line itself (`kneepoint COMMAND --help` shows the same in a terminal)."
-)
+# Each command's heading: one level below the page's section that holds the reference, and
+# the whole command as typed, so a sub-command's place in the tree shows in its name.
+HEADING = "###"
 
 
 @dataclass(frozen=True)
@@ -81,7 +80,8 @@ def usage(node: Node) -> str:
 
 
 def anchor(path: str) -> str:
-    """The heading's id as MkDocs makes it: lower case, words joined by hyphens."""
+    """The heading's id as MkDocs makes it (its `toc` default): lower case, words joined by
+    hyphens, the code marks dropped."""
     return path.lower().replace(" ", "-")
 
 
@@ -117,7 +117,7 @@ def option_row(param: Parameter, context: typer.Context) -> str:
 
 def section(node: Node) -> str:
     first, rest = paragraphs(node.command.help)
-    lines = [f"## {node.path}", "", first, "", "```", usage(node), "```", ""]
+    lines = [f"{HEADING} `{node.path}`", "", first, "", "```", usage(node), "```", ""]
     if rest:
         lines += [rest, ""]
     shown = [p for p in node.command.params if not getattr(p, "hidden", False)]
@@ -137,10 +137,9 @@ def section(node: Node) -> str:
 
 
 def markdown() -> str:
-    """The whole reference page, its title included."""
+    """Every command's section, the root's first, in the order `--help` lists them."""
     root = typer.main.get_command(app)
-    sections = [section(node) for node in walk(root)]
-    return "\n".join([TITLE, "", INTRO, "", *sections]).rstrip() + "\n"
+    return "\n".join(section(node) for node in walk(root)).rstrip() + "\n"
 
 
 if __name__ == "__main__":

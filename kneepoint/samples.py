@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-# Engine generations a vLLM target can speak (metrics.md section 2).
+# Engine generations a vLLM target can speak (docs/reference/metrics.md, vLLM's generations).
 GENERATIONS = ("v0", "v1-0.8", "v1-0.10", "v1")
 
 # The inference engines a replica target can be (collectors/engines.py reads each one).

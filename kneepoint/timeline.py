@@ -77,8 +77,9 @@ KINDS = (
     "annotation",
 )
 
-# Thresholds (README "Timeline"). Hit-rate drops and prefill storms are the Prefix cache
-# page's (kneepoint/derived/details.py), found per replica on EVENT_INTERVAL intervals.
+# Thresholds (docs/how-to/timeline.md quotes them). Hit-rate drops and prefill storms are the
+# Prefix cache page's (kneepoint/derived/details.py), found per replica on EVENT_INTERVAL
+# intervals.
 EVENT_INTERVAL = "5min"
 HISTORY = 3600.0  # their trailing baseline: the hour before
 HIT_RATE_DROP = 0.30  # the hit rate this far (absolute) below its trailing hour's mean

@@ -110,11 +110,11 @@ def test_every_paragraph_of_help_reflows_to_the_terminal() -> None:
 
 def test_the_reference_names_every_command_and_option_under_its_heading() -> None:
     page = cli_reference.markdown()
-    sections = {part.split("\n", 1)[0]: part for part in page.split("\n## ")[1:]}
+    sections = {part.split("\n", 1)[0]: part for part in ("\n" + page).split("\n### ")[1:]}
     for words, command in tree():
         path = " ".join(["kneepoint", *words])
-        assert path in sections, f"no section for {path}"
-        section = sections[path]
+        assert f"`{path}`" in sections, f"no section for {path}"
+        section = sections[f"`{path}`"]
         first_line = " ".join(inspect.cleandoc(command.help or "").split("\n\n")[0].split())
         assert first_line in section, path
         for param in command.params:
@@ -132,7 +132,7 @@ def test_the_reference_is_plain_markdown_whatever_the_terminal(
     narrow = cli_reference.markdown()
     monkeypatch.setenv("COLUMNS", "200")
     assert cli_reference.markdown() == narrow
-    assert narrow.startswith("# ")
+    assert narrow.startswith("### `kneepoint`\n")
     assert "\x1b" not in narrow and "│" not in narrow and "╭" not in narrow
 
 
