@@ -1,4 +1,4 @@
-"""The command line's reference page, generated from the command line itself.
+"""The command line's reference, generated from the command line itself.
 
 `markdown()` walks the command tree Typer builds (`typer.main.get_command`) and writes, for
 every command and group, its usage, its one-line summary, its help and its options as plain
@@ -90,29 +90,43 @@ def cell(text: str) -> str:
     return " ".join(text.split()).replace("|", "\\|")
 
 
+def kind(param: Parameter, context: typer.Context) -> str:
+    """What the option takes, as `--help` names it (`int`, `list[str]`), a flag, or a
+    number within bounds (`int, 2 to 20`)."""
+    if getattr(param, "is_flag", False) and not param.secondary_opts:
+        return "flag"
+    if not isinstance(param, typer.core.TyperOption | typer.core.TyperArgument):
+        return ""
+    shown = param.display_type(context).strip("<>").removesuffix(" range")
+    low, high = getattr(param, "min", None), getattr(param, "max", None)
+    if low is not None and high is not None:
+        return f"{shown}, {low} to {high}"
+    if low is not None:
+        return f"{shown}, at least {low}"
+    if high is not None:
+        return f"{shown}, at most {high}"
+    return shown
+
+
+def default(param: Parameter, taken: str) -> str:
+    """The value used when the option is not given; "required" when it must be."""
+    if param.required:
+        return "required"
+    if param.default is None or (taken == "flag" and param.default is False):
+        return ""
+    if isinstance(param.default, bool):  # an on/off pair: the one in force
+        return f"`{param.opts[0] if param.default else param.secondary_opts[0]}`"
+    return f"`{param.default}`"
+
+
 def option_row(param: Parameter, context: typer.Context) -> str:
-    names = " / ".join(f"`{name}`" for name in (*param.opts, *param.secondary_opts))
     if param.param_type_name == "argument":
         names = f"`{(param.name or '').upper()}`"
-    shown = (
-        param.display_type(context)
-        if isinstance(param, typer.core.TyperOption | typer.core.TyperArgument)
-        else ""
-    )
-    kind = (
-        "flag"
-        if getattr(param, "is_flag", False) and not param.secondary_opts
-        else shown.strip("<>")
-    )
-    if param.required:
-        default = "required"
-    elif param.default is None or (kind == "flag" and param.default is False):
-        default = ""
-    elif isinstance(param.default, bool):
-        default = f"`{param.opts[0] if param.default else param.secondary_opts[0]}`"
     else:
-        default = f"`{param.default}`"
-    return f"| {names} | {kind} | {default} | {cell(getattr(param, 'help', None) or '')} |"
+        names = " / ".join(f"`{name}`" for name in (*param.opts, *param.secondary_opts))
+    taken = kind(param, context)
+    help_text = cell(getattr(param, "help", None) or "")
+    return f"| {names} | {taken} | {default(param, taken)} | {help_text} |"
 
 
 def section(node: Node) -> str:
