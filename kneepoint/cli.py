@@ -662,7 +662,7 @@ def calibrate(
     at: AtOption = None,
 ) -> None:
     """Fit the twin's step-time model to a replica from its knee run and its production
-    history, store it, and show it with its fit quality (docs/whatif.md)."""
+    history, store it, and show it with its fit quality (docs/explanation/whatif.md)."""
     seconds = positive_duration("--since", since)
     settings = load_settings(config)
     sessions = open_sessions(settings)
@@ -741,7 +741,7 @@ def whatif(
             "--set",
             help="A change, KEY=VALUE: kv_cache_dtype, max_num_seqs, max_model_len, "
             "gpu_memory_utilization, num_speculative_tokens, enable_prefix_caching, gpu, "
-            "replicas, routing, growth, … (docs/whatif.md). Repeatable.",
+            "replicas, routing, growth, … (docs/explanation/whatif.md). Repeatable.",
         ),
     ] = None,
     since: Annotated[str, typer.Option(help="The window to replay: 1d, 7d, …")] = "7d",
@@ -750,7 +750,7 @@ def whatif(
     ] = 6,
     config: ConfigOption = None,
     as_json: Annotated[
-        bool, typer.Option("--json", help="Print the JSON contract (docs/whatif.md).")
+        bool, typer.Option("--json", help="Print the JSON contract (docs/explanation/whatif.md).")
     ] = False,
     at: AtOption = None,
 ) -> None:
@@ -758,7 +758,7 @@ def whatif(
     change: measured, baseline and predicted numbers with error bounds."""
     seconds = positive_duration("--since", since)
     if not changes:
-        fail("give at least one change: --set KEY=VALUE (docs/whatif.md)", 2)
+        fail("give at least one change: --set KEY=VALUE (docs/explanation/whatif.md)", 2)
     from kneepoint.whatif import WhatIfError, parse_changes
 
     try:

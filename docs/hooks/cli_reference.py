@@ -28,4 +28,19 @@ def on_page_markdown(markdown: str, page: Any, config: Any, files: Any) -> str:
         raise ValueError(f"{PAGE} lost its marker {MARKER}")
     from kneepoint.cli_reference import markdown as reference
 
-    return markdown.replace(MARKER, reference())
+    return markdown.replace(MARKER, nested(reference()))
+
+
+def nested(reference: str) -> str:
+    """The generated reference under the page's own heading: its title dropped (the page has
+    one), every other heading one level deeper, code blocks untouched."""
+    lines = reference.splitlines()
+    if lines and lines[0].startswith("# "):
+        lines = lines[1:]
+    fenced = False
+    for number, line in enumerate(lines):
+        if line.startswith("```"):
+            fenced = not fenced
+        elif not fenced and line.startswith("#"):
+            lines[number] = "#" + line
+    return "\n".join(lines).strip() + "\n"

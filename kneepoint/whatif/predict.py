@@ -211,7 +211,7 @@ class WhatIf:
     baseline_error: dict[str, float | None]
 
     def as_dict(self) -> dict[str, Any]:
-        """The `kneepoint whatif --json` contract (docs/whatif.md)."""
+        """The `kneepoint whatif --json` contract (docs/explanation/whatif.md)."""
         return {
             "replica": self.replica,
             "change": self.change.as_dict(),
