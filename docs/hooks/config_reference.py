@@ -16,7 +16,11 @@ PAGE = "reference/configuration.md"
 KEYS = "<!-- generated: kneepoint.config.Config -->"
 EXAMPLE = "<!-- generated: examples/kneepoint.yaml -->"
 # Values never shown in full (logs, errors, pages): say so rather than name the class.
-SECRET_TYPES = {"SecretURL": "URL (its password masked when shown)", "Secret": "str (never shown)"}
+SECRET_TYPES = {
+    "SecretURL": "URL (its password masked when shown)",
+    "HookURL": "URL (never shown whole)",
+    "Secret": "str (never shown)",
+}
 SECONDS_PER = (("d", 86400), ("h", 3600), ("m", 60), ("s", 1))
 
 
@@ -50,7 +54,9 @@ def _type(annotation: Any, duration: bool) -> str:
     if origin is typing.Literal:
         return " \\| ".join(f"`{a}`" for a in args)
     if origin is typing.Annotated:
-        return _type(args[0], duration)
+        validators = [getattr(m, "func", None) for m in annotation.__metadata__]
+        held = any(getattr(f, "__name__", "") == "parse_duration" for f in validators)
+        return _type(args[0], held)
     if origin in (typing.Union, types.UnionType):
         return " or ".join(_type(a, False) for a in args if a is not type(None))
     if origin is list:
@@ -86,7 +92,7 @@ def _section(model: type[BaseModel], where: str) -> list[str]:
     lines += ["", "| key | type | default |", "|---|---|---|"]
     for name, info in model.model_fields.items():
         key = info.alias or name
-        duration = _is_duration(info)
+        duration = _is_duration(info) or _type(info.annotation, False).startswith("duration")
         lines.append(
             f"| `{key}` | {_type(info.annotation, duration)} | {_default(info, duration)} |"
         )
