@@ -43,10 +43,9 @@ they met the aims. What is asserted:
   where A and B are the same engine (their requests fit both caches) B's medians were up to
   31 % off A's in throughput and 33 % in TTFT: the prediction cannot be held closer than the
   machine repeats itself. The twin also preempted 1.1–1.8× as often as the real engine
-  (PREEMPTION_RATIO's lower end), a difference in scheduling docs/how-to/whatif.md reports.
-  Under the heaviest load (30–53) the calibration itself missed the 20 % RMS the product
-  trusts in 2 of 10 runs, and the test fails there: it cannot tell the twin's error from the
-  machine's.
+  (PREEMPTION_RATIO's lower end), a difference in scheduling the docs report. Under the
+  heaviest load (30–53) the calibration itself missed the 20 % RMS the product trusts in 2
+  of 10 runs, and the test fails there: it cannot tell the twin's error from the machine's.
 """
 
 from __future__ import annotations
