@@ -1,6 +1,7 @@
 """The docs: the site builds under `mkdocs build --strict` (a broken link, a missing anchor, a
-page left out of nav fails it), and every docs path the code, the tests, the chart and the
-front pages name exists."""
+page left out of nav fails it), every docs path the code, the tests, the chart and the front
+pages name exists, and every file of the repository the docs name exists (a module renamed
+without its docs fails here, so the docs' tables cannot drift from the code's layout)."""
 
 from __future__ import annotations
 
@@ -32,6 +33,13 @@ SCANNED_DIRS = (
     "scripts",
 )
 FRONT_PAGES = ("README.md", "CONTRIBUTING.md")
+# A file of this repository as the docs name it: a top-level folder of the checkout, then a
+# path ending in a file's suffix (`collectors/scrape.py`, `deploy/helm/kneepoint/values.yaml`).
+TOP_FOLDERS = "|".join((*SCANNED_DIRS, "docs"))
+REPOSITORY_PATH = re.compile(
+    rf"(?<![\w/.-])((?:{TOP_FOLDERS})/(?:[\w.-]+/)*[\w-]+"
+    r"\.(?:py|md|yaml|yml|toml|sh|prom|json|png|ini|tpl|txt|csv))\b"
+)
 # Files whose docs/ paths are data, not references: .dockerignore patterns under test, and
 # this file's own examples.
 NOT_REFERENCES = {Path("tests/test_deploy.py"), Path("tests/test_docs.py")}
@@ -87,3 +95,16 @@ def test_the_front_pages_links_resolve() -> None:
         for target in re.findall(r"\]\(([^)#\s]+)(?:#[^)]*)?\)", text):
             if not target.startswith(("http://", "https://", "mailto:")):
                 assert (ROOT / target).exists(), f"{name} links to {target}, which does not exist"
+
+
+def test_every_repository_file_the_docs_name_exists() -> None:
+    pages = [*sorted((ROOT / "docs").rglob("*.md")), *(ROOT / name for name in FRONT_PAGES)]
+    named: dict[str, list[str]] = {}
+    for page in pages:
+        for path in REPOSITORY_PATH.findall(page.read_text()):
+            named.setdefault(path, []).append(str(page.relative_to(ROOT)))
+    assert "collectors/scrape.py" in named, "the scan found none of the files the docs name"
+    missing = {
+        path: sorted(set(where)) for path, where in named.items() if not (ROOT / path).exists()
+    }
+    assert not missing, f"files the docs name that do not exist: {missing}"
