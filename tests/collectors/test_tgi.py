@@ -9,7 +9,7 @@ import pytest
 
 from collectors.engines import detect_engine, parse_replica
 from collectors.parse import ScrapeFormatError
-from collectors.tgi import parse_tgi
+from collectors.engines.tgi import parse_tgi
 from kneepoint.samples import QUANTITIES
 from tests.conftest import OWN_FIXTURES, VLLM_032, read
 

@@ -22,7 +22,7 @@ log = logging.getLogger(__name__)
 
 # Engine -> (module, function) of its normalizer.
 _MODULES: dict[str, tuple[str, str]] = {
-    engine: (f"collectors.{engine}", f"parse_{engine}") for engine in ENGINES
+    engine: (f"collectors.engines.{engine}", f"parse_{engine}") for engine in ENGINES
 }
 
 DISPLAY = ENGINE_NAMES  # what the engines are called in sentences
@@ -100,7 +100,7 @@ def parse_replica(kind: str, text: str, max_series: int = MAX_SERIES) -> Replica
         if not text.strip():
             raise ScrapeFormatError("the response body is empty")
         if text.lstrip().startswith(("{", "[")):  # trtllm-serve's /metrics is JSON
-            from collectors.trtllm import JSON_BODY
+            from collectors.engines.trtllm import JSON_BODY
 
             raise ScrapeFormatError(JSON_BODY)
         found = detect_engine(text)
