@@ -1,63 +1,62 @@
-"""Every inference engine kneepoint reads, by name: its normalizer, and which engine a scrape
-came from when the target's kind is `auto`.
+"""Every inference engine kneepoint reads: the registry, and which engine a scrape came from when
+the target's kind is `auto`.
 
-Each engine's module exposes `parse_<engine>(text, max_series) -> ReplicaSample`, which sets
-the sample's `engine`, `generation` and `unavailable` (kneepoint/samples.py QUANTITIES). A
-module not present in this checkout leaves its engine out of PARSERS: a target of that kind
-is then recorded down with the reason, and `auto` never picks it.
+Each module of this package but `common` is one engine and ends with `ENGINE = Engine(...)`
+(collectors/engines/common.py): its kind and name, its metric prefixes, its normalizer and
+what it cannot give. They are found by scanning the package, in the order they declare, so
+adding an engine is adding a module (docs/adding-an-engine.md); configuration's target kinds
+(kneepoint/config.py ENGINE_KINDS) come from here. A module that fails to import is logged and
+left out: one broken normalizer must not stop the others' collection.
+
+This package sits below configuration: it and its modules import only the parser and
+kneepoint.samples, never config, the store, alerts or the app.
 """
 
 from __future__ import annotations
 
 import importlib
 import logging
-import re
-from collections.abc import Callable
+import pkgutil
 
+from collectors.engines.common import Engine, Parser
 from collectors.parse import MAX_SERIES, ParsedScrape, ScrapeFormatError
-from kneepoint.samples import ENGINE_NAMES, ENGINES, ReplicaSample
+from kneepoint.samples import ReplicaSample
 
-Parser = Callable[[str, int], ReplicaSample]
 log = logging.getLogger(__name__)
 
-# Engine -> (module, function) of its normalizer.
-_MODULES: dict[str, tuple[str, str]] = {
-    engine: (f"collectors.engines.{engine}", f"parse_{engine}") for engine in ENGINES
-}
-
-DISPLAY = ENGINE_NAMES  # what the engines are called in sentences
+# Modules of the package that are no engine.
+_NOT_ENGINES = frozenset({"common"})
 
 
-def _load() -> dict[str, Parser]:
-    parsers: dict[str, Parser] = {}
-    for engine, (module_name, function) in _MODULES.items():
+def discover(package: str, paths: list[str]) -> dict[str, Engine]:
+    """The engines the modules of `package` (at `paths`) declare, by kind, in their order."""
+    found: list[Engine] = []
+    for module_info in pkgutil.iter_modules(paths):
+        if module_info.name in _NOT_ENGINES or module_info.name.startswith("_"):
+            continue
+        name = f"{package}.{module_info.name}"
         try:
-            module = importlib.import_module(module_name)
-            parsers[engine] = getattr(module, function)
-        except ModuleNotFoundError as error:
-            if error.name != module_name:  # the module exists but an import inside it fails
-                log.exception("cannot load the %s normalizer; its targets stay down", engine)
+            module = importlib.import_module(name)
         except Exception:  # one broken normalizer must not stop the others' collection
-            log.exception("cannot load the %s normalizer; its targets stay down", engine)
-    return parsers
+            log.exception("cannot load the engine module %s; its targets stay down", name)
+            continue
+        engine = getattr(module, "ENGINE", None)
+        if not isinstance(engine, Engine):
+            raise TypeError(f"{name} declares no engine: it must end with ENGINE = Engine(...)")
+        found.append(engine)
+    found.sort(key=lambda engine: (engine.order, engine.kind))
+    registry = {engine.kind: engine for engine in found}
+    if len(registry) != len(found):
+        raise TypeError(f"two modules of {package} declare the same engine kind")
+    return registry
 
 
-PARSERS: dict[str, Parser] = _load()
-
-# Name prefixes that say which engine wrote an exposition (engines.md §6.1). Gateways and
-# Ray may turn `:` into `_` (`sglang_num_running_reqs`, `vllm_…`). Only families the engine
-# itself defines count: `tgi_` and `trtllm_` are underscores by origin. The oldest
-# trtllm-serve names carry no prefix at all (PR #5785); those are told by the families below.
-_PREFIXES: tuple[tuple[str, re.Pattern[str]], ...] = (
-    ("vllm", re.compile(r"^vllm[:_]")),
-    ("sglang", re.compile(r"^sglang[:_]")),
-    ("llamacpp", re.compile(r"^llamacpp[:_]")),
-    ("tgi", re.compile(r"^tgi_")),
-    ("trtllm", re.compile(r"^trtllm[:_]")),
-)
-# trtllm-serve before its `trtllm_` prefix (PR #5785, 1.0/1.1): unprefixed names carrying
-# `engine_type="undefined"`; nothing else serves `request_success_total` unprefixed.
-_UNPREFIXED_TRTLLM = ("request_success_total", "e2e_request_latency_seconds_count")
+REGISTRY: dict[str, Engine] = discover(__name__, __path__)
+# The engine kinds, in order: a replica target's `kind` is one of them (or `auto`).
+ENGINES: tuple[str, ...] = tuple(REGISTRY)
+# What they are called in sentences ("not exposed by llama.cpp").
+ENGINE_NAMES: dict[str, str] = {kind: engine.name for kind, engine in REGISTRY.items()}
+PARSERS: dict[str, Parser] = {kind: engine.parse for kind, engine in REGISTRY.items()}
 
 
 def detect_engine(scrape: str | ParsedScrape) -> str | None:
@@ -65,20 +64,24 @@ def detect_engine(scrape: str | ParsedScrape) -> str | None:
 
     Counts the sample lines per engine prefix and takes the engine with most: a vLLM with
     LMCache has `lmcache:` lines too, and a Dynamo worker passes its engine's names through
-    beside `dynamo_*` (neither is an engine here). Ties go to the order of ENGINES.
+    beside `dynamo_*` (neither is an engine here). Ties go to the order of ENGINES. With no
+    prefixed name, an engine's unprefixed names (the oldest trtllm-serve's) decide.
     """
     names = _names(scrape)
+    prefixes = [(engine.prefixes, kind) for kind, engine in REGISTRY.items()]
     counts = dict.fromkeys(ENGINES, 0)
     for name in names:
-        for engine, pattern in _PREFIXES:
-            if pattern.match(name):
-                counts[engine] += 1
+        for prefix, kind in prefixes:
+            if name.startswith(prefix):
+                counts[kind] += 1
                 break
-    best = max(ENGINES, key=lambda engine: counts[engine])
-    if counts[best]:
+    best = max(ENGINES, key=lambda kind: counts[kind], default=None)
+    if best is not None and counts[best]:
         return best
-    if any(name in _UNPREFIXED_TRTLLM for name in names):
-        return "trtllm"
+    present = set(names)
+    for kind, engine in REGISTRY.items():
+        if engine.unprefixed & present:
+            return kind
     return None
 
 
@@ -99,24 +102,23 @@ def parse_replica(kind: str, text: str, max_series: int = MAX_SERIES) -> Replica
     if kind == "auto":
         if not text.strip():
             raise ScrapeFormatError("the response body is empty")
-        if text.lstrip().startswith(("{", "[")):  # trtllm-serve's /metrics is JSON
-            from collectors.engines.trtllm import JSON_BODY
-
-            raise ScrapeFormatError(JSON_BODY)
+        if text.lstrip().startswith(("{", "[")):
+            hints = [e.json_body for e in REGISTRY.values() if e.json_body is not None]
+            raise ScrapeFormatError(hints[0] if hints else "the response body is JSON")
         found = detect_engine(text)
         if found is None:
             raise ScrapeFormatError(
-                "no engine's metrics found (vllm:, sglang:, llamacpp:, tgi_ or trtllm_ names); "
+                f"no engine's metrics found ({_prefix_list()} names); "
                 "is this an inference engine's /metrics endpoint?"
             )
         engine = found
     parser = PARSERS.get(engine)
     if parser is None:
-        raise ScrapeFormatError(f"kneepoint cannot read {DISPLAY.get(engine, engine)} yet")
+        raise ScrapeFormatError(f"kneepoint cannot read {ENGINE_NAMES.get(engine, engine)} yet")
     return parser(text, max_series)
 
 
-def not_exposed(engine: str, why: str = "") -> str:
-    """The reason sentence: "not exposed by SGLang" plus an optional tail."""
-    head = f"not exposed by {DISPLAY.get(engine, engine)}"
-    return f"{head} {why}".strip() if why else head
+def _prefix_list() -> str:
+    """Each engine's first prefix: "vllm:, sglang:, llamacpp:, tgi_ or trtllm_"."""
+    shown = [engine.prefixes[0] for engine in REGISTRY.values()]
+    return shown[0] if len(shown) == 1 else f"{', '.join(shown[:-1])} or {shown[-1]}"
