@@ -29,7 +29,8 @@ _NOT_ENGINES = frozenset({"common"})
 
 
 def discover(package: str, paths: list[str]) -> dict[str, Engine]:
-    """The engines the modules of `package` (at `paths`) declare, by kind, in their order."""
+    """The engines the modules of `package` (at `paths`) declare, by kind, in their order.
+    Each module is named after its kind, so no two declare the same one."""
     found: list[Engine] = []
     for module_info in pkgutil.iter_modules(paths):
         if module_info.name in _NOT_ENGINES or module_info.name.startswith("_"):
@@ -43,12 +44,11 @@ def discover(package: str, paths: list[str]) -> dict[str, Engine]:
         engine = getattr(module, "ENGINE", None)
         if not isinstance(engine, Engine):
             raise TypeError(f"{name} declares no engine: it must end with ENGINE = Engine(...)")
+        if engine.kind != module_info.name:  # so each engine is found where its kind says
+            raise TypeError(f"{name} declares kind {engine.kind!r}: name the module after it")
         found.append(engine)
     found.sort(key=lambda engine: (engine.order, engine.kind))
-    registry = {engine.kind: engine for engine in found}
-    if len(registry) != len(found):
-        raise TypeError(f"two modules of {package} declare the same engine kind")
-    return registry
+    return {engine.kind: engine for engine in found}
 
 
 REGISTRY: dict[str, Engine] = discover(__name__, __path__)
