@@ -12,6 +12,7 @@ import pytest
 from collectors.engines import ENGINES, REGISTRY, detect_engine, discover
 from collectors.engines.common import Engine
 from kneepoint.samples import QUANTITIES
+from kneepoint.store.models import TargetRow
 from tests.conftest import OWN_FIXTURES, SHARED_FIXTURES, read
 
 CAPTURES = sorted(
@@ -29,6 +30,11 @@ def test_every_engine_is_found_in_its_declared_order_under_its_module_s_name() -
     for kind, engine in REGISTRY.items():
         assert isinstance(engine, Engine) and engine.kind == kind
         assert engine.parse.__module__ == f"collectors.engines.{kind}"
+
+
+def test_every_kind_fits_the_store_s_engine_column() -> None:
+    column = TargetRow.__table__.c.engine
+    assert all(len(kind) <= column.type.length for kind in ENGINES)
 
 
 @pytest.mark.parametrize("kind", sorted(REGISTRY))
