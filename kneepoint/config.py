@@ -93,8 +93,9 @@ else:  # pydantic checks a Literal of them, and its errors list them
 
 class Target(Strict):
     name: Annotated[str, Field(min_length=1, pattern=r"^[A-Za-z0-9_.:-]+$")]
-    # An inference engine (vllm, sglang, llamacpp, tgi, trtllm), `auto` (the engine named by
-    # the first scrape's metric names, collectors/engines/) or a dcgm-exporter.
+    # An inference engine (a module of collectors/engines/: vllm, sglang, llamacpp, tgi,
+    # trtllm), `auto` (the engine named by the first scrape's metric names) or a
+    # dcgm-exporter.
     kind: TargetKind
     url: HttpURL
     gpus: list[str] = []
