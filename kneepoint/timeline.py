@@ -52,10 +52,11 @@ import pandas as pd
 from sqlalchemy import select
 from sqlalchemy.orm import Session
 
+from collectors.engines import ENGINE_NAMES
 from kneepoint import series
 from kneepoint.config import Config
 from kneepoint.derived import details
-from kneepoint.samples import ENGINE_NAMES, REPLICA_COUNTERS
+from kneepoint.samples import REPLICA_COUNTERS
 from kneepoint.store import queries
 from kneepoint.store.models import AnnotationRow, SilenceRow, TargetConfigRow
 

@@ -9,7 +9,7 @@ from pathlib import Path
 import pytest
 
 from collectors.dcgm import parse_dcgm
-from collectors.vllm import parse_vllm
+from collectors.engines.vllm import parse_vllm
 from kneepoint.config import Config, Target
 from kneepoint.status import build_status, stale_after, stale_targets
 from kneepoint.store.db import open_store
