@@ -7,8 +7,9 @@ from typing import Any
 
 import pandas as pd
 
+from collectors.engines import ENGINE_NAMES
 from kneepoint import catalogue
-from kneepoint.samples import ENGINE_NAMES, unavailable_reason
+from kneepoint.samples import unavailable_reason
 
 
 def show(value: float | None, unit: str = "", digits: int = 1) -> str:
