@@ -11,6 +11,7 @@ from sqlalchemy.orm import Session
 from alerts.rules import METRICS
 from kneepoint.config import Config
 from kneepoint.health import check_jobs
+from kneepoint.records import GpuStatus, HitRate, HitRates, Numbers, Status
 from kneepoint.samples import unavailable_reason
 from kneepoint.status import stale_targets
 from kneepoint.store.models import NotificationRow
@@ -25,7 +26,7 @@ def _p99(block: dict[str, float | None] | None) -> float | None:
     return None if block is None else block.get("p99")
 
 
-def _stalled(replica: dict[str, Any]) -> float | None:
+def _stalled(replica: Numbers) -> float | None:
     """1 while work has sat with frozen counters since the previous sample (any length: the
     `engine-stalled` rule's `for` is the time it must last), 0 when not (and for a target
     whose scrapes fail: that is `target-down`), None without data (kneepoint.status._stall)."""
@@ -39,10 +40,10 @@ def _drop(baseline: float | None, now: float | None) -> float | None:
 
 
 def replica_values(
-    replica: dict[str, Any],
+    replica: Numbers,
     extra: dict[str, Any],
-    gpus: list[dict[str, Any]],
-    baseline: dict[str, Any] | None,
+    gpus: list[GpuStatus],
+    baseline: HitRate | None,
 ) -> dict[str, float | None]:
     # A stale target's `up` is no data, not a failed scrape: `collector-stale` says that
     # kneepoint stopped watching, `target-down` stays for targets that refuse.
@@ -72,12 +73,12 @@ def replica_values(
     }
 
 
-def values(view: View, baseline: dict[str, Any]) -> dict[str, dict[str, float | None]]:
+def values(view: View, baseline: HitRates | Status) -> dict[str, dict[str, float | None]]:
     """Metric values keyed by replica name ("" for the fleet). `view` is the evaluation
     window's (5 minutes); `baseline` the last hour's hit rates, for drops: a status over it,
     or kneepoint.status.hit_rates (the same numbers, only those)."""
     before = {r["name"]: r for r in baseline["replicas"]}
-    gpus_of: dict[str | None, list[dict[str, Any]]] = {}
+    gpus_of: dict[str | None, list[GpuStatus]] = {}
     for gpu in view.status["gpus"]:
         gpus_of.setdefault(gpu["replica"], []).append(gpu)
     out = {}
@@ -96,7 +97,7 @@ def values(view: View, baseline: dict[str, Any]) -> dict[str, dict[str, float | 
     return out
 
 
-def not_exposed(status: dict[str, Any]) -> dict[str, dict[str, str]]:
+def not_exposed(status: Status) -> dict[str, dict[str, str]]:
     """Per replica ("" for the fleet): each rule metric its engine does not expose, and why
     (from the replica's `unavailable` in the status; the fleet's lists what no replica
     exposes)."""
@@ -114,7 +115,7 @@ def not_exposed(status: dict[str, Any]) -> dict[str, dict[str, str]]:
     return out
 
 
-def engine_since(status: dict[str, Any], stored: dict[str, float | None]) -> dict[str, float]:
+def engine_since(status: Status, stored: dict[str, float | None]) -> dict[str, float]:
     """Per replica of the status ("" for the fleet): when its engine was first seen (epoch
     seconds; `stored`: targets.engine_since by name, None not known: left out, read as long
     ago). The fleet's is its latest replica's: a metric no replica exposes any more stopped

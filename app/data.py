@@ -31,6 +31,7 @@ from kneepoint.auth import Limits
 from kneepoint.config import ENGINE_KINDS, Config, ConfigError, config_path, load_config
 from kneepoint.knee.detect import Assessment, assess
 from kneepoint.knee.passive import ProductionCurve, replica_curve
+from kneepoint.records import Status
 from kneepoint.series import COLUMNS as SERIES_COLUMNS
 from kneepoint.series import replica_series
 from kneepoint.status import build_status, is_stale
@@ -108,13 +109,13 @@ def replica_names() -> list[str]:
     return [t.name for t in config.targets if t.kind in ENGINE_KINDS]
 
 
-def status(window: float, now: float) -> dict[str, Any]:
+def status(window: float, now: float) -> Status:
     path = config_file()
     return _status(path, window, now, known(path).samples)
 
 
 @versioned("samples", times=("now",))
-def _status(path: str, window: float, now: float, version: Key) -> dict[str, Any]:
+def _status(path: str, window: float, now: float, version: Key) -> Status:
     config, sessions = _open(path)
     with sessions() as session:
         return build_status(session, config, now, window)

@@ -9,6 +9,7 @@ import pandas as pd
 
 from collectors.engines import ENGINE_NAMES
 from kneepoint import catalogue
+from kneepoint.records import Numbers
 from kneepoint.samples import unavailable_reason
 
 
@@ -23,14 +24,14 @@ def show(value: float | None, unit: str = "", digits: int = 1) -> str:
     return f"{text} {unit}".strip()
 
 
-def why(replica: dict[str, Any], key: str, text: str) -> str:
+def why(replica: Numbers, key: str, text: str) -> str:
     """A metric's help: `text`, or, where the replica's engine does not give the number
     (it shows "–"), the reason first ("not exposed by llama.cpp since …")."""
     reason = unavailable_reason(replica.get("unavailable") or {}, key)
     return text if reason is None else f"{reason[0].upper()}{reason[1:]}. {text}"
 
 
-def engine_label(replica: dict[str, Any]) -> str:
+def engine_label(replica: Numbers) -> str:
     """The engine and its generation ("SGLang 0.5.23", "vLLM v1"), or "unknown engine"
     before the first scrape."""
     engine = replica.get("engine")

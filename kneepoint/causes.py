@@ -43,6 +43,7 @@ from sqlalchemy.orm import Session
 
 from kneepoint.config import Config
 from kneepoint.durations import parse_duration
+from kneepoint.records import GpuStatus
 from kneepoint.samples import SATURATION
 
 log = logging.getLogger(__name__)
@@ -387,7 +388,7 @@ def gather(
     return Signals(now, tuple(out), tuple(events))
 
 
-def _xids(gpus: Sequence[dict[str, object]]) -> dict[str, tuple[str, ...]]:
+def _xids(gpus: Sequence[GpuStatus]) -> dict[str, tuple[str, ...]]:
     """Each replica's GPUs reporting an XID error, in the status's GPU order: one pass over
     the GPUs, not one per replica (a million steps at 1,000 replicas' GPUs)."""
     found: dict[str, list[str]] = {}

@@ -34,6 +34,7 @@ from kneepoint.config import Config, ConfigError, config_path
 
 if TYPE_CHECKING:
     from kneepoint.audit import Entry
+    from kneepoint.records import Status
 
 app = typer.Typer(
     add_completion=False,
@@ -171,7 +172,7 @@ def status(
     _print_status(report)
 
 
-def _print_status(report: dict) -> None:
+def _print_status(report: Status) -> None:
     table = Table(title=f"kneepoint status, window {report['window_seconds']}s")
     for column in (
         "replica",
@@ -205,8 +206,8 @@ def _print_status(report: dict) -> None:
     for r in report["replicas"]:
         if r["last_error"]:
             Console().print(f"{r['name']}: {r['last_error']}", markup=False)
-    for r in report.get("gone", []):
-        Console().print(f"{r['name']}: gone since {r['gone_since']}", markup=False)
+    for gone in report.get("gone", []):
+        Console().print(f"{gone['name']}: gone since {gone['gone_since']}", markup=False)
 
 
 def discovery_usable(settings: Config) -> None:

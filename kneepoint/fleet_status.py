@@ -41,7 +41,8 @@ from __future__ import annotations
 
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
-from typing import Any
+
+from kneepoint.records import ReplicaStatus
 
 OK, DEGRADED, PAGING, BURNING, DOWN = "ok", "degraded", "paging", "burning", "down"
 # Worst last. Burning ranks above a page on another metric: a spent budget is harm users
@@ -122,7 +123,7 @@ class ReplicaState:
     stalled_since: str | None = None
 
     @classmethod
-    def from_status(cls, replica: Mapping[str, Any]) -> ReplicaState:
+    def from_status(cls, replica: ReplicaStatus) -> ReplicaState:
         """From one entry of `kneepoint status --json`'s `replicas`."""
         return cls(
             name=str(replica["name"]),

@@ -8,9 +8,9 @@ from __future__ import annotations
 
 import json
 import math
-from collections.abc import Callable
+from collections.abc import Callable, Mapping, Sequence
 from datetime import UTC, datetime
-from typing import Any
+from typing import Any, cast
 
 import numpy as np
 import pandas as pd
@@ -24,6 +24,20 @@ from kneepoint.derived.cost import per_million, window_cost
 from kneepoint.derived.latency import quantiles
 from kneepoint.derived.stall import PROGRESS, STALL_AFTER, Point, stalled_since
 from kneepoint.derived.window import Window, counter_deltas, frame_windows, merge
+from kneepoint.records import (
+    Derived,
+    FleetNumbers,
+    GoneTarget,
+    GpuStatus,
+    HitRate,
+    HitRates,
+    Numbers,
+    Readings,
+    ReplicaHitRate,
+    ReplicaStatus,
+    Stall,
+    Status,
+)
 from kneepoint.samples import QUANTITIES
 from kneepoint.store import gpu_windows, queries, window_rows
 from kneepoint.store.models import RAW, TargetRow
@@ -39,7 +53,7 @@ def build_status(
     gpu_rows: pd.DataFrame | None = None,
     edges: window_rows.Edges | None = None,
     aggregate: bool | None = None,
-) -> dict[str, Any]:
+) -> Status:
     """The status over [now − window, now]; `samples` are that window's replica rows,
     `spans` their windows (frame_windows) and `gpu_rows` its GPU rows (queries.gpu_frame)
     when the caller has them already.
@@ -68,7 +82,7 @@ def build_status(
         gpu_block, busy = _gpus(gpus, owners, exporters)
     # Per replica, its GPUs and their busy shares in the GPUs' order: one pass, not a scan of
     # every GPU for every replica (1,000 × 1,000 at scale).
-    gpus_of: dict[str | None, list[dict[str, Any]]] = {}
+    gpus_of: dict[str | None, list[GpuStatus]] = {}
     busy_of: dict[str | None, list[float | None]] = {}
     for gpu, share in zip(gpu_block, busy, strict=True):
         gpus_of.setdefault(gpu["replica"], []).append(gpu)
@@ -76,7 +90,8 @@ def build_status(
     kinds: dict[str, str] = {}
     for target in config.targets:  # the first of a name, as Config.target finds it
         kinds.setdefault(target.name, target.kind)
-    replicas, windows, costs = [], [], []
+    replicas: list[ReplicaStatus] = []
+    windows, costs = [], []
     names = [t.name for t in config.targets if t.kind in ENGINE_KINDS]
     if spans is None:
         spans = frame_windows(samples, layouts, _edge_reader(session, samples))
@@ -110,8 +125,9 @@ def build_status(
         busy_now = _mean(busy_of.get(name, []))
         stale = row is not None and is_stale(row.last_scrape_at, config, now)
         kind = kinds[name]
-        replicas.append(_replica(name, kind, row, latest, span, mine, cost, busy_now, stale))
-        replicas[-1].update(_stall(session, config, row, latest, rows_of, maybe_stuck, stale))
+        numbers = _replica(name, kind, row, latest, span, mine, cost, busy_now, stale)
+        stall = _stall(session, config, row, latest, rows_of, maybe_stuck, stale)
+        replicas.append({**numbers, **stall})
         windows.append(span)
         costs.append(cost)
     return {
@@ -126,7 +142,7 @@ def build_status(
 
 def gone_targets(
     rows: dict[str, TargetRow], config: Config, now: float, window: float
-) -> list[dict[str, Any]]:
+) -> list[GoneTarget]:
     """Targets (replicas and GPU nodes) scraped within the window that are no longer among
     the config's targets (discovery stopped finding them, or they were taken out of
     `targets:`) and not scraped since for longer than a stale target's limit: gone since
@@ -160,7 +176,7 @@ def derived(
     cost: float | None,
     hit_rate_gauge: float | None = None,
     spec_gauges: tuple[float | None, float | None] = (None, None),
-) -> dict[str, Any]:
+) -> Derived:
     """The windowed numbers of the status contract (docs/reference/json.md), from one window.
 
     `generation` is a vLLM generation (None for other engines). Where the engine has no
@@ -223,7 +239,7 @@ HIT_COUNTERS = ("prefix_cache_hits", "prefix_cache_queries")
 GAUGE = "prefix_cache_hit_rate_gauge"
 
 
-def hit_rates(session: Session, config: Config, now: float, window: float) -> dict[str, Any]:
+def hit_rates(session: Session, config: Config, now: float, window: float) -> HitRates:
     """The prefix-cache hit rates build_status gives over [now − window, now], per replica
     and for the fleet, in its shape (`replicas` [{name, prefix_cache_hit_rate}] and `fleet`
     {prefix_cache_hit_rate}), from the two counters and the engine's own gauge alone: alert
@@ -254,7 +270,8 @@ def hit_rates(session: Session, config: Config, now: float, window: float) -> di
     kinds: dict[str, str] = {}
     for target in config.targets:
         kinds.setdefault(target.name, target.kind)
-    replicas, engines, generations, windows = [], set(), set(), []
+    replicas: list[ReplicaHitRate] = []
+    engines, generations, windows = set(), set(), []
     for name in (t.name for t in config.targets if t.kind in ENGINE_KINDS):
         row = rows.get(name)
         mine = deltas.get(row.id, {}) if row is not None else {}
@@ -284,8 +301,8 @@ def hit_rates(session: Session, config: Config, now: float, window: float) -> di
     generation = (
         fleet_generation if fleet_engine == "vllm" and fleet_generation != "mixed" else None
     )
-    fleet = {"prefix_cache_hit_rate": _hit_rate(merged.deltas, generation, _mean(gauge_rates))}
-    return {"replicas": replicas, "fleet": fleet}
+    rate = _hit_rate(merged.deltas, generation, _mean(gauge_rates))
+    return {"replicas": replicas, "fleet": {"prefix_cache_hit_rate": rate}}
 
 
 def _last_rows(frame: pd.DataFrame, key: str = "target_id") -> dict[Any, dict[str, Any]]:
@@ -312,17 +329,17 @@ def _replica(
     row: TargetRow | None,
     latest: dict[str, Any] | None,
     window: Window,
-    gpus: list[dict[str, Any]],
+    gpus: list[GpuStatus],
     cost: float | None,
     gpu_utilization: float | None,
     stale: bool,
-) -> dict[str, Any]:
+) -> Numbers:
     generation = row.generation if row else None
     # The engine of the stored samples; before the first one, the configured kind says it
     # (unless it is `auto`).
     engine = (row.engine if row else None) or (None if kind == "auto" else kind)
     unavailable: dict[str, str] = json.loads(row.unavailable) if row and row.unavailable else {}
-    result: dict[str, Any] = {
+    readings: Readings = {
         "name": name,
         # A stale target is down: its last answer is too old to vouch for it.
         "up": None if row is None else (False if stale else row.up),
@@ -346,8 +363,9 @@ def _replica(
         "generation_tokens_per_second": _per_second(window, "generation_tokens"),
         "gpu_utilization": gpu_utilization,
     }
-    result.update(
-        derived(
+    result: Numbers = {
+        **readings,
+        **derived(
             window,
             generation if engine == "vllm" else None,
             cost,
@@ -360,13 +378,15 @@ def _replica(
                 _value(latest, "spec_decode_acceptance_length_gauge"),
                 _value(latest, "spec_decode_acceptance_rate_gauge"),
             ),
-        )
-    )
+        ),
+    }
     # What the engine cannot give is null with its reason, never a number read elsewhere.
+    # The catalogue names the keys at runtime: each is one of the nullable numbers.
+    keyed = cast(dict[str, object], result)
     for quantity in unavailable:
         for key in QUANTITIES.get(quantity, (quantity,)):
-            if key in result:
-                result[key] = None
+            if key in keyed:
+                keyed[key] = None
     return result
 
 
@@ -466,13 +486,13 @@ def _stall(
     rows_of: _Rows,
     maybe_stuck: set[int] | None,
     stale: bool,
-) -> dict[str, Any]:
+) -> Stall:
     """The replica's stall (kneepoint.derived.stall): `stall_seconds`, how long work has sat
     with frozen counters up to the latest sample (0: the counters moved or nothing is
     queued), `stalled` once that reaches stall_after, and `stalled_since`, when it began.
     No data (null) without samples, for a stale target, or when the engine has no token
     counters; a target whose last scrape failed is down, not stalled (`target-down`)."""
-    none = {"stalled": None, "stalled_since": None, "stall_seconds": None}
+    none: Stall = {"stalled": None, "stalled_since": None, "stall_seconds": None}
     if row is None or latest is None or stale:
         return none
     if row.up is False:
@@ -515,7 +535,7 @@ def _stall(
     }
 
 
-def _gauge_hit_rates(replicas: list[dict[str, Any]], windows: list[Window]) -> list[float]:
+def _gauge_hit_rates(replicas: Sequence[HitRate], windows: list[Window]) -> list[float]:
     """The hit rates that are their engine's own gauge (no counters to merge): the fleet's
     rate is their mean where no replica has counters."""
     return [
@@ -528,55 +548,62 @@ def _gauge_hit_rates(replicas: list[dict[str, Any]], windows: list[Window]) -> l
 
 
 def _fleet(
-    replicas: list[dict[str, Any]], windows: list[Window], costs: list[float | None]
-) -> dict[str, Any]:
+    replicas: list[ReplicaStatus], windows: list[Window], costs: list[float | None]
+) -> FleetNumbers:
+    # Read by key name: each helper reads one key of every replica.
+    rows: Sequence[Mapping[str, Any]] = replicas
+
     def values(key: str) -> list[Any]:
-        return [r[key] for r in replicas if r[key] is not None]
+        return [r[key] for r in rows if r[key] is not None]
 
     def total(key: str) -> float | None:
+        found = values(key)
+        return sum(found) if found else None
+
+    def count(key: str) -> int | None:  # a sum of whole numbers
         found = values(key)
         return sum(found) if found else None
 
     generations = set(values("engine_generation"))
     engines = set(values("engine"))
     scraped = values("last_scrape_at")
-    fleet: dict[str, Any] = {
+    engine = engines.pop() if len(engines) == 1 else ("mixed" if engines else None)
+    engine_generation = (
+        generations.pop() if len(generations) == 1 else ("mixed" if generations else None)
+    )
+    readings: Readings = {
         "name": "fleet",
         "up": all(r["up"] for r in replicas) if replicas else None,
         "stale": any(r["stale"] for r in replicas),
         "last_scrape_at": max(scraped) if scraped else None,
         "last_error": next(iter(values("last_error")), None),
-        "engine": engines.pop() if len(engines) == 1 else ("mixed" if engines else None),
-        "engine_generation": generations.pop()
-        if len(generations) == 1
-        else ("mixed" if generations else None),
+        "engine": engine,
+        "engine_generation": engine_generation,
         "unavailable": _fleet_unavailable(replicas),
-        "engines": total("engines"),
+        "engines": count("engines"),
         "model_names": sorted({m for r in replicas for m in r["model_names"]}),
         # A fraction is never summed: the fleet's occupancy is its fullest replica.
         "kv_cache_occupancy": max(values("kv_cache_occupancy"), default=None),
         "kv_cache_occupancy_mean": _mean(values("kv_cache_occupancy_mean")),
-        "kv_cache_capacity_tokens": total("kv_cache_capacity_tokens"),
+        "kv_cache_capacity_tokens": count("kv_cache_capacity_tokens"),
         "gpu_utilization": _mean(values("gpu_utilization")),
+        "requests_running": total("requests_running"),
+        "requests_waiting": total("requests_waiting"),
+        "requests_waiting_capacity": total("requests_waiting_capacity"),
+        "preemptions": total("preemptions"),
+        "preemptions_per_second": total("preemptions_per_second"),
+        "prompt_tokens_per_second": total("prompt_tokens_per_second"),
+        "generation_tokens_per_second": total("generation_tokens_per_second"),
     }
-    for key in (
-        "requests_running",
-        "requests_waiting",
-        "requests_waiting_capacity",
-        "preemptions",
-        "preemptions_per_second",
-        "prompt_tokens_per_second",
-        "generation_tokens_per_second",
-    ):
-        fleet[key] = total(key)
     known_costs = [c for c in costs if c is not None]
-    only_vllm = fleet["engine"] == "vllm"
-    generation = (
-        fleet["engine_generation"] if only_vllm and fleet["engine_generation"] != "mixed" else None
-    )
+    only_vllm = engine == "vllm"
+    generation = engine_generation if only_vllm and engine_generation != "mixed" else None
     gauge_rates = _gauge_hit_rates(replicas, windows)
-    fleet.update(
-        derived(
+    # Recompute depends on each replica's own request shape and hit rate: add them up.
+    estimates = values("preemption_recompute_is_estimate")
+    return {
+        **readings,
+        **derived(
             merge(windows),
             generation,
             sum(known_costs) if known_costs else None,
@@ -585,16 +612,13 @@ def _fleet(
                 _mean(values("spec_decode_mean_acceptance_length")),
                 _mean(values("spec_decode_acceptance_rate")),
             ),
-        )
-    )
-    # Recompute depends on each replica's own request shape and hit rate: add them up.
-    estimates = values("preemption_recompute_is_estimate")
-    fleet["preemption_recompute_is_estimate"] = any(estimates) if estimates else None
-    fleet["preemption_recompute_tokens"] = total("preemption_recompute_tokens")
-    return fleet
+        ),
+        "preemption_recompute_is_estimate": any(estimates) if estimates else None,
+        "preemption_recompute_tokens": total("preemption_recompute_tokens"),
+    }
 
 
-def _fleet_unavailable(replicas: list[dict[str, Any]]) -> dict[str, str]:
+def _fleet_unavailable(replicas: Sequence[Numbers]) -> dict[str, str]:
     """Quantities no replica of the fleet can give: the reason, or each engine's."""
     if not replicas:
         return {}
@@ -608,7 +632,7 @@ def _fleet_unavailable(replicas: list[dict[str, Any]]) -> dict[str, str]:
 
 def _gpus(
     frame: pd.DataFrame, owners: GpuOwners, by_id: dict[int, str]
-) -> tuple[list[dict[str, Any]], list[float | None]]:
+) -> tuple[list[GpuStatus], list[float | None]]:
     """Each GPU's block and its mean busy share over the window, in the order the GPUs
     first appear: each column converted once for all GPUs, then read per GPU as lists."""
     if frame.empty:
@@ -635,7 +659,7 @@ def _gpus(
 
 def _summed_gpus(
     gpus: gpu_windows.Gpus, owners: GpuOwners, by_id: dict[int, str]
-) -> tuple[list[dict[str, Any]], list[float | None]]:
+) -> tuple[list[GpuStatus], list[float | None]]:
     """_gpus' blocks and busy shares from the database's numbers per GPU: the same."""
     latest = _last_rows(gpus.last, "gpu_id")
     blocks = [_gpu(row, gpus.energy_mj[gpu_id], owners, by_id) for gpu_id, row in latest.items()]
@@ -644,7 +668,7 @@ def _summed_gpus(
 
 def _gpu(
     latest: dict[str, Any], energy: float | None, owners: GpuOwners, by_id: dict[int, str]
-) -> dict[str, Any]:
+) -> GpuStatus:
     """A GPU's block from its last row and its energy counter's increase in mJ."""
     host, index = str(latest["host"]), int(latest["gpu_index"])
     exporter = by_id.get(int(latest["target_id"]), "")

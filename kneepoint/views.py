@@ -13,6 +13,7 @@ from kneepoint.derived import cost, details, ratios
 from kneepoint.derived.latency import quantiles
 from kneepoint.derived.window import Window, frame_windows
 from kneepoint.knee.detect import assess, knee_for_replica, knee_throughput
+from kneepoint.records import GpuStatus, ReplicaStatus, Status
 from kneepoint.samples import SATURATION
 from kneepoint.series import gpu_series, replica_series, resample
 from kneepoint.status import at_fleet_size, build_status
@@ -24,7 +25,7 @@ EVENT_INTERVAL, EVENT_SECONDS = "5min", 300
 
 @dataclass
 class View:
-    status: dict[str, Any]
+    status: Status
     rows: dict[str, dict[str, Any]] = field(default_factory=dict)  # per replica, page numbers
     series: pd.DataFrame = field(default_factory=pd.DataFrame)
     coarse: pd.DataFrame = field(default_factory=pd.DataFrame)
@@ -78,7 +79,7 @@ def build_view(
         edges=edges,
     )
     targets = queries.targets(session)
-    by_replica: dict[str | None, list[dict[str, Any]]] = {}
+    by_replica: dict[str | None, list[GpuStatus]] = {}
     for gpu in status["gpus"]:
         by_replica.setdefault(gpu["replica"], []).append(gpu)
     if not pages:
@@ -196,10 +197,10 @@ def _peaks(frame: pd.DataFrame) -> dict[int, dict[str, float | None]]:
 
 
 def _numbers(
-    replica: dict[str, Any],
+    replica: ReplicaStatus,
     peaks: dict[str, float | None],
     window: Window,
-    gpus: list[dict[str, Any]],
+    gpus: list[GpuStatus],
 ) -> dict[str, Any]:
     served = None
     if window.deltas.get("prompt_tokens") is not None:

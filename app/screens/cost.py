@@ -13,17 +13,17 @@ view_filter = filters.current(data.replica_names())
 st.title("Cost")
 view = data.view(view_filter.range_seconds, data.now())
 config, _ = data.store()
-fleet = view.status["fleet"]
+fleet_numbers = view.status["fleet"]
 a, b = st.columns(2)
 a.metric(
     "Fleet $ / 1M generated tokens",
-    show(fleet["cost_per_million_generated_tokens"], "$"),
+    show(fleet_numbers["cost_per_million_generated_tokens"], "$"),
     help="GPU-hours of the window (idle included) × price by DCGM modelName, plus "
     "extra_monthly spread over time, ÷ generated tokens served in it.",
 )
 b.metric(
     "Fleet $ / 1M tokens",
-    show(fleet["cost_per_million_tokens"], "$"),
+    show(fleet_numbers["cost_per_million_tokens"], "$"),
     help="The same cost ÷ all tokens served (prompt + generated).",
 )
 # A fleet: one table, the dearest tokens first and paged; tiles only for the sidebar's replicas.

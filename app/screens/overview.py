@@ -30,6 +30,7 @@ from app.registry import PAGES
 from dashboards.overview import WORSE, fleet_replica_lines, replica_lines
 from kneepoint import fleet_status, runbooks
 from kneepoint.fleet_status import SEVERITY_COLOURS, AlertState, ReplicaState, SloState
+from kneepoint.records import ReplicaStatus
 
 config, _ = data.store()
 view = filters.current(data.replica_names())
@@ -269,7 +270,7 @@ def _state(replica: Mapping[str, object]) -> str:
 _STATE_ORDER = {"down": 4.0, "stale": 3.0, "stalled": 2.0, "up": 1.0}
 
 
-def fleet_table(replicas: list[dict[str, object]]) -> None:
+def fleet_table(replicas: list[ReplicaStatus]) -> None:
     """Every replica in one paged table, those in trouble first, then the fullest KV cache."""
     rows = [
         {

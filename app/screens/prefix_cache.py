@@ -21,12 +21,12 @@ from kneepoint.views import _bucket as coarse_rule
 view_filter = filters.current(data.replica_names())
 st.title("Prefix cache")
 view = data.view(view_filter.range_seconds, data.now())
-fleet = view.status["fleet"]
+fleet_numbers = view.status["fleet"]
 rates = {r["name"]: r["prefix_cache_hit_rate"] for r in view.status["replicas"]}
 a, b, c, d = st.columns(4)
 a.metric(
     "Fleet hit rate",
-    show(fleet["prefix_cache_hit_rate"], "%"),
+    show(fleet_numbers["prefix_cache_hit_rate"], "%"),
     help="Σ prefix-cache hit tokens ÷ Σ queried tokens over the window (token-weighted).",
 )
 b.metric(

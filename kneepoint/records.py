@@ -1,0 +1,143 @@
+"""The shapes of `kneepoint status --json` (docs/reference/json.md), declared once: the status
+document, its replicas, its fleet, its GPUs and its gone targets, as kneepoint/status.py
+builds them, and the prefix-cache hit rates alert evaluation reads (status.hit_rates).
+
+They are `TypedDict`s, not dataclasses: the JSON contract is published and must stay
+byte-identical, and a TypedDict stays a plain dict at runtime, so `json.dumps`, pandas
+(`pd.DataFrame(status["replicas"])`) and every `replica["key"]` reader keep working with
+the keys in the order the builder writes them, while mypy checks every key and the type
+of its value. A dataclass would need a `to_json()` that restates the key order and a
+change to every reader at once.
+
+`None` means no data (never 0 or NaN): a window without samples, a counter the engine
+lacks, or a quantity the engine cannot give (its reason in `unavailable`)."""
+
+from __future__ import annotations
+
+from typing import TypedDict
+
+# A histogram's p50, p90 and p99 (kneepoint.derived.latency.quantiles); None: no
+# observation in the window.
+Quantiles = dict[str, float | None]
+
+
+class Readings(TypedDict):
+    """The numbers read from a target's row and its latest sample, and the window's
+    counters per second: for a replica, and summed (never a fraction) for the fleet."""
+
+    name: str
+    up: bool | None  # None: never scraped; a stale target is down (False)
+    stale: bool
+    last_scrape_at: str | None  # ISO time
+    last_error: str | None
+    engine: str | None  # vllm, sglang, …; the fleet's "mixed" when several
+    engine_generation: str | None  # vLLM's "v0"/"v1"; the fleet's "mixed" when several
+    unavailable: dict[str, str]  # quantity -> why the engine cannot give it
+    engines: int | None  # data-parallel engines behind the endpoint
+    model_names: list[str]
+    kv_cache_occupancy: float | None
+    kv_cache_occupancy_mean: float | None
+    kv_cache_capacity_tokens: int | None
+    requests_running: float | None
+    requests_waiting: float | None
+    requests_waiting_capacity: float | None
+    preemptions: float | None  # the counter's increase over the window
+    preemptions_per_second: float | None
+    prompt_tokens_per_second: float | None
+    generation_tokens_per_second: float | None
+    gpu_utilization: float | None  # mean busy share of its GPUs
+
+
+class Derived(TypedDict):
+    """The windowed numbers derived from one window (status.derived)."""
+
+    prefix_cache_hit_rate: float | None
+    preemption_recompute_tokens: float | None
+    preemption_recompute_is_estimate: bool | None
+    spec_decode_acceptance_rate: float | None
+    spec_decode_mean_acceptance_length: float | None
+    spec_decode_per_position_acceptance: list[float] | None
+    ttft_seconds: Quantiles | None
+    itl_seconds: Quantiles | None
+    e2e_seconds: Quantiles | None
+    cost_per_million_generated_tokens: float | None
+    cost_per_million_tokens: float | None
+
+
+class Numbers(Readings, Derived):
+    """Every number of a replica but its stall: the fleet's block has exactly these keys."""
+
+
+FleetNumbers = Numbers  # `fleet`: the replicas' numbers aggregated
+
+
+class Stall(TypedDict):
+    """A replica's stall (kneepoint.derived.stall); None: no data."""
+
+    stalled: bool | None
+    stalled_since: str | None  # ISO time, only while stalled
+    stall_seconds: float | None
+
+
+class ReplicaStatus(Numbers, Stall):
+    """One entry of `replicas`."""
+
+
+class GpuStatus(TypedDict):
+    """One entry of `gpus`: the GPU's latest DCGM sample, its replica and its energy."""
+
+    host: str
+    index: int
+    model: str | None
+    replica: str | None  # None: the GPU is not assigned to a replica
+    utilization: float | None
+    gr_engine_active: float | None
+    sm_active: float | None
+    dram_active: float | None
+    power_watts: float | None
+    energy_joules: float | None  # the energy counter's increase over the window
+    temperature_c: float | None
+    memory_temperature_c: float | None
+    fb_used_mib: float | None
+    xid_error: float | None
+    pod: str | None
+
+
+class GoneTarget(TypedDict):
+    """One entry of `gone`: a target no longer configured nor scraped (status.gone_targets)."""
+
+    name: str
+    kind: str  # "replica" | "gpu_node"
+    engine: str | None  # None for a GPU node
+    state: str  # "gone"
+    gone_since: str  # ISO time of its last scrape
+    last_success_at: str | None
+
+
+class Status(TypedDict):
+    """The whole document `kneepoint status --json` prints."""
+
+    generated_at: str  # ISO time of the window's end
+    window_seconds: float  # an int when the window is whole seconds
+    replicas: list[ReplicaStatus]
+    fleet: FleetNumbers
+    gpus: list[GpuStatus]
+    gone: list[GoneTarget]
+
+
+class HitRate(TypedDict):
+    """A prefix-cache hit rate over a window: the fleet's; a replica's or the fleet's
+    status block has it too."""
+
+    prefix_cache_hit_rate: float | None
+
+
+class ReplicaHitRate(HitRate):
+    name: str
+
+
+class HitRates(TypedDict):
+    """status.hit_rates: the status's hit rates alone, in its shape."""
+
+    replicas: list[ReplicaHitRate]
+    fleet: HitRate
