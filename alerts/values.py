@@ -3,15 +3,13 @@ pages show and the same status the CLI prints, never computed a second way."""
 
 from __future__ import annotations
 
-from typing import Any
-
 from sqlalchemy import func, select
 from sqlalchemy.orm import Session
 
 from alerts.rules import METRICS
 from kneepoint.config import Config
 from kneepoint.health import check_jobs
-from kneepoint.records import GpuStatus, HitRate, HitRates, Numbers, Status
+from kneepoint.records import GpuStatus, HitRate, HitRates, Numbers, PageNumbers, Status
 from kneepoint.samples import unavailable_reason
 from kneepoint.status import stale_targets
 from kneepoint.store.models import NotificationRow
@@ -41,7 +39,7 @@ def _drop(baseline: float | None, now: float | None) -> float | None:
 
 def replica_values(
     replica: Numbers,
-    extra: dict[str, Any],
+    extra: PageNumbers | None,  # the replica's row of the view; None for the fleet
     gpus: list[GpuStatus],
     baseline: HitRate | None,
 ) -> dict[str, float | None]:
@@ -53,13 +51,13 @@ def replica_values(
         "requests_waiting": replica["requests_waiting"],
         "requests_waiting_capacity": replica["requests_waiting_capacity"],
         "preemptions_per_second": replica["preemptions_per_second"],
-        "recompute_share_of_prefill": extra.get("recompute_share_of_prefill"),
+        "recompute_share_of_prefill": extra["recompute_share_of_prefill"] if extra else None,
         "prefix_cache_hit_rate": replica["prefix_cache_hit_rate"],
         "prefix_cache_hit_rate_drop": _drop(
             baseline["prefix_cache_hit_rate"] if baseline else None,
             replica["prefix_cache_hit_rate"],
         ),
-        "spec_expected_speedup": extra.get("spec_expected_speedup"),
+        "spec_expected_speedup": extra["spec_expected_speedup"] if extra else None,
         "spec_decode_acceptance_rate": replica["spec_decode_acceptance_rate"],
         "gpu_utilization": replica["gpu_utilization"],
         "cost_per_million_tokens": replica["cost_per_million_tokens"],
@@ -85,13 +83,13 @@ def values(view: View, baseline: HitRates | Status) -> dict[str, dict[str, float
     for replica in view.status["replicas"]:
         gpus = gpus_of.get(replica["name"], [])
         out[replica["name"]] = replica_values(
-            replica, view.rows.get(replica["name"], {}), gpus, before.get(replica["name"])
+            replica, view.rows.get(replica["name"]), gpus, before.get(replica["name"])
         )
     fleet = view.status["fleet"]
     shares = [v["recompute_share_of_prefill"] for v in out.values()]
     known_shares = [s for s in shares if s is not None]
     out[FLEET] = {
-        **replica_values({**fleet, "up": None}, {}, view.status["gpus"], baseline["fleet"]),
+        **replica_values({**fleet, "up": None}, None, view.status["gpus"], baseline["fleet"]),
         "recompute_share_of_prefill": max(known_shares) if known_shares else None,
     }
     return out

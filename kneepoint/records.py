@@ -1,6 +1,7 @@
 """The shapes of `kneepoint status --json` (docs/reference/json.md), declared once: the status
 document, its replicas, its fleet, its GPUs and its gone targets, as kneepoint/status.py
-builds them, and the prefix-cache hit rates alert evaluation reads (status.hit_rates).
+builds them, the prefix-cache hit rates alert evaluation reads (status.hit_rates), and the
+numbers per replica the pages add (kneepoint/views.py `View.rows`).
 
 They are `TypedDict`s, not dataclasses: the JSON contract is published and must stay
 byte-identical, and a TypedDict stays a plain dict at runtime, so `json.dumps`, pandas
@@ -123,6 +124,49 @@ class Status(TypedDict):
     fleet: FleetNumbers
     gpus: list[GpuStatus]
     gone: list[GoneTarget]
+
+
+class WindowNumbers(TypedDict):
+    """A replica's numbers from its window beyond its status (views._numbers): what the
+    pages show and the alert rules read besides the status."""
+
+    mean_context_tokens: float | None
+    sequence_slots: float | None
+    sequence_slots_left: float | None
+    # Its peaks (views._peaks, or the database's: kneepoint/store/window_rows.py).
+    time_saturated: float | None  # share of the window with the KV cache saturated
+    peak_kv_occupancy: float | None
+    peak_waiting: float | None
+    peak_running: float | None
+    queue_seconds: Quantiles | None
+    requests_per_second: float | None
+    finish_reasons: dict[str, float | None]  # finish reason -> requests finished so
+    preemptions_per_request: float | None
+    recompute_tokens_per_second: float | None
+    recompute_share_of_prefill: float | None
+    prefix_cross_check: float | None
+    spec_expected_speedup: float | None
+    spec_verdict: str | None
+    energy_kwh: float | None
+    joules_per_million_tokens: float | None
+    idle_gpu_hours: float | None
+
+
+class KneeCost(TypedDict, total=False):
+    """A replica's cost against its knee: the fields of kneepoint.derived.cost.Economics.
+    Only where pages are built (`build_view(pages=True)`): alert evaluation's rows lack it."""
+
+    knee_run: str | None
+    knee_output_tokens_per_second: float | None
+    nominal_cost_per_million_generated_tokens: float | None
+    utilization: float | None
+    true_over_nominal: float | None
+    api_cost_per_million_generated_tokens: float | None
+    break_even_utilization: float | None
+
+
+class PageNumbers(WindowNumbers, KneeCost):
+    """One of `View.rows`: a replica's window numbers and, for pages, its cost at the knee."""
 
 
 class HitRate(TypedDict):

@@ -2,8 +2,7 @@
 
 from __future__ import annotations
 
-from dataclasses import asdict, dataclass, field
-from typing import Any
+from dataclasses import dataclass, field
 
 import pandas as pd
 from sqlalchemy.orm import Session
@@ -13,7 +12,7 @@ from kneepoint.derived import cost, details, ratios
 from kneepoint.derived.latency import quantiles
 from kneepoint.derived.window import Window, frame_windows
 from kneepoint.knee.detect import assess, knee_for_replica, knee_throughput
-from kneepoint.records import GpuStatus, ReplicaStatus, Status
+from kneepoint.records import GpuStatus, KneeCost, PageNumbers, ReplicaStatus, Status
 from kneepoint.samples import SATURATION
 from kneepoint.series import gpu_series, replica_series, resample
 from kneepoint.status import at_fleet_size, build_status
@@ -26,7 +25,7 @@ EVENT_INTERVAL, EVENT_SECONDS = "5min", 300
 @dataclass
 class View:
     status: Status
-    rows: dict[str, dict[str, Any]] = field(default_factory=dict)  # per replica, page numbers
+    rows: dict[str, PageNumbers] = field(default_factory=dict)  # per replica
     series: pd.DataFrame = field(default_factory=pd.DataFrame)
     coarse: pd.DataFrame = field(default_factory=pd.DataFrame)
     gpus: pd.DataFrame = field(default_factory=pd.DataFrame)
@@ -83,7 +82,7 @@ def build_view(
     for gpu in status["gpus"]:
         by_replica.setdefault(gpu["replica"], []).append(gpu)
     if not pages:
-        rows = {}
+        rows: dict[str, PageNumbers] = {}
         for replica in status["replicas"]:
             row = targets.get(replica["name"])
             span = windows.get(row.id, Window()) if row is not None else Window()
@@ -116,7 +115,7 @@ def build_view(
             replica["cost_per_million_generated_tokens"],
             config.pricing.api_reference,
         )
-        view.rows[replica["name"]] = {**numbers, **asdict(money)}
+        view.rows[replica["name"]] = {**numbers, **_economics(money)}
     # Events are found on 5-minute intervals whatever the chart's: a 20-minute storm
     # vanishes in the hourly points of a week's chart.
     # Over a week that is every replica's 5-minute rows (2 million at 1,000 replicas): the
@@ -142,12 +141,27 @@ def build_view(
     return view
 
 
-NO_PEAKS: dict[str, float | None] = dict.fromkeys(
+NO_PEAKS: window_rows.Peaks = dict.fromkeys(
     ("time_saturated", "peak_kv_occupancy", "peak_waiting", "peak_running")
 )
 
 
-def _peaks(frame: pd.DataFrame) -> dict[int, dict[str, float | None]]:
+def _economics(money: cost.Economics) -> KneeCost:
+    """The page row's cost against the knee: Economics' fields in their order, as
+    dataclasses.asdict gave them (tests/kneepoint/test_status_record.py checks they match)."""
+    nominal = money.nominal_cost_per_million_generated_tokens
+    return {
+        "knee_run": money.knee_run,
+        "knee_output_tokens_per_second": money.knee_output_tokens_per_second,
+        "nominal_cost_per_million_generated_tokens": nominal,
+        "utilization": money.utilization,
+        "true_over_nominal": money.true_over_nominal,
+        "api_cost_per_million_generated_tokens": money.api_cost_per_million_generated_tokens,
+        "break_even_utilization": money.break_even_utilization,
+    }
+
+
+def _peaks(frame: pd.DataFrame) -> dict[int, window_rows.Peaks]:
     """Per target of `frame` (rows ordered by target and time): its time saturated
     (details.time_saturated) and its peak KV occupancy, waiting and running requests, for
     every target at once (one pandas step per replica cost 2 ms each: 2 s for 1,000)."""
@@ -178,7 +192,7 @@ def _peaks(frame: pd.DataFrame) -> dict[int, dict[str, float | None]]:
     maxima = values.max()
     kv, waiting, running = (maxima[c].to_dict() for c in ("kv", "waiting", "running"))
     known = values.known_running.any().to_dict()
-    peaks: dict[int, dict[str, float | None]] = {}
+    peaks: dict[int, window_rows.Peaks] = {}
     # Plain lists and dicts: a row Series and Series lookups per target cost 0.5 s at 1,000.
     for target_id, seconds, spans_, rows in zip(
         totals.index.tolist(),
@@ -198,10 +212,11 @@ def _peaks(frame: pd.DataFrame) -> dict[int, dict[str, float | None]]:
 
 def _numbers(
     replica: ReplicaStatus,
-    peaks: dict[str, float | None],
+    peaks: window_rows.Peaks,
     window: Window,
     gpus: list[GpuStatus],
-) -> dict[str, Any]:
+) -> PageNumbers:
+    """The window's numbers of a page row (build_view adds the cost at the knee)."""
     served = None
     if window.deltas.get("prompt_tokens") is not None:
         served = (window.deltas.get("prompt_tokens") or 0.0) + (
@@ -233,7 +248,10 @@ def _numbers(
         "mean_context_tokens": mean_context,
         "sequence_slots": slots,
         "sequence_slots_left": slots_left,
-        **peaks,
+        "time_saturated": peaks["time_saturated"],
+        "peak_kv_occupancy": peaks["peak_kv_occupancy"],
+        "peak_waiting": peaks["peak_waiting"],
+        "peak_running": peaks["peak_running"],
         "queue_seconds": quantiles(window.histograms.get("queue")),
         "requests_per_second": ratios.ratio(finished, seconds),
         "finish_reasons": details.finish_reasons(window),

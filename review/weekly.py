@@ -3,6 +3,7 @@ from the kernel the pages and `kneepoint status` use (views.build_view), so none
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -80,9 +81,9 @@ def period(session: Session, config: Config, end: float, window: float) -> Perio
     by_replica = dict(iter(points.groupby("replica", sort=False))) if len(points) else {}
     for replica in view.status["replicas"]:
         name = replica["name"]
-        rows = view.rows.get(name, {})
+        page_row: Mapping[str, Any] = view.rows.get(name, {})  # read by the review's keys
         numbers = {key: replica.get(key) for key in REPLICA_KEYS}
-        numbers.update({key: rows.get(key) for key in VIEW_KEYS})
+        numbers.update({key: page_row.get(key) for key in VIEW_KEYS})
         own = by_replica.get(name, points.iloc[:0])
         occupancy = own["kv_cache_occupancy"].dropna()
         numbers["p95_kv_occupancy"] = float(occupancy.quantile(0.95)) if len(occupancy) else None
@@ -92,7 +93,7 @@ def period(session: Session, config: Config, end: float, window: float) -> Perio
             if len(running) and running.max() > 0
             else None
         )
-        queue = rows.get("queue_seconds") or {}
+        queue = page_row.get("queue_seconds") or {}
         numbers["queue_p99_seconds"] = queue.get("p99")
         knee = knee_for_replica(name, replica["model_names"] or [], assessments)
         numbers["knee_concurrency"] = knee.knee_concurrency if knee else None

@@ -255,7 +255,7 @@ def tiles() -> None:
         )
 
 
-def _state(replica: Mapping[str, object]) -> str:
+def _state(replica: ReplicaStatus) -> str:
     """A replica's state as its tile says it, for a table's badge (app/format.tone)."""
     if replica.get("up") is None:
         return "never scraped"

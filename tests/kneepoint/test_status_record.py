@@ -1,10 +1,12 @@
-"""The records of kneepoint/records.py are the status `build_status` builds: every block of a
-status on a seeded store has exactly its record's keys (no key missing, none undeclared),
-and each value has the record's type. The JSON contract's documented keys are checked
-against the built status in tests/kneepoint/test_status.py; this checks the declaration."""
+"""The records of kneepoint/records.py are the status `build_status` builds and the rows
+`build_view` adds: every block of a status on a seeded store has exactly its record's keys
+(no key missing, none undeclared), and each value has the record's type. The JSON contract's
+documented keys are checked against the built status in tests/kneepoint/test_status.py;
+this checks the declaration."""
 
 from __future__ import annotations
 
+import dataclasses
 import types
 import typing
 from collections.abc import Mapping
@@ -14,17 +16,22 @@ import pytest
 
 from kneepoint import records
 from kneepoint.config import Config
+from kneepoint.derived.cost import Economics
 from kneepoint.records import (
     GoneTarget,
     GpuStatus,
     HitRates,
+    KneeCost,
     Numbers,
+    PageNumbers,
     ReplicaHitRate,
     ReplicaStatus,
     Status,
+    WindowNumbers,
 )
 from kneepoint.status import build_status, hit_rates
 from kneepoint.store.db import open_store
+from kneepoint.views import build_view
 from tests.kneepoint.test_status import config, status  # noqa: F401  (the seeded store)
 
 # A value of a declared type at runtime: the JSON types the builder writes. An int is a
@@ -60,7 +67,7 @@ def conforms(value: Any, declared: Any) -> bool:
 def keys_and_types(block: Mapping[str, Any], record: type) -> list[str]:
     """What is wrong with `block` as a `record`: missing or undeclared keys, wrong types."""
     hints = typing.get_type_hints(record, vars(records))
-    problems = [f"missing {k}" for k in hints if k not in block]
+    problems = [f"missing {k}" for k in record.__required_keys__ if k not in block]
     problems += [f"undeclared {k}" for k in block if k not in hints]
     problems += [
         f"{k}: {block[k]!r} is not {hints[k]}"
@@ -72,7 +79,15 @@ def keys_and_types(block: Mapping[str, Any], record: type) -> list[str]:
 
 def test_every_key_is_required() -> None:
     """A record's keys are all present in every status (a number with no data is None)."""
-    for record in (Status, ReplicaStatus, Numbers, GpuStatus, GoneTarget, HitRates):
+    for record in (
+        Status,
+        ReplicaStatus,
+        Numbers,
+        GpuStatus,
+        GoneTarget,
+        HitRates,
+        WindowNumbers,
+    ):
         assert record.__required_keys__ == frozenset(typing.get_type_hints(record))
         assert record.__optional_keys__ == frozenset()
 
@@ -110,6 +125,27 @@ def test_hit_rates_have_their_records_keys(config: Config, status: dict) -> None
     assert keys_and_types(rates, HitRates) == []
     for replica in rates["replicas"]:
         assert keys_and_types(replica, ReplicaHitRate) == []
+
+
+def test_the_page_rows_have_exactly_their_records_keys(config: Config, status: dict) -> None:  # noqa: F811
+    """A page's row has the window's numbers and the cost at the knee; alert evaluation's
+    (`pages=False`) the window's numbers only."""
+    with open_store(config.database)() as session:
+        pages = build_view(session, config, 1040.0, 300.0)
+        rules = build_view(session, config, 1040.0, 300.0, pages=False)
+    names = [r["name"] for r in status["replicas"]]
+    assert list(pages.rows) == list(rules.rows) == names
+    for name in names:
+        assert keys_and_types(pages.rows[name], PageNumbers) == [], name
+        assert set(pages.rows[name]) == set(typing.get_type_hints(PageNumbers))
+        assert keys_and_types(rules.rows[name], WindowNumbers) == [], name
+
+
+def test_the_cost_at_the_knee_is_economics_fields_in_their_order() -> None:
+    """KneeCost restates kneepoint.derived.cost.Economics for mypy: the same names, in order."""
+    fields = [f.name for f in dataclasses.fields(Economics)]
+    assert list(typing.get_type_hints(KneeCost)) == fields
+    assert KneeCost.__required_keys__ == frozenset()
 
 
 @pytest.mark.parametrize(
