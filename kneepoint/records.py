@@ -10,8 +10,8 @@ the keys in the order the builder writes them, while mypy checks every key and t
 of its value. A dataclass would need a `to_json()` that restates the key order and a
 change to every reader at once.
 
-`None` means no data (never 0 or NaN): a window without samples, a counter the engine
-lacks, or a quantity the engine cannot give (its reason in `unavailable`)."""
+In the status, `None` means no data (never 0 or NaN): a window without samples, a counter
+the engine lacks, or a quantity the engine cannot give (its reason in `unavailable`)."""
 
 from __future__ import annotations
 
@@ -133,7 +133,8 @@ class WindowNumbers(TypedDict):
     mean_context_tokens: float | None
     sequence_slots: float | None
     sequence_slots_left: float | None
-    # Its peaks (views._peaks, or the database's: kneepoint/store/window_rows.py).
+    # Its peaks (views._peaks, or the database's: kneepoint/store/window_rows.py); NaN, as
+    # pandas' max gives it, where the window has rows but none knows the value.
     time_saturated: float | None  # share of the window with the KV cache saturated
     peak_kv_occupancy: float | None
     peak_waiting: float | None
