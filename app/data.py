@@ -40,7 +40,8 @@ from kneepoint.store.errors import describe
 from kneepoint.store.runs import load_runs
 from kneepoint.views import View, build_view
 from review.render import html_report, markdown
-from review.weekly import WeeklyReport, build_report
+from review.report import build_report
+from review.weekly import WeeklyReport
 
 Key = tuple[Any, ...]
 KEPT = 32  # entries each cached function keeps: a few ranges and replicas over two rounds
