@@ -7,6 +7,7 @@ from typing import Any
 
 import pandas as pd
 
+from alerts.rules import METRICS
 from kneepoint.samples import ENGINE_NAMES, unavailable_reason
 
 
@@ -211,8 +212,6 @@ def metric_unit(metric: str) -> str:
     "× budget" for SLO burn rates, "×", "s", "$", "/s" for rates, or "" for counts."""
     if metric.startswith("slo_burn:"):
         return "× budget"
-    from alerts.rules import METRICS
-
     described = METRICS.get(metric, "")
     for marker, unit in (("(0..1)", "%"), ("(×)", "×"), ("(s)", "s"), ("(USD)", "$")):
         if marker in described:
