@@ -17,6 +17,8 @@ from kneepoint import clock
 from kneepoint.cliutil import MARKUP, ConfigOption, fail, load_settings, open_sessions
 from kneepoint.config import Config, ConfigError, Rule
 
+# The commands import the kernel (the evaluation, the store's queries, pandas) when they run:
+# this module loads with every `kneepoint` command, each a fresh process (tests/test_cli_start.py).
 alerts_app = typer.Typer(
     no_args_is_help=True,
     rich_markup_mode=MARKUP,

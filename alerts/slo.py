@@ -43,6 +43,7 @@ from dataclasses import asdict, dataclass
 from typing import Any
 
 from kneepoint.config import Rule, Slo
+from kneepoint.durations import format_duration
 from kneepoint.samples import Histogram
 
 HOUR = 3600.0
@@ -182,8 +183,6 @@ def burning(slo: Slo, rates: dict[float, float | None]) -> list[BurnWindow]:
 
 
 def window_label(seconds: float) -> str:
-    from kneepoint.durations import format_duration
-
     return format_duration(seconds)
 
 

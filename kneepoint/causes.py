@@ -41,9 +41,14 @@ from typing import Protocol
 
 from sqlalchemy.orm import Session
 
+from kneepoint import timeline
 from kneepoint.config import Config
 from kneepoint.durations import parse_duration
+from kneepoint.knee.detect import assess, knee_for_replica
 from kneepoint.samples import SATURATION
+from kneepoint.status import build_status
+from kneepoint.store import queries, window_rows
+from kneepoint.store.runs import load_runs
 
 log = logging.getLogger(__name__)
 
@@ -347,11 +352,6 @@ def gather(
     `loads`), at any fleet size: no replica's series is built only to take two maxima of it
     (that was 18 to 29 s a round at 1,000 replicas). The same signals as from the series
     (tests/kneepoint/test_causes_gather.py)."""
-    from kneepoint.knee.detect import assess, knee_for_replica
-    from kneepoint.status import build_status
-    from kneepoint.store import queries, window_rows
-    from kneepoint.store.runs import load_runs
-
     edges = window_rows.read(session, now - window, now)
     status = build_status(session, config, now, window, edges=edges)
     ids = {name: row.id for name, row in queries.targets(session).items()}
@@ -411,8 +411,6 @@ def changes_between(
 ) -> tuple[Event, ...]:
     """The timeline's events in [since, until]; none when it cannot be read (logged)."""
     try:
-        from kneepoint import timeline
-
         return tuple(timeline.events(session, config, since, until))
     except Exception:  # the timeline is a witness, not a dependency: the rest still counts
         log.exception("causes: the timeline could not be read")

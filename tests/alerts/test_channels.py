@@ -16,7 +16,8 @@ from sqlalchemy.orm import Session, sessionmaker
 
 from alerts.channels import Notice, channel
 from alerts.engine import FIRING, PENDING, RESOLVED, Alert, Transition
-from alerts.outbox import COUNTS, channel_health, deliver_due, enqueue, http_sender
+from alerts.messages import enqueue
+from alerts.outbox import COUNTS, channel_health, deliver_due, http_sender
 from kneepoint.config import Config, Rule
 from kneepoint.secrets import HookURL
 from kneepoint.store.db import open_store

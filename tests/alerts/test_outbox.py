@@ -15,11 +15,11 @@ from sqlalchemy.orm import Session, sessionmaker
 
 from alerts.channels import Outgoing
 from alerts.engine import FIRING, PENDING, RESOLVED, Alert, Transition
+from alerts.messages import enqueue
 from alerts.outbox import (
     COUNTS,
     Result,
     deliver_due,
-    enqueue,
     http_sender,
     put,
     send_trial,

@@ -30,9 +30,10 @@ import pytest
 from sqlalchemy import select
 from typer.testing import CliRunner
 
-from collectors.cluster import Member, membership, owner
+from collectors.cluster import owner
 from kneepoint.cli import app
 from kneepoint.store.db import connect_store
+from kneepoint.store.membership import Member, membership
 from kneepoint.store.models import JobHealthRow, NotificationRow
 from kneepoint.twin.fleet import Fleet, FleetSpec
 from tests.conftest import MetricsServer, loopback, migrated
