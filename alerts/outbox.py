@@ -51,7 +51,7 @@ from sqlalchemy.orm import Session, sessionmaker
 from alerts import silences
 from alerts.channels import Notice, Outgoing, channel
 from alerts.channels.send import DEADLINE, Result, Sender, http_sender, scrub, where
-from alerts.engine import FIRING, RESOLVED, Alert, Transition
+from alerts.lifecycle import FIRING, RESOLVED, Alert, Transition
 from kneepoint import causes, runbooks, timeline
 from kneepoint.config import Channel as ChannelConfig
 from kneepoint.config import Config, Rule, url_problem

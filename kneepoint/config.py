@@ -430,7 +430,7 @@ def url_problem(url: str) -> str | None:
 
 
 class Rule(Strict):
-    """An alert rule: `metric` `op` `threshold` held for `for:` fires (alerts/engine.py).
+    """An alert rule: `metric` `op` `threshold` held for `for:` fires (alerts/lifecycle.py).
 
     `no_data` says what an evaluation without a value (the target stopped answering,
     scraping stopped, nothing in the window) does, since "no data" is not "all is well":

@@ -14,7 +14,7 @@ from sqlalchemy import select
 from sqlalchemy.orm import Session, sessionmaker
 
 from alerts.channels import Outgoing
-from alerts.engine import FIRING, PENDING, RESOLVED, Alert, Transition
+from alerts.lifecycle import FIRING, PENDING, RESOLVED, Alert, Transition
 from alerts.outbox import (
     COUNTS,
     Result,
@@ -258,7 +258,7 @@ def test_evaluation_and_delivery_are_separate_jobs(sink: Sink, tmp_path: Path) -
     assert {r.state for r in stored(sessions)} == {"sent"} and sink.got
 
 
-# --- an ending that is no recovery (alerts.engine: the engine no longer exposes the metric)
+# --- an ending that is no recovery (alerts.lifecycle: the engine no longer exposes the metric)
 
 GONE = "not exposed by llama.cpp since its KV gauges were removed"
 

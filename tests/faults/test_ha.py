@@ -396,7 +396,7 @@ def test_a_leader_killed_with_a_notification_pending_or_claimed_is_replaced_and_
     The replicas that go down are scraped by a collector that lives on (the first recovers
     before the second kill): a target the killed one scraped goes stale (after 3 s at this
     test's 1 s interval) when the survivors take it over late on a loaded machine, and a
-    firing alert whose data goes missing says so in a message of its own (alerts/engine.py
+    firing alert whose data goes missing says so in a message of its own (alerts/lifecycle.py
     `went_missing`), which is another notification."""
     fleet = Fleet(FleetSpec.model_validate(SPEC)).start()
     processes: dict[str, subprocess.Popen[bytes]] = {}
