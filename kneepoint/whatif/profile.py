@@ -11,8 +11,8 @@ from __future__ import annotations
 from dataclasses import asdict, dataclass, field, fields, replace
 from typing import Any
 
-from kneepoint.twin.engine import EngineConfig, StepCost
 from kneepoint.twin.profiles import GIB, GPUS, MODELS, Gpu, Model
+from kneepoint.twin.simulated_engine import EngineConfig, StepCost
 
 # A fit whose root-mean-square relative error over the points it was fitted to exceeds this
 # is not trusted: the aim for predictions is 20 % on throughput and TTFT, and a model
