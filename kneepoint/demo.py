@@ -154,7 +154,7 @@ def run_demo(
 ) -> int:
     """Run until Ctrl-C or SIGTERM; return the exit status. `rules` are added to the demo's
     config (`kneepoint demo --rules FILE`)."""
-    from collectors.schedule import install, standard_jobs
+    from collectors.jobs import install, standard_jobs
     from collectors.scheduler import StepSafeBackgroundScheduler
     from kneepoint.webapp import app_process, check_listen
     from kneepoint.webapp import stop as stop_app

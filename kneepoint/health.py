@@ -29,7 +29,7 @@ from kneepoint.store.models import JobHealthRow
 
 OVERDUE_INTERVALS = 3.0
 OVERDUE_AT_LEAST = 60.0
-# What the scheduler's listener (collectors/schedule.record_job_event) records for a run
+# What the scheduler's listener (collectors/jobs.record_job_event) records for a run
 # that did not happen, as opposed to one that raised.
 NOT_RUN = ("skipped:", "missed its run time")
 # Jobs that must have run for the collector to be healthy at all.
@@ -56,7 +56,7 @@ def intervals(config: Config) -> dict[str, float]:
     """Seconds between each interval job's runs, as the scheduler's standard jobs set them
     (so a new or retimed job is judged by its own interval). A cron job (the report) and
     unknown jobs have none: they are judged only by whether their last run failed."""
-    from collectors.schedule import standard_jobs
+    from collectors.jobs import standard_jobs
 
     jobs = standard_jobs(config, sessionmaker(), system_clock)  # built, never run here
     return {j.id: j.every for j in jobs if not j.cron and j.every > 0}

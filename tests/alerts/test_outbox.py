@@ -237,7 +237,7 @@ def test_every_request_carries_its_rows_idempotency_key(sink: Sink, tmp_path: Pa
 
 
 def test_evaluation_and_delivery_are_separate_jobs(sink: Sink, tmp_path: Path) -> None:
-    from collectors.schedule import alerts_job, deliver_job, standard_jobs
+    from collectors.jobs import alerts_job, deliver_job, standard_jobs
     from tests.seed import seed
 
     config_file = seed(tmp_path, NOW, minutes=2)

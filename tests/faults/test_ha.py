@@ -584,7 +584,7 @@ def test_a_follower_skips_leader_jobs_without_a_trace_in_job_health(
 
     import alerts.evaluate  # noqa: F401  AppTest puts app/screens (with alerts.py) first
     from collectors.cluster import NOT_LEADER, Cluster
-    from collectors.schedule import record_job_event, standard_jobs
+    from collectors.jobs import record_job_event, standard_jobs
     from kneepoint.config import load_config
 
     config_file = tmp_path / "k.yaml"
@@ -632,7 +632,7 @@ def test_on_sqlite_one_collector_scrapes_everything_and_is_shown_without_a_leade
     tmp_path: Path, metrics_server: MetricsServer
 ) -> None:
     from collectors.cluster import Cluster
-    from collectors.schedule import scrape_job
+    from collectors.jobs import scrape_job
     from kneepoint.config import load_config
     from tests.conftest import VLLM_032, Route
 
@@ -670,7 +670,7 @@ def test_in_prometheus_mode_each_collector_reads_and_stores_its_share(
     import httpx
 
     from collectors.cluster import Cluster
-    from collectors.schedule import collect_round
+    from collectors.jobs import collect_round
     from kneepoint.config import Config, PrometheusSource
     from kneepoint.secrets import SecretURL
     from kneepoint.store.models import TargetRow
