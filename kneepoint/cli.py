@@ -819,8 +819,8 @@ def export_grafana(
     """Grafana dashboards (overview, capacity, prefix cache, SLOs) as JSON files, over the
     recording rules `kneepoint alerts export` writes for the same config."""
     from alerts.export import prometheus_rules
+    from alerts.grafana import dashboards, recorded_metrics
     from alerts.rules import effective_rules
-    from dashboards.grafana import dashboards, recorded_metrics
 
     settings = load_settings(config)
     try:
