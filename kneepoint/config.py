@@ -28,7 +28,6 @@ from kneepoint.durations import parse_duration
 from kneepoint.secrets import HookURL, Secret, SecretURL
 
 Duration = Annotated[float, BeforeValidator(parse_duration)]
-Fraction = Annotated[float, Field(ge=0.0, le=1.0)]
 _VARIABLE = re.compile(r"\$\{([A-Za-z_][A-Za-z0-9_]*)(?::-([^}]*))?\}")
 _GPU_REF = re.compile(r"[^/\s]+/\d+")
 
