@@ -13,7 +13,10 @@ With several collectors on one PostgreSQL database (collectors/cluster.py), job_
 the cluster's: the scrape job's row is written by every collector, the leader-only jobs'
 (alerts, deliver, rollup, report, heartbeat) by whoever leads, and a follower skipping them
 writes nothing, so they are judged by the leader's runs alone: after a takeover, overdue
-only if no new leader ran them within three intervals. `collectors` lists the members."""
+only if no new leader ran them within three intervals. `collectors` lists the members.
+
+Not here: the replicas' health. Whether a replica is up, stale or stalled is
+kneepoint/status.py's, and the fleet's one-word verdict is kneepoint/fleet_status.py's."""
 
 from __future__ import annotations
 

@@ -1,4 +1,12 @@
-"""What each page shows, computed in the kernel from the store (pages only lay it out)."""
+"""What each page shows, computed in the kernel from the store (pages only lay it out).
+
+Its one concern is the `View`: the status exactly as kneepoint/status.py builds it, plus
+what the pages (and the weekly review) add per replica over the same window: peaks and
+time saturated, sequence slots, queue time, finish reasons, cost against the knee, energy,
+the charts' series and the fleet's events (hit-rate drops, prefill storms). Not here: the
+status's own numbers (kneepoint/status.py, so the command line, the pages and the alerts
+read the same ones), the fleet's one-word verdict (kneepoint/fleet_status.py), figures
+(dashboards/) and layout (app/)."""
 
 from __future__ import annotations
 
