@@ -14,10 +14,17 @@ from rich.table import Table
 from sqlalchemy import select
 
 from kneepoint import clock
-from kneepoint.cliutil import ConfigOption, fail, load_settings, open_sessions
+from kneepoint.cliutil import MARKUP, ConfigOption, fail, load_settings, open_sessions
 from kneepoint.config import Config, ConfigError, Rule
 
-alerts_app = typer.Typer(no_args_is_help=True, help="Alert rules, their states and history.")
+alerts_app = typer.Typer(
+    no_args_is_help=True,
+    rich_markup_mode=MARKUP,
+    help="""Alert rules, their states and history.
+
+    The rules are the built-in ones and the config's `rules:`. What to do when one fires:
+    its runbook, on the Alerts page and in docs/reference/runbooks.md.""",
+)
 
 
 def _rules(settings: Config) -> list[Rule]:
@@ -38,7 +45,10 @@ def evaluate(
     config: ConfigOption = None,
     once: Annotated[bool, typer.Option("--once", help="Evaluate once and exit.")] = False,
 ) -> None:
-    """Evaluate every rule on the stored data (once, or every evaluation_interval)."""
+    """Evaluate every rule on the stored data, once or every `evaluation_interval`.
+
+    Prints each alert that changes state, then delivers the notifications that are due.
+    The collector's leader does the same on its schedule (its alerts job)."""
     from alerts.evaluate import evaluate_once, slo_problems
     from alerts.outbox import deliver_due, http_sender
 
@@ -79,8 +89,17 @@ def test_channel(
     channel_name: Annotated[str, typer.Option("--channel", help="The channel's name.")],
     config: ConfigOption = None,
 ) -> None:
-    """Send a test message to one channel now, through the outbox (so it is retried too);
-    the Alerts page has the same button per channel."""
+    """Send a test message to one channel now, through the outbox.
+
+    Retried like any message: exits 1 when the channel refused it or it is not
+    delivered yet. The Alerts page has the same button per channel. Audited.
+
+    Example:
+
+    ```
+    kneepoint alerts test --channel oncall-slack
+    ```
+    """
     from alerts.outbox import send_trial
 
     settings = load_settings(config)
@@ -107,10 +126,21 @@ def test_channel(
 
 @alerts_app.command("export")
 def export(
-    format_: Annotated[str, typer.Option("--format", help="prometheus")] = "prometheus",
+    format_: Annotated[
+        str, typer.Option("--format", help="The rules' format: only prometheus.")
+    ] = "prometheus",
     config: ConfigOption = None,
 ) -> None:
-    """The rules as Prometheus recording and alerting rules (YAML on stdout)."""
+    """The rules as Prometheus recording and alerting rules (YAML on stdout).
+
+    A rule Prometheus cannot express is left out, and named on stderr.
+
+    Example:
+
+    ```
+    kneepoint alerts export > kneepoint-rules.yaml
+    ```
+    """
     from alerts.export import prometheus_rules
 
     if format_ != "prometheus":
@@ -126,7 +156,10 @@ def list_alerts(
     config: ConfigOption = None,
     as_json: Annotated[bool, typer.Option("--json", help="Print JSON.")] = False,
 ) -> None:
-    """Pending and firing alerts, and the rules in force."""
+    """Pending and firing alerts, and the rules in force.
+
+    Also names each replica a rule cannot apply to, because its engine does not expose
+    the rule's metric, and why."""
     from kneepoint.store.models import AlertRow
 
     settings = load_settings(config)

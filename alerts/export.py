@@ -1,6 +1,6 @@
 """kneepoint's rules as Prometheus recording and alerting rules, for teams that run
 Alertmanager: each metric a rule watches as a recording rule over vLLM's and dcgm-exporter's
-own series (every spelling metrics.md lists), each rule as an alert on it."""
+own series (every spelling docs/reference/metrics.md lists), each rule as an alert on it."""
 
 from __future__ import annotations
 

@@ -1,5 +1,6 @@
-"""The built-in rules (domain.md's signals for agent serving, and kneepoint watching itself)
-and the config's own, which are added to them or override one by name.
+"""The built-in rules (the signals for agent serving of docs/explanation/domain.md, and
+kneepoint watching itself) and the config's own, which are added to them or override one by
+name.
 
 Every rule has `no_data` (kneepoint.config.Rule): what an evaluation without a value does.
 The default, `keep`, holds the alert's state, so a firing alert never resolves because its

@@ -7,7 +7,8 @@ from typing import Any
 
 import pandas as pd
 
-from kneepoint.samples import ENGINE_NAMES, unavailable_reason
+from collectors.engines import ENGINE_NAMES
+from kneepoint.samples import unavailable_reason
 
 
 def show(value: float | None, unit: str = "", digits: int = 1) -> str:

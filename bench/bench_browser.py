@@ -390,7 +390,8 @@ def close(page: Any) -> None:
 
 
 def link(base: str, path: str) -> str:
-    """A chat link to a kneepoint page: the router's ?page= form (README "Alerts")."""
+    """A chat link to a kneepoint page: the router's ?page= form
+    (docs/how-to/alerts.md)."""
     return f"{base}/?page={path}" if path else f"{base}/"
 
 

@@ -23,11 +23,11 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
-from collectors.llamacpp import parse_llamacpp  # noqa: E402
-from collectors.sglang import parse_sglang  # noqa: E402
-from collectors.tgi import parse_tgi  # noqa: E402
-from collectors.trtllm import parse_trtllm  # noqa: E402
-from collectors.vllm import parse_vllm  # noqa: E402
+from collectors.engines.llamacpp import parse_llamacpp  # noqa: E402
+from collectors.engines.sglang import parse_sglang  # noqa: E402
+from collectors.engines.tgi import parse_tgi  # noqa: E402
+from collectors.engines.trtllm import parse_trtllm  # noqa: E402
+from collectors.engines.vllm import parse_vllm  # noqa: E402
 from kneepoint.config import Retention  # noqa: E402
 from kneepoint.samples import Histogram, ReplicaSample  # noqa: E402
 from kneepoint.store.db import open_store  # noqa: E402

@@ -87,7 +87,7 @@ from collector_process import (  # noqa: E402
 
 import collectors.collect  # noqa: E402
 import collectors.dcgm  # noqa: E402
-import collectors.vllm  # noqa: E402
+import collectors.engines.vllm  # noqa: E402
 from collectors.collect import store_fetched  # noqa: E402
 from collectors.scrape import fetch_all  # noqa: E402
 from kneepoint.config import Config, load_config  # noqa: E402
@@ -261,7 +261,7 @@ def stages(config: Config, sessions: sessionmaker[Session], rounds: int, interva
         originals.append((module, name, original))
         setattr(module, name, wrapper)
 
-    timed(collectors.vllm, "parse_exposition", "parse")
+    timed(collectors.engines.vllm, "parse_exposition", "parse")
     timed(collectors.dcgm, "parse_exposition", "parse")
     timed(collectors.collect, "normalize", "normalize")
     try:

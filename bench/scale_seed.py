@@ -28,7 +28,7 @@ from typing import Any, cast
 from sqlalchemy import text
 from sqlalchemy.orm import Session, sessionmaker
 
-from collectors.vllm import parse_vllm
+from collectors.engines.vllm import parse_vllm
 from kneepoint.samples import HISTOGRAMS, REPLICA_COUNTERS
 from kneepoint.store.models import GPU_READINGS, MINUTE, SUMMARY_TIERS
 from kneepoint.store.rollup import SETTLE

@@ -27,8 +27,8 @@ from sqlalchemy.orm import Session, sessionmaker
 
 from collectors.collect import Outcome, store_fetched
 from collectors.dcgm import FIELDS
+from collectors.engines.vllm import WANTED
 from collectors.scrape import Fetched
-from collectors.vllm import WANTED
 from kneepoint.clock import Clock, system_clock
 from kneepoint.config import Config, PrometheusSource, Target
 from kneepoint.secrets import SecretURL, revealed, scrub

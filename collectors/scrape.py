@@ -4,7 +4,7 @@ One round is one curl multi handle: every transfer (connect, request, response, 
 decoding, redirects, timeouts) runs in libcurl's C code, driven by an epoll selector, so a
 slow target delays no other and Python only sets up each transfer and reads its result. It
 costs less than half the CPU per target of aiohttp and a quarter of httpx on the same
-requests (bench/bench_prometheus.py; README "Collector cost"). As Prometheus does, scrapes
+requests (bench/bench_prometheus.py; docs/benchmarks.md). As Prometheus does, scrapes
 never go through a proxy from the environment, and connections stay open from one round to
 the next (_Connections).
 """

@@ -1,4 +1,10 @@
-"""The `kneepoint` command line. Errors: one sentence on stderr, exit 2 for bad input, 1 else."""
+"""The `kneepoint` command line. Errors: one sentence on stderr, exit 2 for bad input, 1 else.
+
+Help texts are Markdown (`rich_markup_mode="markdown"`): a docstring's first paragraph is the
+command's one-line summary in `kneepoint --help`, and its other paragraphs reflow to the
+terminal's width, so they may be wrapped freely in the source. They name no source file:
+users read the docs site (docs/reference/cli.md is generated from this tree by
+kneepoint/cli_reference.py)."""
 
 from __future__ import annotations
 
@@ -14,6 +20,7 @@ from rich.console import Console
 from rich.table import Table
 
 from kneepoint.cliutil import (
+    MARKUP,
     AtOption,
     ConfigOption,
     fail,
@@ -31,7 +38,12 @@ if TYPE_CHECKING:
 app = typer.Typer(
     add_completion=False,
     no_args_is_help=True,
-    help="Capacity and SLO monitoring for self-hosted LLM inference.",
+    rich_markup_mode=MARKUP,
+    help="""Capacity and SLO monitoring for self-hosted LLM inference.
+
+    Try it without a fleet: `kneepoint demo`. With one: write a kneepoint.yaml, then
+    `kneepoint migrate`, `kneepoint serve`. `kneepoint COMMAND --help` says more about each
+    command; the whole reference is docs/reference/cli.md.""",
 )
 HostOption = Annotated[
     str,
@@ -46,7 +58,20 @@ def collect(
     config: ConfigOption = None,
     once: Annotated[bool, typer.Option("--once", help="Scrape once and exit.")] = False,
 ) -> None:
-    """Scrape every target into the store, once or on the schedule."""
+    """Scrape every target into the store, once or on the schedule.
+
+    Runs the collector's scheduled jobs (scrape, rollup, alerts, deliver, heartbeat,
+    report) until Ctrl-C or SIGTERM; on either, the collector leaves the cluster, so the
+    others take its targets at once. With `--once`, scrapes each target once, prints
+    whether it was up and how long the scrape took, and exits.
+
+    Examples:
+
+    ```
+    kneepoint collect --config kneepoint.yaml
+    kneepoint collect --once
+    ```
+    """
     settings = load_settings(config)
     discovery_usable(settings)
     sessions = open_sessions(settings)
@@ -87,9 +112,11 @@ def collect(
 
 @app.command()
 def migrate(config: ConfigOption = None) -> None:
-    """Create the database or bring its schema up to date; the one command that migrates
-    (under a lock on PostgreSQL, so two at once are safe). Run it before collect and serve
-    the first time and after each upgrade of kneepoint."""
+    """Create the database or bring its schema up to date.
+
+    The one command that migrates (under a lock on PostgreSQL, so two at once are safe).
+    Run it before `collect` and `serve` the first time and after each upgrade of
+    kneepoint: the other commands refuse a database whose schema is behind, and say so."""
     settings = load_settings(config)
     from kneepoint.cliutil import shown_url
     from kneepoint.store.db import make_engine
@@ -117,7 +144,19 @@ def status(
     window: Annotated[str, typer.Option(help="Window for rates: 5m, 1h, …")] = "5m",
     at: AtOption = None,
 ) -> None:
-    """The numbers per replica, fleet and GPU."""
+    """The numbers per replica, fleet and GPU over a window.
+
+    KV-cache occupancy, running and waiting requests, prompt and generation tokens per
+    second and preemptions, per replica and for the fleet, over the `--window` that ends
+    at `--at`. With `--json`, the whole contract, GPUs included (docs/reference/json.md).
+
+    Examples:
+
+    ```
+    kneepoint status
+    kneepoint status --window 1h --json
+    ```
+    """
     seconds = positive_duration("--window", window)
     settings = load_settings(config)
     sessions = open_sessions(settings)
@@ -186,7 +225,9 @@ def serve(
     config: ConfigOption = None,
     host: HostOption = "127.0.0.1",
     port: Annotated[int, typer.Option(help="Port of the web app.")] = 8501,
-    no_browser: Annotated[bool, typer.Option("--no-browser")] = False,
+    no_browser: Annotated[
+        bool, typer.Option("--no-browser", help="Do not open a browser on the app.")
+    ] = False,
     no_collect: Annotated[
         bool, typer.Option("--no-collect", help="Only the app: another process collects.")
     ] = False,
@@ -195,8 +236,23 @@ def serve(
     ] = "127.0.0.1",
     api_port: Annotated[int, typer.Option(help="Port of the annotation API.")] = 8502,
 ) -> None:
-    """Run the collectors and scheduler, and the web app, for the configured targets; with
-    `auth.api_tokens`, also the annotation API (README "Timeline")."""
+    """Run the collector and the web app; with `auth.api_tokens`, the annotation API too.
+
+    The collector's scheduled jobs run in this process unless `--no-collect`: then another
+    process collects into the same database (several app instances, one `kneepoint
+    collect`). The app listens on loopback; another `--host` needs `auth:` in the config.
+
+    With `auth.api_tokens` in the config, it also serves the annotation API on
+    `--api-host` and `--api-port`: CI pipelines post what they changed to
+    `/api/v1/annotations` with a bearer token, and read `/api/v1/timeline`.
+
+    Examples:
+
+    ```
+    kneepoint serve --config kneepoint.yaml
+    kneepoint serve --no-collect --host 0.0.0.0 --no-browser
+    ```
+    """
     from kneepoint.webapp import ListenRefused, browser_url, check_listen, run_app
 
     settings = load_settings(config)
@@ -241,7 +297,11 @@ def report(
     out: Annotated[str | None, typer.Option(help="Folder (default: report.output_dir).")] = None,
     at: AtOption = None,
 ) -> None:
-    """The weekly capacity review: a self-contained HTML report and a Markdown summary."""
+    """The weekly capacity review: a self-contained HTML report and a Markdown summary.
+
+    Compares the last `--since` with the period before it and writes both files, with
+    the review's recommendations, to `--out` (default: the config's
+    `report.output_dir`)."""
     seconds = positive_duration("--since", since)
     settings = load_settings(config)
     sessions = open_sessions(settings)
@@ -273,16 +333,26 @@ def health(
         ),
     ] = False,
 ) -> None:
-    """Every scheduled job recorded (scrape, rollup, alerts, deliver, heartbeat, report) and
-    the database: each job's last run, success and error, and whether it is failing or
-    overdue (kneepoint/health.py); the collectors (live or gone) and which one leads. Exits
-    1 when any job is failing or overdue, the scrape job never ran, or the database does not
-    answer (a container health check).
+    """The collector's jobs, the collectors and the database; exit 1 when unhealthy.
 
-    With `--this-host`, exits 1 only when the database does not answer or no live collector
-    runs on this host (hostname): the probe of one collector among several, which must not
-    fail (and be restarted) because a job on the leader fails; the cluster's jobs are
-    watched by the `alert-pipeline-failing` rule and the heartbeat."""
+    Every scheduled job recorded (scrape, rollup, alerts, deliver, heartbeat, report):
+    its last run, success and error, and whether it is failing or overdue; then the
+    collectors (live or gone) and which one leads. Exits 1 when any job is failing or
+    overdue, the scrape job never ran, or the database does not answer: a container's
+    health check.
+
+    With `--this-host`, exits 1 only when the database does not answer or no live
+    collector runs on this host (hostname): the probe of one collector among several,
+    which must not fail (and be restarted) because a job on the leader fails; the
+    cluster's jobs are watched by the `alert-pipeline-failing` rule and the heartbeat.
+
+    Examples:
+
+    ```
+    kneepoint health
+    kneepoint health --this-host
+    ```
+    """
     settings = load_settings(config)
     sessions = open_sessions(settings)
     from kneepoint.health import check_database, check_jobs, collectors
@@ -355,8 +425,12 @@ def health(
 
 @app.command()
 def capacity(
-    model_config: Annotated[str | None, typer.Option(help="A model's config.json.")] = None,
-    profile: Annotated[str | None, typer.Option(help="qwen3-4b, llama-3.1-8b, qwen3-32b")] = None,
+    model_config: Annotated[
+        str | None, typer.Option(help="A model's config.json (Hugging Face).")
+    ] = None,
+    profile: Annotated[
+        str | None, typer.Option(help="A built-in model: qwen3-4b, llama-3.1-8b or qwen3-32b.")
+    ] = None,
     layers: Annotated[int | None, typer.Option(help="Transformer layers.")] = None,
     kv_heads: Annotated[int | None, typer.Option(help="KV heads (GQA groups).")] = None,
     head_dim: Annotated[int | None, typer.Option(help="Dimension per head.")] = None,
@@ -369,7 +443,20 @@ def capacity(
     tensor_parallel: Annotated[int, typer.Option(help="GPUs per replica.")] = 1,
     as_json: Annotated[bool, typer.Option("--json", help="Print JSON.")] = False,
 ) -> None:
-    """The KV-cache planner: bytes per token, tokens that fit, concurrent sequences, what-ifs."""
+    """The KV-cache planner: bytes per token, tokens and sequences that fit, what-ifs.
+
+    Give the model's shape one way: `--model-config`, `--profile`, or `--layers`,
+    `--kv-heads` and `--head-dim`. Then the KV cache's size: `--kv-memory-gib` if known,
+    else `--gpu-memory-gib` and `--weights-gib`. Each what-if turns one knob: an FP8 KV
+    cache, half or a quarter of the context, twice the GPUs. Needs no config or store.
+
+    Examples:
+
+    ```
+    kneepoint capacity --profile llama-3.1-8b --gpu-memory-gib 80 --weights-gib 16
+    kneepoint capacity --model-config config.json --kv-memory-gib 20 --context 32768
+    ```
+    """
     from kneepoint.derived.capacity import Plan, shape_from_config, what_ifs
     from kneepoint.twin.profiles import model
 
@@ -425,9 +512,20 @@ def timeline(
     ] = False,
     at: AtOption = None,
 ) -> None:
-    """What changed, oldest first: restarts, configuration changes and upgrades, GPU events
-    (XID, throttling, power capping, a GPU gone), scrape outages, hit-rate drops, prefill
-    storms, alerts firing and resolving, silences and annotations (kneepoint/timeline.py)."""
+    """What changed, oldest first: restarts, upgrades, GPU events, outages, alerts, deploys.
+
+    Restarts, configuration changes and upgrades, GPU events (XID, throttling, power
+    capping, a GPU gone), scrape outages, hit-rate drops, prefill storms, alerts firing and
+    resolving, silences and annotations, found in the data kneepoint already stores. The
+    Timeline page lists the same, and every chart marks them.
+
+    Examples:
+
+    ```
+    kneepoint timeline --since 1d --replica qwen-a
+    kneepoint timeline --since 7d --json
+    ```
+    """
     seconds = positive_duration("--since", since)
     settings = load_settings(config)
     sessions = open_sessions(settings)
@@ -461,8 +559,20 @@ def annotate(
         typer.Option(help="When: ISO 8601 (2026-11-30T09:00Z) or Unix seconds; now if unset."),
     ] = None,
 ) -> None:
-    """Mark a change made outside kneepoint (a deploy, a prompt version) on the timeline and
-    on every chart. Audited; CI pipelines can post the same to the API (README "Timeline")."""
+    """Mark a change made outside kneepoint (a deploy, a prompt version) on the timeline.
+
+    The mark shows on the Timeline page and on every chart, and the audit trail records it.
+    Without `--replica`, it concerns the whole fleet. CI pipelines post the same over HTTP:
+    the annotation API that `kneepoint serve` starts when the config has `auth.api_tokens`
+    (`POST /api/v1/annotations`, with a bearer token).
+
+    Examples:
+
+    ```
+    kneepoint annotate --replica qwen-a --text "prompt v42"
+    kneepoint annotate --text "router v3" --at 2026-11-30T09:00Z
+    ```
+    """
     settings = load_settings(config)
     sessions = open_sessions(settings)
     from kneepoint.annotations import Invalid
@@ -486,9 +596,11 @@ def audit(
         bool, typer.Option("--json", help="Print the entries as a JSON list.")
     ] = False,
 ) -> None:
-    """The audit trail, newest first: every change made through the app (silences, test
-    messages, runs imported and deleted, reports sent), every sign-in and every refusal:
-    who, with which role, from where, what, before and after. Kept for retention.audit."""
+    """The audit trail, newest first: who changed what, from where, before and after.
+
+    Every change made through the app or the command line (silences, test messages, runs
+    imported and deleted, reports sent), every sign-in and every refusal: who, with which
+    role, from where, what, before and after. Kept for the config's `retention.audit`."""
     seconds = positive_duration("--since", since)
     settings = load_settings(config)
     sessions = open_sessions(settings)
@@ -547,7 +659,9 @@ def demo(
     ] = None,
     host: HostOption = "127.0.0.1",
     port: Annotated[int, typer.Option(help="Port of the web app.")] = 8501,
-    no_browser: Annotated[bool, typer.Option("--no-browser")] = False,
+    no_browser: Annotated[
+        bool, typer.Option("--no-browser", help="Do not open a browser on the app.")
+    ] = False,
     rules_file: Annotated[
         str | None,
         typer.Option(
@@ -556,7 +670,19 @@ def demo(
         ),
     ] = None,
 ) -> None:
-    """The embedded default: a simulated fleet with a week of history, traffic and the app."""
+    """The embedded default: a simulated fleet with a week of history, traffic and the app.
+
+    Needs no config and no GPU: simulated replicas (the fleet twin) serve agent traffic, a
+    week of history is backfilled, and the collector and the app run on them until Ctrl-C.
+    The config and the database go to a temporary folder, or to `--dir` to keep them.
+
+    Examples:
+
+    ```
+    kneepoint demo
+    kneepoint demo --dir ./demo --rules my-rules.yaml
+    ```
+    """
     import yaml
 
     from kneepoint.demo import run_demo
@@ -585,10 +711,10 @@ def demo(
 @app.command()
 def simulate(
     gpu_key: Annotated[
-        str, typer.Option("--gpu", help="rtx4000ada, l4, a100-80gb, h100-80gb, h200")
+        str, typer.Option("--gpu", help="The GPU: rtx4000ada, l4, a100-80gb, h100-80gb, h200.")
     ] = "rtx4000ada",
     model_key: Annotated[
-        str, typer.Option("--model", help="qwen3-4b, llama-3.1-8b, qwen3-32b")
+        str, typer.Option("--model", help="The model: qwen3-4b, llama-3.1-8b, qwen3-32b.")
     ] = "qwen3-4b",
     port: Annotated[
         int, typer.Option(help="Port of the replica (OpenAI API and /metrics).")
@@ -599,13 +725,25 @@ def simulate(
         str, typer.Option(help="Metric names of vLLM 0.32, 0.10, 0.8 or 0.5.")
     ] = "0.32",
     max_num_seqs: Annotated[int, typer.Option(help="vLLM's --max-num-seqs.")] = 256,
-    fp8_weights: Annotated[bool, typer.Option("--fp8-weights")] = False,
-    fp8_kv_cache: Annotated[bool, typer.Option("--fp8-kv-cache")] = False,
+    fp8_weights: Annotated[bool, typer.Option("--fp8-weights", help="FP8 weights.")] = False,
+    fp8_kv_cache: Annotated[bool, typer.Option("--fp8-kv-cache", help="An FP8 KV cache.")] = False,
     spec_tokens: Annotated[int, typer.Option(help="Speculative tokens per step (0: off).")] = 0,
     spec_acceptance: Annotated[float, typer.Option(help="Drafter acceptance rate.")] = 0.7,
     fleet: Annotated[str | None, typer.Option(help="A fleet YAML instead of one replica.")] = None,
 ) -> None:
-    """Serve simulated vLLM replicas and dcgm-exporters (the fleet twin) over HTTP."""
+    """Serve simulated vLLM replicas and dcgm-exporters (the fleet twin) over HTTP.
+
+    One replica from `--gpu`, `--model` and the vLLM flags, or a whole fleet from
+    `--fleet`. Each replica answers the OpenAI API, `/metrics` and `/health`, each GPU node
+    a dcgm-exporter's `/metrics`, until Ctrl-C or SIGTERM: point a kneepoint.yaml at them.
+
+    Examples:
+
+    ```
+    kneepoint simulate --gpu l4 --model qwen3-4b --port 8100
+    kneepoint simulate --fleet fleet.yaml
+    ```
+    """
     import threading
 
     from kneepoint.twin.fleet import Fleet, load_fleet, single_replica
@@ -661,8 +799,20 @@ def calibrate(
     as_json: Annotated[bool, typer.Option("--json", help="Print the profile as JSON.")] = False,
     at: AtOption = None,
 ) -> None:
-    """Fit the twin's step-time model to a replica from its knee run and its production
-    history, store it, and show it with its fit quality (docs/whatif.md)."""
+    """Fit the twin's step-time model to a replica, store it and show its fit quality.
+
+    Fits to the replica's knee run (`--run`) and its production history (`--since`), and
+    prints the fitted terms and, per point, measured against fitted. A fit that predicts
+    nothing is stored but marked not trusted. `kneepoint whatif` replays through it; how
+    the fit works: docs/explanation/whatif.md. Audited.
+
+    Examples:
+
+    ```
+    kneepoint calibrate --replica qwen-a
+    kneepoint calibrate --replica qwen-a --run qwen-a-knee --max-num-seqs 128
+    ```
+    """
     seconds = positive_duration("--since", since)
     settings = load_settings(config)
     sessions = open_sessions(settings)
@@ -734,14 +884,14 @@ def calibrate(
 
 @app.command()
 def whatif(
-    replica: Annotated[str, typer.Option(help="The replica whose week to replay.")],
+    replica: Annotated[str, typer.Option(help="The replica whose window to replay.")],
     changes: Annotated[
         list[str] | None,
         typer.Option(
             "--set",
             help="A change, KEY=VALUE: kv_cache_dtype, max_num_seqs, max_model_len, "
             "gpu_memory_utilization, num_speculative_tokens, enable_prefix_caching, gpu, "
-            "replicas, routing, growth, … (docs/whatif.md). Repeatable.",
+            "replicas, routing, growth, … (docs/explanation/whatif.md). Repeatable.",
         ),
     ] = None,
     since: Annotated[str, typer.Option(help="The window to replay: 1d, 7d, …")] = "7d",
@@ -750,15 +900,27 @@ def whatif(
     ] = 6,
     config: ConfigOption = None,
     as_json: Annotated[
-        bool, typer.Option("--json", help="Print the JSON contract (docs/whatif.md).")
+        bool, typer.Option("--json", help="Print the JSON contract (docs/reference/json.md).")
     ] = False,
     at: AtOption = None,
 ) -> None:
-    """Replay the replica's window through its calibrated twin, unchanged and with the
-    change: measured, baseline and predicted numbers with error bounds."""
+    """Replay a replica's window through its calibrated twin, with and without a change.
+
+    Prints the measured numbers, the baseline (the twin unchanged) and the prediction
+    (with the change), with the predicted range. Calibrate the replica first
+    (`kneepoint calibrate`). Every change, and every approximation the replay makes:
+    docs/explanation/whatif.md.
+
+    Examples:
+
+    ```
+    kneepoint whatif --replica qwen-a --set kv_cache_dtype=fp8
+    kneepoint whatif --replica qwen-a --set max_num_seqs=128 --set replicas=3 --json
+    ```
+    """
     seconds = positive_duration("--since", since)
     if not changes:
-        fail("give at least one change: --set KEY=VALUE (docs/whatif.md)", 2)
+        fail("give at least one change: --set KEY=VALUE (docs/explanation/whatif.md)", 2)
     from kneepoint.whatif import WhatIfError, parse_changes
 
     try:
@@ -805,7 +967,11 @@ def _whatif_number(value: object) -> str:
     return str(value)
 
 
-export_app = typer.Typer(no_args_is_help=True, help="kneepoint's views for other tools.")
+export_app = typer.Typer(
+    no_args_is_help=True,
+    rich_markup_mode=MARKUP,
+    help="kneepoint's views for other tools: Grafana dashboards.",
+)
 app.add_typer(export_app, name="export")
 
 
@@ -816,8 +982,17 @@ def export_grafana(
     ],
     config: ConfigOption = None,
 ) -> None:
-    """Grafana dashboards (overview, capacity, prefix cache, SLOs) as JSON files, over the
-    recording rules `kneepoint alerts export` writes for the same config."""
+    """Grafana dashboards (overview, capacity, prefix cache, SLOs) as JSON files.
+
+    The dashboards read the recording rules that `kneepoint alerts export` writes for the
+    same config: load those into Prometheus too.
+
+    Example:
+
+    ```
+    kneepoint export grafana --out dashboards/ --config kneepoint.yaml
+    ```
+    """
     from alerts.export import prometheus_rules
     from alerts.grafana import dashboards, recorded_metrics
     from alerts.rules import effective_rules

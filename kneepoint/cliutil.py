@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from datetime import datetime
 from pathlib import Path
-from typing import Annotated, NoReturn
+from typing import Annotated, Final, Literal, NoReturn
 
 import typer
 from rich.console import Console
@@ -12,6 +12,11 @@ from sqlalchemy.orm import Session, sessionmaker
 
 from kneepoint.config import Config, ConfigError, config_path, load_config
 from kneepoint.secrets import Secret, guard_logging, redact_url, reveal, scrub
+
+# Every Typer app's help is Markdown: paragraphs reflow to the terminal (Rich's own mode
+# keeps a docstring's hard line breaks), code blocks hold examples, and the same text is
+# the docs site's CLI reference (kneepoint/cli_reference.py) unchanged.
+MARKUP: Final[Literal["markdown"]] = "markdown"
 
 ConfigOption = Annotated[
     str | None, typer.Option("--config", help="kneepoint.yaml (else $KNEEPOINT_CONFIG).")

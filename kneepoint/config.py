@@ -7,7 +7,7 @@ import re
 import string
 from datetime import UTC, datetime
 from pathlib import Path
-from typing import Annotated, Any, Literal
+from typing import TYPE_CHECKING, Annotated, Any, Literal
 
 import yaml
 from apscheduler.triggers.cron import CronTrigger
@@ -23,6 +23,7 @@ from pydantic import (
 )
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
+from collectors.engines import ENGINES
 from kneepoint.auth import Auth, Limits
 from kneepoint.durations import parse_duration
 from kneepoint.secrets import HookURL, Secret, SecretURL
@@ -78,15 +79,23 @@ _HTTP_URL = re.compile(r"^https?://\S+$")
 HttpURL = Annotated[SecretURL, AfterValidator(_http_url)]
 
 
-# Target kinds that are inference engines (replicas), as opposed to a dcgm-exporter.
-ENGINE_KINDS = ("vllm", "sglang", "llamacpp", "tgi", "trtllm", "auto")
+# Target kinds that are inference engines (replicas), as opposed to a dcgm-exporter: every
+# engine collectors/engines/ declares, and `auto` (the engine named by the first scrape).
+ENGINE_KINDS: tuple[str, ...] = (*ENGINES, "auto")
+if TYPE_CHECKING:  # the kinds are known only once the engine modules are found
+    EngineKind = str
+    TargetKind = str
+else:  # pydantic checks a Literal of them, and its errors list them
+    EngineKind = Literal[ENGINE_KINDS]
+    TargetKind = Literal[(*ENGINE_KINDS, "dcgm")]
 
 
 class Target(Strict):
     name: Annotated[str, Field(min_length=1, pattern=r"^[A-Za-z0-9_.:-]+$")]
-    # An inference engine (vllm, sglang, llamacpp, tgi, trtllm), `auto` (the engine named by
-    # the first scrape's metric names, collectors/engines.py) or a dcgm-exporter.
-    kind: Literal["vllm", "sglang", "llamacpp", "tgi", "trtllm", "auto", "dcgm"]
+    # An inference engine (a module of collectors/engines/: vllm, sglang, llamacpp, tgi,
+    # trtllm), `auto` (the engine named by the first scrape's metric names) or a
+    # dcgm-exporter.
+    kind: TargetKind
     url: HttpURL
     gpus: list[str] = []
     headers: dict[str, Secret] = {}
@@ -229,7 +238,7 @@ class KubernetesRule(Strict):
 
 class KubernetesReplicas(KubernetesRule):
     # The replicas' engine (a target kind), or `auto`: told by the first scrape.
-    engine: Literal["vllm", "sglang", "llamacpp", "tgi", "trtllm", "auto"] = "vllm"
+    engine: EngineKind = "vllm"
 
 
 class KubernetesDiscovery(Strict):

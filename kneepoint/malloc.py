@@ -4,7 +4,7 @@ the collector gets it.
 glibc gives each thread that allocates while the others hold their arena a new arena (up to
 8 per core) and keeps their pages: at 1,000 replicas the collector's resident memory grew in
 64 MiB steps about once a minute with the same nine threads, and two arenas kept it flat
-(README "Scale, 1,000 replicas"). The image sets MALLOC_ARENA_MAX=2 (compose and the Helm
+(docs/explanation/scale.md). The image sets MALLOC_ARENA_MAX=2 (compose and the Helm
 chart run it, unless pointed at another image); `kneepoint collect` or `serve` from a pip
 install or a checkout and `./scripts/run` (the demo) had nothing: the collector's scheduler
 calls `cap_arenas()` when it is made, before its worker threads start (arenas made before

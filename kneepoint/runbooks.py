@@ -1,10 +1,11 @@
 """Runbooks that act: for each built-in rule, what its numbers mean, the likely causes, how
 to tell them apart, and the one command or knob for each.
 
-This module is the source: `docs/runbooks.md` is its Markdown (`python -m kneepoint.runbooks
-> docs/runbooks.md`; a test holds the file equal to it), and the Alerts page shows a rule's
-section from here (`?page=alerts&rule=NAME`, the link in every alert message), so the
-runbook travels with the installed package and opens for anyone who can open the app."""
+This module is the source: `docs/reference/runbooks.md` is its Markdown (`python -m
+kneepoint.runbooks > docs/reference/runbooks.md`; a test holds the file equal to it), and the
+Alerts page shows a rule's section from here (`?page=alerts&rule=NAME`, the link in every
+alert message), so the runbook travels with the installed package and opens for anyone who can
+open the app."""
 
 from __future__ import annotations
 
@@ -416,7 +417,7 @@ def section(name: str) -> str:
 
 
 def markdown() -> str:
-    """docs/runbooks.md."""
+    """docs/reference/runbooks.md."""
     head = (
         "# Runbooks\n\n"
         "One section per built-in alert rule (and one for every SLO burn alert): what its "
@@ -426,7 +427,7 @@ def markdown() -> str:
         "the SLOs and Alerts pages name the likely cause with its evidence "
         "(kneepoint/causes.py).\n\n"
         "Generated from `kneepoint/runbooks.py` (`python -m kneepoint.runbooks > "
-        "docs/runbooks.md`); a test holds the two equal.\n"
+        "docs/reference/runbooks.md`); a test holds the two equal.\n"
     )
     return head + "".join(f"\n{section(name)}" for name in RUNBOOKS)
 

@@ -5,19 +5,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-# Engine generations a vLLM target can speak (metrics.md section 2).
+# Engine generations a vLLM target can speak (docs/reference/metrics.md, vLLM's generations).
 GENERATIONS = ("v0", "v1-0.8", "v1-0.10", "v1")
-
-# The inference engines a replica target can be (collectors/engines.py reads each one).
-ENGINES = ("vllm", "sglang", "llamacpp", "tgi", "trtllm")
-# What they are called in sentences ("not exposed by llama.cpp").
-ENGINE_NAMES = {
-    "vllm": "vLLM",
-    "sglang": "SGLang",
-    "llamacpp": "llama.cpp",
-    "tgi": "TGI",
-    "trtllm": "TensorRT-LLM",
-}
 
 # The canonical quantities an engine may be unable to give (the keys of
 # ReplicaSample.unavailable), each with the numbers of `kneepoint status --json` and of the
@@ -148,8 +137,9 @@ class ReplicaSample:
     aggregated over its data-parallel engines / ranks.
 
     Counters and queues are summed over engines, occupancy is the max (and the mean); fields
-    the server did not expose are None, never 0. `engine` names the engine (one of ENGINES)
-    and `generation` its release generation as the engine's normalizer names it.
+    the server did not expose are None, never 0. `engine` names the engine (one of
+    collectors.engines.ENGINES) and `generation` its release generation as the engine's
+    normalizer names it.
     `unavailable` maps a canonical quantity this engine (at this generation) cannot give to
     the reason in words, e.g. {"kv_cache_occupancy": "not exposed by llama.cpp since its KV
     gauges were removed"}: its keys are the keys of `gauges`, `counters`, `histograms` or a

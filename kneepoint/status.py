@@ -1,4 +1,5 @@
-"""`kneepoint status`: the numbers per replica, fleet and GPU over a window (design.md).
+"""`kneepoint status`: the numbers per replica, fleet and GPU over a window
+(docs/explanation/design.md; its JSON: docs/reference/json.md).
 
 One function turns a window into the numbers, for a replica and for the fleet alike, so the
 CLI, the pages and the alerts can never disagree.
@@ -168,7 +169,7 @@ def derived(
     hit_rate_gauge: float | None = None,
     spec_gauges: tuple[float | None, float | None] = (None, None),
 ) -> dict[str, Any]:
-    """The windowed numbers of design.md's contract, from one window.
+    """The windowed numbers of the status contract (docs/reference/json.md), from one window.
 
     `generation` is a vLLM generation (None for other engines). Where the engine has no
     prefix-cache hit and query counters (vLLM v0, SGLang 0.4.0), its own hit-rate gauge is

@@ -52,10 +52,11 @@ import pandas as pd
 from sqlalchemy import select
 from sqlalchemy.orm import Session
 
+from collectors.engines import ENGINE_NAMES
 from kneepoint import series
 from kneepoint.config import Config
 from kneepoint.derived import details
-from kneepoint.samples import ENGINE_NAMES, REPLICA_COUNTERS
+from kneepoint.samples import REPLICA_COUNTERS
 from kneepoint.store import queries
 from kneepoint.store.models import AnnotationRow, SilenceRow, TargetConfigRow
 
@@ -77,8 +78,9 @@ KINDS = (
     "annotation",
 )
 
-# Thresholds (README "Timeline"). Hit-rate drops and prefill storms are the Prefix cache
-# page's (kneepoint/derived/details.py), found per replica on EVENT_INTERVAL intervals.
+# Thresholds (docs/how-to/timeline.md quotes them). Hit-rate drops and prefill storms are the
+# Prefix cache page's (kneepoint/derived/details.py), found per replica on EVENT_INTERVAL
+# intervals.
 EVENT_INTERVAL = "5min"
 HISTORY = 3600.0  # their trailing baseline: the hour before
 HIT_RATE_DROP = 0.30  # the hit rate this far (absolute) below its trailing hour's mean

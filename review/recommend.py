@@ -1,6 +1,6 @@
-"""Recommendations for the capacity review: domain.md's tuning playbook, one knob each, and
-only where the week's numbers are evidence for it. Each rule is a pure function of the
-report's numbers; its thresholds are named here."""
+"""Recommendations for the capacity review: the tuning playbook of docs/explanation/domain.md,
+one knob each, and only where the week's numbers are evidence for it. Each rule is a pure
+function of the report's numbers; its thresholds are named here."""
 
 from __future__ import annotations
 

@@ -6,7 +6,7 @@ import copy
 from pathlib import Path
 
 from collectors.dcgm import parse_dcgm
-from collectors.vllm import parse_vllm
+from collectors.engines.vllm import parse_vllm
 from kneepoint.config import load_config
 from kneepoint.store.db import open_store
 from kneepoint.store.writer import ensure_targets, record_failure, record_gpus, record_replica

@@ -1,4 +1,4 @@
-"""Smoke runs of the benches the README's figures come from, at the smallest sizes their
+"""Smoke runs of the benches docs/benchmarks.md's figures come from, at the smallest sizes their
 flags allow: each runs to the end and prints its summary lines, whose numbers are checked
 against each other (not against expected values, which depend on the machine).
 

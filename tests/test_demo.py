@@ -1,5 +1,5 @@
-"""`kneepoint demo`, as the README runs it: healthy app and data from every replica and GPU,
-and Ctrl-C stops every process.
+"""`kneepoint demo`, as `./scripts/run` runs it (README, docs/tutorial/quickstart.md): healthy
+app and data from every replica and GPU, and Ctrl-C stops every process.
 
 How soon the data comes is not asserted: on an idle 2-core machine it is well under two
 minutes, but under a load of 15 (helpers and a CI run sharing the cores) one run took longer,

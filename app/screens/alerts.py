@@ -156,7 +156,7 @@ else:
 st.subheader("Runbooks")
 st.caption(
     "What each built-in rule's numbers mean, the likely causes and the one command or knob "
-    "for each (docs/runbooks.md). Every alert message links here with its rule."
+    "for each (docs/reference/runbooks.md). Every alert message links here with its rule."
 )
 names = list(runbooks.RUNBOOKS)
 chosen = runbooks.section_for(asked) if asked else None

@@ -121,7 +121,7 @@ for replica in tiled:
             replica,
             "kv_cache_capacity_tokens",
             "KV capacity in tokens (vLLM: num_gpu_blocks × block_size from cache_config_info; "
-            "docs/engines.md for the others).",
+            "docs/reference/engines.md for the others).",
         ),
     )
     g.metric(

@@ -8,8 +8,8 @@ import streamlit as st
 from app import data, filters
 from app import tables as t
 from app.format import is_empty
+from collectors.engines import ENGINE_NAMES
 from kneepoint.health import collectors
-from kneepoint.samples import ENGINE_NAMES
 
 view = filters.current(data.replica_names())
 st.title("Collector health")

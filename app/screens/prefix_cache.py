@@ -85,7 +85,7 @@ for replica in view.status["replicas"]:
             replica,
             "prefix_cache_hit_rate",
             "Δprefix_cache_hits ÷ Δprefix_cache_queries (tokens) over the window; where the "
-            "engine has no such counters, its own hit-rate gauge (docs/engines.md).",
+            "engine has no such counters, its own hit-rate gauge (docs/reference/engines.md).",
         ),
     )
     right.metric(

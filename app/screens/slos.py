@@ -67,7 +67,7 @@ for r in reports:
         ", ".join(window_label(w.long) for w in r.burning) or "no",
         help="Alert windows whose long and short burn rates both exceed their factor.",
     )
-    if r.burning:  # why it burns (kneepoint/causes.py), and what to do (docs/runbooks.md)
+    if r.burning:  # why it burns (kneepoint/causes.py), and what to do (docs/reference/runbooks.md)
         cause = found.get(s.name)
         if cause is None:  # not among the cached reports' burns (never expected): its own
             began = causes.burn_onset(now, [w.long for w in r.burning])  # the changes before

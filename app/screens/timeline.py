@@ -22,7 +22,7 @@ st.caption(
     "throttling, power "
     "capping, a GPU gone), scrape outages, hit-rate drops, prefill storms, alerts, silences "
     "and annotations, newest first. Post a deploy with `kneepoint annotate --replica R "
-    '--text "prompt v42"` or the annotation API (README, Timeline).'
+    '--text "prompt v42"` or the annotation API (docs/how-to/timeline.md).'
 )
 end = data.now()
 found = changes.events(end - chosen.range_seconds, end, chosen.replicas)

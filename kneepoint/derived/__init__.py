@@ -1,1 +1,2 @@
-"""Derived numbers, computed once: pure functions over stored samples (metrics.md §3)."""
+"""Derived numbers, computed once: pure functions over stored samples
+(docs/reference/metrics.md)."""

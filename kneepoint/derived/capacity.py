@@ -2,7 +2,8 @@
 
 bytes per token = 2 (K and V) × layers × KV heads × head dim × dtype bytes; a sequence of
 C tokens needs C × that; the cache holds (GPUs × memory × gpu_memory_utilization − weights)
-÷ bytes per token tokens, so C-token sequences fit that many ÷ C times (domain.md)."""
+÷ bytes per token tokens, so C-token sequences fit that many ÷ C times
+(docs/explanation/domain.md)."""
 
 from __future__ import annotations
 
@@ -67,7 +68,8 @@ class Plan:
 
 
 def what_ifs(plan: Plan) -> dict[str, dict[str, Any]]:
-    """The same plan with one knob turned at a time (domain.md's playbook)."""
+    """The same plan with one knob turned at a time (the tuning playbook of
+    docs/explanation/domain.md)."""
     variants = {
         "as planned": plan,
         "fp8 KV cache": replace(plan, kv_dtype="fp8"),

@@ -1,5 +1,5 @@
 """True cost per served token: what the GPUs cost over the window, idle time included, over
-the tokens actually served in it (metrics.md §3, item 5)."""
+the tokens actually served in it (docs/reference/metrics.md, cost per token)."""
 
 from __future__ import annotations
 
@@ -48,7 +48,8 @@ def per_million(cost: float | None, tokens: float | None) -> float | None:
 
 @dataclass(frozen=True)
 class Economics:
-    """A replica's cost against its knee (domain.md: economics are a utilization number).
+    """A replica's cost against its knee (docs/explanation/domain.md: economics are a
+    utilization number).
 
     Nominal cost is what a generated token would cost if the replica always ran at its knee
     throughput; utilization is what it served over that; true ÷ nominal is how much idle and

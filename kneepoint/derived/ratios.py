@@ -1,5 +1,6 @@
 """Prefix-cache hit rate, preemption recompute and speculative decoding, from counter
-increases over a window (metrics.md §3, items 2, 4 and 6)."""
+increases over a window (docs/reference/metrics.md: prefix cache, preemption, speculative
+decoding)."""
 
 from __future__ import annotations
 
@@ -7,7 +8,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 
 # Share of a preempted request's generated tokens assumed already made when it was
-# preempted (metrics.md: f ≈ 0.5, f = 1 the upper bound).
+# preempted (docs/reference/metrics.md: f ≈ 0.5, f = 1 the upper bound).
 RECOMPUTE_GENERATED_SHARE = 0.5
 RECOMPUTE_FORMULA = (
     "Δpreemptions × (mean prompt tokens + 0.5 × mean generated tokens) × (1 − prefix hit rate); "

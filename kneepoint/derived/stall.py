@@ -24,7 +24,7 @@ tokens, and the engine's step counter where one is given), and none went down.
   and below what a wedged engine costs the agents waiting on it. Any decoding stream beside
   the prefill moves `generation_tokens` at every step, so the window only matters when the
   long prompt is alone. Where an engine's step counter is given (`engine_steps`), a step
-  is movement. vLLM's (the count of `iteration_tokens_total`, collectors/vllm.py) counts
+  is movement. vLLM's (the count of `iteration_tokens_total`, collectors/engines/vllm.py) counts
   in V1 only the steps that emit output, so a chunk of a lone long prefill does not move
   it either, and STALL_AFTER still has to cover that prefill.
 

@@ -58,7 +58,18 @@ def sweep(
     config: ConfigOption = None,
     as_json: Annotated[bool, typer.Option("--json", help="Print the run and its knee.")] = False,
 ) -> None:
-    """A concurrency sweep against an OpenAI-compatible server, saved as a labelled run."""
+    """A concurrency sweep against an OpenAI-compatible server, saved as a labelled run.
+
+    At each step of `--concurrency`, sends `--requests` requests (or keeps sending for
+    `--duration`), measures throughput and latency, and prints the run with its knee and
+    the recommended operating concurrency under the config's SLOs. Audited.
+
+    Example:
+
+    ```
+    kneepoint sweep --url http://127.0.0.1:8000 --model Qwen/Qwen3-4B --concurrency 1,4,16,64
+    ```
+    """
     from kneepoint.knee.detect import assess
     from kneepoint.knee.sweep import CLIENT_SATURATED_CORES, SweepSettings
     from kneepoint.knee.sweep import sweep as run_sweep
@@ -152,7 +163,18 @@ def import_results(
     label: Annotated[str | None, typer.Option(help="Label every imported run so.")] = None,
     config: ConfigOption = None,
 ) -> None:
-    """Import vllm bench serve, GuideLLM, AIPerf/GenAI-Perf or LLMPerf result files."""
+    """Import result files of vllm bench serve, GuideLLM, AIPerf/GenAI-Perf or LLMPerf.
+
+    Each file becomes a labelled run, or steps of one, for `kneepoint knee` and `kneepoint
+    compare`. The files that can be read are stored; each one that cannot is named, and
+    the exit status is 2. Audited.
+
+    Example:
+
+    ```
+    kneepoint import results/*.json --label qwen-a-knee
+    ```
+    """
     from dataclasses import replace
 
     from kneepoint.knee.imports import read_all
@@ -184,7 +206,10 @@ def knee(
     as_json: Annotated[bool, typer.Option("--json", help="Print the JSON contract.")] = False,
     config: ConfigOption = None,
 ) -> None:
-    """Knee and recommended operating concurrency per run, held to the configured SLOs."""
+    """Knee and recommended operating concurrency per run, held to the configured SLOs.
+
+    Every stored run, or only `--run`; `--json` prints the contract
+    (docs/reference/json.md)."""
     from kneepoint.knee.detect import assess
     from kneepoint.store.runs import RunNotFound, load_run, load_runs
 
@@ -234,7 +259,17 @@ def compare(
     as_json: Annotated[bool, typer.Option("--json", help="Print JSON.")] = False,
     config: ConfigOption = None,
 ) -> None:
-    """Step-by-step comparison of two runs with a verdict: change one flag at a time."""
+    """Step-by-step comparison of two runs with a verdict: change one flag at a time.
+
+    Compares the concurrency steps the two runs share: throughput ratio, TTFT change and a
+    verdict per step, and one overall.
+
+    Example:
+
+    ```
+    kneepoint compare baseline fp8-kv-cache
+    ```
+    """
     from kneepoint.knee.compare import compare as compare_runs
     from kneepoint.store.runs import RunNotFound, load_run
 

@@ -21,7 +21,7 @@ from dataclasses import dataclass, field
 
 from sqlalchemy.orm import Session, sessionmaker
 
-from collectors.sglang import parse_sglang
+from collectors.engines.sglang import parse_sglang
 from kneepoint.config import Retention
 from kneepoint.samples import CacheConfig, GpuSample, Histogram, ReplicaSample
 from kneepoint.store.rollup import rollup

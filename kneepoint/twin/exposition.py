@@ -1,8 +1,8 @@
 """vLLM's /metrics as each generation writes it, from a twin engine's state.
 
 Families, labels, HELP texts and buckets follow a real vLLM 0.32 server (its capture is in
-../shared/fixtures); `version` 0.10, 0.8 and 0.5 write that release's names (docs/metrics.md).
-The text comes from prometheus_client, as vLLM's own does.
+../shared/fixtures); `version` 0.10, 0.8 and 0.5 write that release's names
+(docs/reference/metrics.md). The text comes from prometheus_client, as vLLM's own does.
 """
 
 from __future__ import annotations

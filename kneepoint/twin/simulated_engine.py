@@ -19,8 +19,9 @@ from kneepoint.twin.kvcache import KvCache, block_hashes
 from kneepoint.twin.profiles import GIB, Gpu, Model
 from kneepoint.twin.stats import Stats
 
-# Fractions of the datasheet a real serving stack reaches, calibrated on domain.md's
-# RTX 4000 Ada + Qwen3-4B workshop figures (tests/twin/test_calibration.py).
+# Fractions of the datasheet a real serving stack reaches, calibrated on the
+# RTX 4000 Ada + Qwen3-4B workshop figures of docs/explanation/domain.md
+# (tests/twin/test_calibration.py).
 BANDWIDTH_EFFICIENCY = 0.92
 COMPUTE_EFFICIENCY = 0.9
 STEP_OVERHEAD_SECONDS = 0.0015  # scheduling, sampling and kernel launches per step

@@ -1,6 +1,6 @@
 """What-if: the twin calibrated to a replica replays its week under a change.
 
-The API other code builds on (docs/whatif.md, "API for other helpers"):
+The API other code builds on (docs/explanation/whatif.md, "The Python API"):
 
 - `EngineShape`, `StepCost`: a replica's engine configuration (model-agnostic) and the
   twin's step-time model.

@@ -2,7 +2,7 @@
 
 Each change becomes a new engine shape and step cost (`apply`) and, for the fleet-level ones
 (replicas, routing, traffic growth), a different load (replay.py). Every approximation is
-listed in docs/whatif.md.
+listed in docs/explanation/whatif.md.
 """
 
 from __future__ import annotations

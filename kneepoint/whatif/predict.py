@@ -54,7 +54,7 @@ SHOWN = (
     "knee_output_tokens_per_second",
 )
 FRACTIONS = ("kv_cache_occupancy_p95", "prefix_cache_hit_rate")
-RECOMPUTE_OUTPUT_SHARE = 0.5  # metrics.md §3.4: a preempted request had made half its output
+RECOMPUTE_OUTPUT_SHARE = 0.5  # docs/reference/metrics.md: half its output made when preempted
 
 
 def replica_shape(
@@ -211,7 +211,7 @@ class WhatIf:
     baseline_error: dict[str, float | None]
 
     def as_dict(self) -> dict[str, Any]:
-        """The `kneepoint whatif --json` contract (docs/whatif.md)."""
+        """The `kneepoint whatif --json` contract (docs/explanation/whatif.md)."""
         return {
             "replica": self.replica,
             "change": self.change.as_dict(),
@@ -314,7 +314,7 @@ def _measured(
     per_preemption = load.prompt_tokens_mean + RECOMPUTE_OUTPUT_SHARE * load.output_tokens_mean
     out: dict[str, Any] = {key: m.get(key) for key in SHOWN if key in m}
     out["recomputed_prefill_tokens"] = (m["preemptions"] or 0.0) * per_preemption * (1 - hit)
-    out["recomputed_prefill_is_estimate"] = True  # vLLM V1 does not count it (metrics.md §3.4)
+    out["recomputed_prefill_is_estimate"] = True  # V1 counts none (docs/reference/metrics.md)
     out["cost_per_million_tokens"] = _cost(
         price, m["seconds"] or 0.0, 1, (m["generation_tokens"] or 0.0) + (m["prompt_tokens"] or 0.0)
     )

@@ -14,7 +14,7 @@ that makes answers faster or slower moves the rate as real sessions would. Reque
 window's mean prompt and output lengths (spread log-normally: the store keeps the length
 histograms' sums and counts, not their buckets) and take a share of their prompt from their
 session's prefix, sized so that the engine as calibrated hits its prefix cache as often as
-the window measured. docs/whatif.md lists every approximation.
+the window measured. docs/explanation/whatif.md lists every approximation.
 """
 
 from __future__ import annotations

@@ -17,7 +17,7 @@ from sqlalchemy import select
 from alerts import slo
 from alerts.evaluate import evaluate_once, measure, slo_reports
 from alerts.lifecycle import FIRING
-from collectors.vllm import parse_vllm
+from collectors.engines.vllm import parse_vllm
 from kneepoint.config import Slo, load_config
 from kneepoint.store.db import open_store
 from kneepoint.store.models import AlertRow

@@ -19,7 +19,7 @@ from app import data
 from app.format import show
 from app.registry import PAGES_DIR
 from collectors.dcgm import parse_dcgm
-from collectors.vllm import parse_vllm
+from collectors.engines.vllm import parse_vllm
 from kneepoint import clock
 from kneepoint.cli import app
 from kneepoint.config import Config, load_config

@@ -52,7 +52,7 @@ REAL = [
     DCGM_L4,
     DCGM_T4,
 ]
-# Older vLLM generations, written from each release's metrics source (metrics.md section 2).
+# Older vLLM generations, written from each release's metrics source (docs/reference/metrics.md).
 GENERATIONS = [
     OWN_FIXTURES / "vllm-0.5.5-v0.prom",
     OWN_FIXTURES / "vllm-0.8.5-v1.prom",

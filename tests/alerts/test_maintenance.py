@@ -16,7 +16,7 @@ from sqlalchemy import select
 from alerts import maintenance
 from alerts.evaluate import evaluate_once, slo_reports
 from alerts.lifecycle import FIRING
-from collectors.vllm import parse_vllm
+from collectors.engines.vllm import parse_vllm
 from kneepoint.config import ConfigError, Maintenance, load_config, parse_config
 from kneepoint.samples import Histogram
 from kneepoint.store.db import open_store

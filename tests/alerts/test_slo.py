@@ -12,7 +12,7 @@ import pytest
 from alerts import slo
 from alerts.evaluate import evaluate_once, slo_problems
 from alerts.lifecycle import FIRING
-from collectors.vllm import parse_vllm
+from collectors.engines.vllm import parse_vllm
 from kneepoint.config import Slo, load_config
 from kneepoint.samples import Histogram
 from kneepoint.store.db import open_store

@@ -26,8 +26,8 @@ from sqlalchemy import select
 
 from alerts import evaluate, slo
 from alerts.evaluate import advance_sums, burn_rates, slo_reports
-from collectors.sglang import parse_sglang
-from collectors.vllm import parse_vllm
+from collectors.engines.sglang import parse_sglang
+from collectors.engines.vllm import parse_vllm
 from kneepoint import status
 from kneepoint.config import Config, load_config
 from kneepoint.derived import stall

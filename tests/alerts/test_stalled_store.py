@@ -13,7 +13,7 @@ import pytest
 from sqlalchemy import select
 
 from alerts.evaluate import measure
-from collectors.vllm import parse_vllm
+from collectors.engines.vllm import parse_vllm
 from kneepoint.config import Config, load_config
 from kneepoint.derived.stall import STALL_AFTER
 from kneepoint.samples import ReplicaSample

@@ -11,7 +11,7 @@ from streamlit.testing.v1 import AppTest
 
 import alerts.evaluate  # noqa: F401  the package: AppTest puts app/screens (with alerts.py) first
 from app.registry import PAGES_DIR
-from collectors.sglang import parse_sglang
+from collectors.engines.sglang import parse_sglang
 from kneepoint.config import load_config
 from kneepoint.store.db import open_store
 from kneepoint.store.writer import ensure_targets, record_replica

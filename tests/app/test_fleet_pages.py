@@ -18,7 +18,7 @@ from streamlit.testing.v1 import AppTest
 import alerts.evaluate  # noqa: F401  the package: AppTest puts app/screens (with alerts.py) first
 from app.registry import PAGES_DIR
 from collectors.dcgm import parse_dcgm
-from collectors.vllm import parse_vllm
+from collectors.engines.vllm import parse_vllm
 from dashboards.charts import CHANGES
 from kneepoint.config import load_config
 from kneepoint.distribution import MEDIAN, WORST

@@ -23,7 +23,7 @@ from alerts.outbox import view_of
 from alerts.rules import effective_rules
 from alerts.slo import burn_rules
 from app.registry import PAGES, PAGES_DIR
-from collectors.vllm import parse_vllm
+from collectors.engines.vllm import parse_vllm
 from kneepoint.cli import app as cli
 from kneepoint.config import load_config
 from kneepoint.samples import Histogram

@@ -30,7 +30,7 @@ from alerts.rules import effective_rules
 from alerts.slo import burn_rules
 from app import warm
 from app.registry import PAGES
-from collectors.vllm import parse_vllm
+from collectors.engines.vllm import parse_vllm
 from kneepoint.annotations import annotate
 from kneepoint.auth import Identity
 from kneepoint.config import load_config

@@ -21,12 +21,12 @@ from sqlalchemy import func, select
 
 from collectors.collect import collect_once
 from collectors.dcgm import MAX_GPU_INDEX, parse_dcgm
-from collectors.llamacpp import parse_llamacpp
+from collectors.engines.llamacpp import parse_llamacpp
+from collectors.engines.sglang import parse_sglang
+from collectors.engines.tgi import parse_tgi
+from collectors.engines.trtllm import parse_trtllm
+from collectors.engines.vllm import parse_vllm
 from collectors.parse import MAX_BUCKETS, MAX_INT, MAX_POSITIONS, ScrapeFormatError
-from collectors.sglang import parse_sglang
-from collectors.tgi import parse_tgi
-from collectors.trtllm import parse_trtllm
-from collectors.vllm import parse_vllm
 from kneepoint.config import Config, Target
 from kneepoint.samples import GpuSample, Histogram, ReplicaSample
 from tests.conftest import OWN_FIXTURES, SHARED_FIXTURES, VLLM_032, MetricsServer, Route

@@ -7,9 +7,9 @@ from pathlib import Path
 
 import pytest
 
-from collectors.engines import PARSERS, detect_engine, parse_replica
+from collectors.engines import ENGINES, PARSERS, detect_engine, parse_replica
 from collectors.parse import ScrapeFormatError, parse_exposition
-from kneepoint.samples import ENGINES, QUANTITIES
+from kneepoint.samples import QUANTITIES
 from tests.conftest import DCGM_L4, DCGM_T4, OWN_FIXTURES, VLLM_032, read
 
 # Every engine capture here, by the engine its file name says it is.

@@ -9,7 +9,7 @@ from __future__ import annotations
 import pytest
 
 from collectors.engines import detect_engine, parse_replica
-from collectors.llamacpp import (
+from collectors.engines.llamacpp import (
     NO_CACHED_COUNTER,
     NO_HIT_COUNTER,
     NO_KV,

@@ -68,7 +68,7 @@ def test_it_renames_before_filtering() -> None:
 
 def test_values_written_as_integers_are_floats() -> None:
     """DCGM and Prometheus's API write "0", not "0.0": a histogram's sum must still encode."""
-    from collectors.vllm import parse_vllm
+    from collectors.engines.vllm import parse_vllm
     from kneepoint.store.codec import encode_histogram
 
     text = read(VLLM_032)

@@ -12,8 +12,8 @@ from prometheus_client.parser import text_string_to_metric_families
 from typer.testing import CliRunner
 
 from collectors.dcgm import parse_dcgm
+from collectors.engines.vllm import WANTED, parse_vllm
 from collectors.prometheus_api import FAMILIES, instance_of, rebuild, selector
-from collectors.vllm import WANTED, parse_vllm
 from kneepoint.cli import app
 from kneepoint.config import ConfigError, Target, parse_config
 from tests.conftest import DCGM_T4, VLLM_032, free_port, migrated, read

@@ -23,8 +23,9 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 import collectors.parse as parse
-from collectors import dcgm, sglang, trtllm, vllm
+from collectors import dcgm
 from collectors.collect import store_fetched
+from collectors.engines import sglang, trtllm, vllm
 from collectors.parse import ParsedScrape, ScrapeFormatError, SeriesCache, parse_exposition
 from collectors.scrape import Fetched
 from kneepoint.config import Target

@@ -13,8 +13,8 @@ import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
 from collectors.engines import detect_engine, parse_replica
+from collectors.engines.sglang import parse_sglang
 from collectors.parse import ScrapeFormatError
-from collectors.sglang import parse_sglang
 from tests.conftest import OWN_FIXTURES, read
 
 GENERATED = {

@@ -8,8 +8,8 @@ from __future__ import annotations
 import pytest
 
 from collectors.engines import detect_engine, parse_replica
+from collectors.engines.tgi import parse_tgi
 from collectors.parse import ScrapeFormatError
-from collectors.tgi import parse_tgi
 from kneepoint.samples import QUANTITIES
 from tests.conftest import OWN_FIXTURES, VLLM_032, read
 

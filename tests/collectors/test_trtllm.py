@@ -10,8 +10,8 @@ import json
 import pytest
 
 from collectors.engines import detect_engine, parse_replica
+from collectors.engines.trtllm import parse_trtllm
 from collectors.parse import ScrapeFormatError
-from collectors.trtllm import parse_trtllm
 from kneepoint.samples import QUANTITIES
 from tests.conftest import OWN_FIXTURES, VLLM_032, read
 

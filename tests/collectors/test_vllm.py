@@ -2,8 +2,8 @@ from __future__ import annotations
 
 import pytest
 
+from collectors.engines.vllm import parse_vllm
 from collectors.parse import ScrapeFormatError
-from collectors.vllm import parse_vllm
 from tests.conftest import OWN_FIXTURES, VLLM_032, read
 
 

@@ -17,7 +17,7 @@ from streamlit.testing.v1 import AppTest
 
 import alerts.evaluate  # noqa: F401  the package: AppTest puts app/screens (with alerts.py) first
 from app.registry import PAGES_DIR
-from collectors.vllm import parse_vllm
+from collectors.engines.vllm import parse_vllm
 from kneepoint.config import load_config
 from kneepoint.knee.runs import Point, Run
 from kneepoint.store.db import open_store

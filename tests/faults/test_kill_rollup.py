@@ -14,7 +14,7 @@ from pathlib import Path
 import pytest
 from sqlalchemy import event, text
 
-from collectors.vllm import parse_vllm
+from collectors.engines.vllm import parse_vllm
 from kneepoint.config import Retention
 from kneepoint.store.db import open_store
 from kneepoint.store.rollup import rollup_in_slices

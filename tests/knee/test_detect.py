@@ -1,4 +1,4 @@
-"""Knee detection and comparison on the figures from the field (domain.md)."""
+"""Knee detection and comparison on the figures from the field (docs/explanation/domain.md)."""
 
 from __future__ import annotations
 

@@ -1,4 +1,4 @@
-"""The capacity planner against domain.md's worked example."""
+"""The capacity planner against the worked example of docs/explanation/domain.md."""
 
 from __future__ import annotations
 

@@ -17,7 +17,7 @@ from alerts.lifecycle import FIRING, PENDING, Alert, Transition
 from alerts.outbox import enqueue
 from alerts.rules import BUILT_IN
 from collectors.dcgm import parse_dcgm
-from collectors.vllm import parse_vllm
+from collectors.engines.vllm import parse_vllm
 from kneepoint import causes
 from kneepoint.causes import (
     CAPACITY,

@@ -21,7 +21,7 @@ import pytest
 from sqlalchemy.orm import Session, sessionmaker
 
 from collectors.dcgm import parse_dcgm
-from collectors.vllm import parse_vllm
+from collectors.engines.vllm import parse_vllm
 from kneepoint import causes, distribution, views
 from kneepoint.causes import ReplicaSignals, Signals
 from kneepoint.config import Config, Retention

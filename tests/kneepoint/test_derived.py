@@ -12,7 +12,7 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from collectors.vllm import parse_vllm
+from collectors.engines.vllm import parse_vllm
 from kneepoint.config import Config, Pricing, Target
 from kneepoint.derived import ratios
 from kneepoint.derived.latency import histogram_quantile, quantiles, window_histogram

@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pandas as pd
 
-from collectors.vllm import parse_vllm
+from collectors.engines.vllm import parse_vllm
 from kneepoint import forecast
 from kneepoint.config import load_config
 from kneepoint.forecast import DAY, MIN_DAYS, daily_peaks, trend

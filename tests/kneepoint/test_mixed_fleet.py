@@ -29,7 +29,8 @@ FLEET = {
     "llamacpp-a": ("llamacpp", OWN_FIXTURES / "llamacpp-b11434-busy.prom", "llamacpp"),
     "auto-llamacpp-old": ("auto", OWN_FIXTURES / "llamacpp-7841fc7-busy.prom", "llamacpp"),
 }
-# Keys of a replica that the fleet adds up (design.md: counts and rates add, fractions never).
+# Keys of a replica that the fleet adds up (docs/explanation/design.md: counts and rates add,
+# fractions never).
 ADDITIVE = (
     "engines",
     "requests_running",

@@ -12,7 +12,7 @@ import pytest
 from sqlalchemy import update
 from sqlalchemy.orm import Session, sessionmaker
 
-from collectors.vllm import parse_vllm
+from collectors.engines.vllm import parse_vllm
 from kneepoint.config import Config
 from kneepoint.prepared import Version, tick, version
 from kneepoint.store.db import open_store

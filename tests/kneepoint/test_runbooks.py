@@ -1,5 +1,6 @@
-"""Runbooks: every built-in rule (and every SLO burn alert) has a section in docs/runbooks.md,
-the file is what kneepoint/runbooks.py renders, and each rule's link opens it in the app."""
+"""Runbooks: every built-in rule (and every SLO burn alert) has a section in
+docs/reference/runbooks.md, the file is what kneepoint/runbooks.py renders, and each rule's link
+opens it in the app."""
 
 from __future__ import annotations
 
@@ -12,7 +13,7 @@ from alerts.slo import burn_rules
 from kneepoint import runbooks
 from kneepoint.config import Config
 
-DOC = Path(__file__).resolve().parents[2] / "docs" / "runbooks.md"
+DOC = Path(__file__).resolve().parents[2] / "docs" / "reference" / "runbooks.md"
 
 
 def every_built_in_rule() -> list[str]:
@@ -34,13 +35,14 @@ def test_every_built_in_rule_has_a_section_in_docs_runbooks_md() -> None:
     names = every_built_in_rule()
     assert "kv-cache-saturated" in names and any("-burn-" in n for n in names)
     missing = [n for n in names if runbooks.section_for(n) not in headings]
-    assert not missing, f"rules without a runbook section in docs/runbooks.md: {missing}"
+    assert not missing, f"rules without a runbook section in docs/reference/runbooks.md: {missing}"
     assert "engine-stalled" in headings  # issue 16's page rule, whenever it is built in
 
 
 def test_docs_runbooks_md_is_what_the_module_renders() -> None:
     assert DOC.read_text() == runbooks.markdown(), (
-        "docs/runbooks.md is stale: run `python -m kneepoint.runbooks > docs/runbooks.md`"
+        "docs/reference/runbooks.md is stale: "
+        "run `python -m kneepoint.runbooks > docs/reference/runbooks.md`"
     )
 
 

@@ -9,7 +9,7 @@ from pathlib import Path
 import pytest
 
 from collectors.dcgm import parse_dcgm
-from collectors.vllm import parse_vllm
+from collectors.engines.vllm import parse_vllm
 from kneepoint.config import Config, Target
 from kneepoint.status import build_status, stale_after, stale_targets
 from kneepoint.store.db import open_store
@@ -18,9 +18,9 @@ from tests.conftest import DCGM_T4, OWN_FIXTURES, ROOT, VLLM_032, read
 
 
 def contract_keys(block: str) -> set[str]:
-    """The keys design.md's JSON example shows for one block of `kneepoint status --json`."""
-    design = (ROOT.parent / "shared" / "docs" / "design.md").read_text()
-    example = design.split("### `kneepoint status --json`")[1].split("```")[1]
+    """The keys the JSON contract's example shows for one block of `kneepoint status --json`."""
+    contracts = (ROOT / "docs" / "reference" / "json.md").read_text()
+    example = contracts.split("## `kneepoint status --json`")[1].split("```")[1]
     section = example.split(f'"{block}": [{{')[1].split("}]")[0]
     return set(re.findall(r'"([a-z_0-9]+)":', section)) - {"p50", "p90", "p99"}
 

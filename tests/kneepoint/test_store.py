@@ -15,7 +15,7 @@ from hypothesis import strategies as st
 from sqlalchemy import event, inspect, select, text
 
 from collectors.dcgm import parse_dcgm
-from collectors.vllm import parse_vllm
+from collectors.engines.vllm import parse_vllm
 from kneepoint.config import Retention
 from kneepoint.counters import increase
 from kneepoint.samples import Histogram, ReplicaSample

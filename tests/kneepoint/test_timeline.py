@@ -22,7 +22,7 @@ from alerts import silences
 from alerts.channels import Notice, channel
 from alerts.lifecycle import FIRING, Alert, Transition
 from alerts.outbox import enqueue
-from collectors.vllm import parse_vllm
+from collectors.engines.vllm import parse_vllm
 from kneepoint.cli import app
 from kneepoint.config import Config, Retention, load_config
 from kneepoint.samples import CacheConfig, ReplicaSample

@@ -20,7 +20,7 @@ from prometheus_client.parser import text_string_to_metric_families
 
 from collectors.collect import collect_once
 from collectors.engines import parse_replica
-from collectors.llamacpp import NO_KV
+from collectors.engines.llamacpp import NO_KV
 from kneepoint.config import Config, Target
 from kneepoint.knee.sweep import SweepSettings, one_request
 from kneepoint.status import build_status

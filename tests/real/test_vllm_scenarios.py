@@ -128,7 +128,7 @@ def test_forced_preemption_is_counted_and_its_recompute_estimated(
     mean_generated = seen.delta("vllm:request_generation_tokens_sum") / seen.delta(
         "vllm:request_generation_tokens_count"
     )
-    # The estimate's formula (README), from vLLM's own counters.
+    # The estimate's formula (docs/reference/metrics.md), from vLLM's own counters.
     expected = preempted * (mean_prompt + 0.5 * mean_generated) * (1 - hit_rate)
     assert seen.replica["preemption_recompute_tokens"] == pytest.approx(expected), "recompute"
     finished = seen.delta("vllm:request_success_total")

@@ -36,13 +36,14 @@ they met the aims. What is asserted:
   TOP_STEP_TTFT_RATIO × A's; their predicted throughput below A's.
 - Per step at B and C, throughput within THROUGHPUT_ERROR and mean TTFT within a factor
   TTFT_FACTOR of the measured. These are wider than the aims because this test's runs here
-  did not meet the aims with margin (README, "What-if against a real vLLM", has the runs):
+  did not meet the aims with margin (docs/how-to/whatif.md, "What-if against a real vLLM",
+  has the runs):
   on this shared 2-core machine under other work (load average 4–40), the slowest of a
   step's three rounds was up to 2.5× slower than the fastest (TTFT 4×), and at the steps
   where A and B are the same engine (their requests fit both caches) B's medians were up to
   31 % off A's in throughput and 33 % in TTFT: the prediction cannot be held closer than the
   machine repeats itself. The twin also preempted 1.1–1.8× as often as the real engine
-  (PREEMPTION_RATIO's lower end), a difference in scheduling the README reports. Under the
+  (PREEMPTION_RATIO's lower end), a difference in scheduling the docs report. Under the
   heaviest load (30–53) the calibration itself missed the 20 % RMS the product trusts in 2
   of 10 runs, and the test fails there: it cannot tell the twin's error from the machine's.
 """
@@ -91,7 +92,7 @@ CHANGES: dict[str, dict[str, object]] = {
 }
 # The issue's aims, reported per step (see the module's docstring for what is asserted).
 AIM_ERROR, AIM_PREEMPTION_FACTOR = 0.20, 1.5
-# What is asserted, from this test's runs on this machine (the README gives them).
+# What is asserted, from this test's runs on this machine (docs/how-to/whatif.md gives them).
 THROUGHPUT_ERROR = 0.35  # relative, either way
 TTFT_FACTOR = 2.0  # predicted mean TTFT within [measured ÷ 2, measured × 2]
 PREEMPTION_RATIO = (0.25, 1.5)  # measured ÷ predicted

@@ -7,7 +7,7 @@ import copy
 import html
 from pathlib import Path
 
-from collectors.vllm import parse_vllm
+from collectors.engines.vllm import parse_vllm
 from kneepoint import forecast
 from kneepoint.config import load_config
 from kneepoint.knee.runs import Point, Run

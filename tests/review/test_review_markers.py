@@ -11,7 +11,7 @@ from pathlib import Path
 import pandas as pd
 from typer.testing import CliRunner
 
-from collectors.vllm import parse_vllm
+from collectors.engines.vllm import parse_vllm
 from dashboards.charts import CHANGES
 from kneepoint.cli import app
 from kneepoint.config import load_config

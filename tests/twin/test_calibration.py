@@ -1,5 +1,5 @@
-"""The twin against the field figures of domain.md: an RTX 4000 Ada serving Qwen3-4B in BF16
-(max_num_seqs 32, as in the workshop), 256 input and 128 output tokens per request,
+"""The twin against the field figures of docs/explanation/domain.md: an RTX 4000 Ada serving
+Qwen3-4B in BF16 (max_num_seqs 32, as in the workshop), 256 input and 128 output tokens per request,
 closed-loop clients at concurrency 1, 32 and 64; the figures in virtual time, and the
 real-time HTTP server checked against its own counters."""
 

@@ -9,7 +9,7 @@ import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
 from collectors.dcgm import parse_dcgm
-from collectors.vllm import parse_vllm
+from collectors.engines.vllm import parse_vllm
 from kneepoint.twin.dcgm import GpuNode, GpuState
 from kneepoint.twin.exposition import Snapshot, render
 from kneepoint.twin.profiles import gpu, model

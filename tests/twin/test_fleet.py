@@ -11,7 +11,7 @@ from pathlib import Path
 import httpx
 import pytest
 
-from collectors.vllm import parse_vllm
+from collectors.engines.vllm import parse_vllm
 from kneepoint.config import ConfigError
 from kneepoint.twin import fleet as fleet_module
 from kneepoint.twin.fleet import load_fleet

@@ -1,4 +1,5 @@
-"""The twin swept in virtual time lands on the workshop's figures and knee (domain.md)."""
+"""The twin swept in virtual time lands on the workshop's figures and knee
+(docs/explanation/domain.md)."""
 
 from __future__ import annotations
 

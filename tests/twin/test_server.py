@@ -9,7 +9,7 @@ import httpx
 import pytest
 
 from collectors.dcgm import parse_dcgm
-from collectors.vllm import parse_vllm
+from collectors.engines.vllm import parse_vllm
 from kneepoint.twin.fleet import Fleet, single_replica
 
 MODEL = "Qwen/Qwen3-4B"

@@ -16,7 +16,7 @@ import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
 from collectors.engines import parse_replica
-from collectors.sglang import parse_sglang
+from collectors.engines.sglang import parse_sglang
 from kneepoint.config import Config
 from kneepoint.samples import ReplicaSample
 from kneepoint.twin import sglang

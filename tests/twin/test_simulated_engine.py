@@ -29,7 +29,7 @@ def random_prompt(rng: random.Random, length: int) -> list[int]:
 
 
 def test_kv_bytes_per_token_follow_the_model_config() -> None:
-    # 2 × 32 layers × 8 KV heads × 128 head dim × 2 bytes = 128 KiB (domain.md)
+    # 2 × 32 layers × 8 KV heads × 128 head dim × 2 bytes = 128 KiB (docs/explanation/domain.md)
     assert model("llama-3.1-8b").kv_bytes_per_token(2) == 128 * 1024
     assert model("qwen3-4b").kv_bytes_per_token(1) == 2 * 36 * 8 * 128
 
@@ -52,7 +52,7 @@ def test_a_single_stream_decodes_at_the_memory_bandwidth_ceiling() -> None:
     run_until_done(engine)
     first_token = request.first_token or 0
     per_token = (engine.now - first_token) / 127
-    ceiling = 8.04e9 / 360e9  # weights ÷ bandwidth (domain.md: ≈40–45 tok/s)
+    ceiling = 8.04e9 / 360e9  # weights ÷ bandwidth (docs/explanation/domain.md: ≈40–45 tok/s)
     assert ceiling < per_token < ceiling * 1.25
     assert 0.04 < first_token < 0.08  # TTFT of a 256-token prompt alone
 

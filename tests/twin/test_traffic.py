@@ -7,7 +7,7 @@ import time
 
 import httpx
 
-from collectors.vllm import parse_vllm
+from collectors.engines.vllm import parse_vllm
 from kneepoint.twin.agents import daily_load, session
 from kneepoint.twin.fleet import Fleet, FleetSpec
 from kneepoint.twin.openai_api import chat_prompt, tokenize

@@ -1,5 +1,5 @@
 """`kneepoint calibrate` and `kneepoint whatif` on a stored day of a twin replica: the JSON
-contract (docs/whatif.md) and a clear error, exit 2, for each kind of bad input."""
+contract (docs/explanation/whatif.md) and a clear error, exit 2, for each kind of bad input."""
 
 from __future__ import annotations
 

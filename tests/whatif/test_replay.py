@@ -1,5 +1,5 @@
 """The replay on a stored day of a twin replica: its baseline reproduces what the store
-measured within the errors docs/whatif.md states, and each change moves the predicted
+measured within the errors docs/explanation/whatif.md states, and each change moves the predicted
 numbers the physically right way."""
 
 from __future__ import annotations
@@ -18,9 +18,10 @@ from kneepoint.whatif.replay import Load, Replay, load_of, replay, reuse_share
 from tests.whatif.conftest import REPLICA
 
 pytestmark = pytest.mark.timeout(900)
-# Small replays keep the test fast; the errors stated in docs/whatif.md hold at these too.
+# Small replays keep the test fast; the errors docs/explanation/whatif.md states hold at these
+# too.
 LEVELS, REQUESTS = 4, 200
-# docs/whatif.md "How close the baseline is": the errors the replay is held to.
+# docs/explanation/whatif.md "How close the baseline is": the errors the replay is held to.
 THROUGHPUT_ERROR = 0.15  # relative
 OCCUPANCY_ERROR = 0.10  # absolute, KV occupancy p95
 TTFT_P99_FACTOR = 2.0

@@ -5,7 +5,7 @@ llama.cpp writes its exposition by hand (tools/server/server-task.cpp `to_metric
 under the `llamacpp:` prefix, no labels (one series per family, bar the per-position
 speculative counter), no histograms. One server is one replica (`engines` 1, no model name).
 
-What each family means, and how it is read (engines.md §2):
+What each family means, and how it is read (docs/reference/engines.md, llama.cpp server):
 
 * `prompt_tokens_total` counts the prompt tokens the server *computed*: it EXCLUDES the tokens
   reused from its prompt cache (`cache_prompt`, on by default). It is stored as
@@ -38,17 +38,10 @@ gauges), `no-kv-gauges` (May 2025 to mid 2026: no KV gauge, no cached-token coun
 
 from __future__ import annotations
 
-from collectors.parse import (
-    MAX_SERIES,
-    ParsedScrape,
-    ScrapeFormatError,
-    checked,
-    parse_exposition,
-    per_position,
-)
-from kneepoint.samples import REPLICA_COUNTERS, REPLICA_GAUGES, CacheConfig, ReplicaSample
+from collectors.engines.common import Engine, blank_numbers, by_position, parse_prefixed
+from collectors.parse import MAX_SERIES, ParsedScrape, ScrapeFormatError, checked
+from kneepoint.samples import CacheConfig, ReplicaSample
 
-ENGINE = "llamacpp"
 P = "llamacpp:"
 GENERATIONS = ("kv-gauges", "no-kv-gauges", "cached-tokens")
 
@@ -126,29 +119,17 @@ def parse_llamacpp(text: str, max_series: int = MAX_SERIES) -> ReplicaSample:
     is not one."""
     if not text.strip():
         raise ScrapeFormatError("the response body is empty")
-    seen = False
-
-    def wanted(name: str) -> bool:
-        nonlocal seen
-        if name.startswith(P):
-            seen = True
-            return name in WANTED
-        return False
-
-    parsed = parse_exposition(text, wanted, max_series=max_series)
-    if not seen:
-        raise ScrapeFormatError(
-            "no llama.cpp metric (llamacpp:prompt_tokens_total, llamacpp:requests_processing, "
-            "...) found; is this a llama.cpp server's /metrics, started with --metrics?"
-        )
-    return normalize_llamacpp(parsed)
+    missing = (
+        "no llama.cpp metric (llamacpp:prompt_tokens_total, llamacpp:requests_processing, "
+        "...) found; is this a llama.cpp server's /metrics, started with --metrics?"
+    )
+    return normalize_llamacpp(parse_prefixed(text, P, WANTED, missing, max_series))
 
 
 def normalize_llamacpp(parsed: ParsedScrape) -> ReplicaSample:
     generation = detect_generation(parsed)
     # Every canonical key, None where llama.cpp has no such number.
-    gauges: dict[str, float | None] = dict.fromkeys(REPLICA_GAUGES)
-    counters: dict[str, float | None] = dict.fromkeys(REPLICA_COUNTERS)
+    gauges, counters = blank_numbers()
     gauges["requests_running"] = _value(parsed, RUNNING)
     gauges["requests_waiting"] = _value(parsed, WAITING)
     kv = _value(parsed, KV_USAGE)
@@ -176,7 +157,7 @@ def normalize_llamacpp(parsed: ParsedScrape) -> ReplicaSample:
         unavailable["spec_decode_acceptance"] = NO_SPEC
     return checked(
         ReplicaSample(
-            engine=ENGINE,
+            engine=ENGINE.kind,
             generation=generation,
             engines=1,
             model_names=[],  # llama.cpp's metrics carry no labels
@@ -185,9 +166,7 @@ def normalize_llamacpp(parsed: ParsedScrape) -> ReplicaSample:
             histograms={},
             # Accepted draft tokens by position (absent until the first speculative
             # request); a position of parse.MAX_POSITIONS or more is refused.
-            accepted_per_position=per_position(
-                parsed.series(SPEC_PER_POSITION), SPEC_PER_POSITION, "position"
-            ),
+            accepted_per_position=by_position(parsed, SPEC_PER_POSITION, "position"),
             cache=CacheConfig(),
             unavailable=unavailable,
         )
@@ -211,3 +190,13 @@ def _value(parsed: ParsedScrape, name: str) -> float | None:
     if len(series) > 1:
         raise ScrapeFormatError(f"{name} has {len(series)} series; llama.cpp writes one")
     return series[0][1]
+
+
+ENGINE = Engine(
+    kind="llamacpp",
+    name="llama.cpp",
+    order=30,
+    prefixes=("llamacpp:", "llamacpp_"),
+    parse=parse_llamacpp,
+    unavailable=UNAVAILABLE,
+)

@@ -1,10 +1,10 @@
 """Normalize an SGLang /metrics scrape (the `name` label of its first metrics PR, 0.4.0 to
 0.5.23) into one canonical ReplicaSample.
 
-SGLang has two kinds of series (engines.md §1). The scheduler's (queues, KV pool, retraction,
-speculative decoding, queue time) carry rank labels (`tp_rank`, `pp_rank`, `moe_ep_rank`,
-`dp_rank` since 0.5.0) and are written by the scheduler of attention-TP rank 0 of each
-data-parallel rank, or by every TP rank with --enable-metrics-for-all-schedulers, so: one
+SGLang has two kinds of series (docs/reference/engines.md, SGLang). The scheduler's (queues,
+KV pool, retraction, speculative decoding, queue time) carry rank labels (`tp_rank`, `pp_rank`,
+`moe_ep_rank`, `dp_rank` since 0.5.0) and are written by the scheduler of attention-TP rank 0
+of each data-parallel rank, or by every TP rank with --enable-metrics-for-all-schedulers, so: one
 series per `dp_rank` is kept (the lowest pp/tp/ep rank's; the others repeat it), and those are
 added (or for occupancy, the max and mean taken). With priority scheduling the total is the
 series with `priority=""` and the per-priority breakdown beside it is dropped. The
@@ -20,8 +20,15 @@ speculative decoding configured) is None without a reason.
 from __future__ import annotations
 
 from collections import defaultdict
-from collections.abc import Iterable
 
+from collectors.engines.common import (
+    Engine,
+    histogram_names,
+    model_names,
+    read_histograms,
+    sum_first,
+    total,
+)
 from collectors.parse import (
     MAX_INT,
     MAX_SERIES,
@@ -31,10 +38,9 @@ from collectors.parse import (
     SeriesCache,
     as_int,
     checked,
-    histogram,
     parse_exposition,
 )
-from kneepoint.samples import CacheConfig, Histogram, ReplicaSample
+from kneepoint.samples import CacheConfig, ReplicaSample
 
 P = "sglang:"
 
@@ -70,6 +76,12 @@ HISTOGRAMS: dict[str, tuple[str, ...]] = {
     "itl": (P + "inter_token_latency_seconds", P + "time_per_output_token_seconds"),
     "e2e": (P + "e2e_request_latency_seconds",),
     "queue": (P + "queue_time_seconds",),  # scheduler-side (rank-labelled), 0.5.4+
+}
+
+# Quantities no SGLang release exposes.
+UNAVAILABLE: dict[str, str] = {
+    "requests_waiting_capacity": "not exposed by SGLang: its waiting queue "
+    "(num_queue_reqs) is not split by reason",
 }
 
 # Families and labels that name a generation, newest first: the first one present decides.
@@ -122,9 +134,7 @@ def _wanted() -> frozenset[str]:
     }
     for aliases in COUNTERS.values():
         names.update(aliases)
-    for aliases in HISTOGRAMS.values():
-        for name in aliases:
-            names.update({f"{name}_bucket", f"{name}_sum", f"{name}_count"})
+    names.update(histogram_names(name for aliases in HISTOGRAMS.values() for name in aliases))
     for _, markers in GENERATION_MARKERS:
         names.update(markers)
     return frozenset(names)
@@ -176,7 +186,7 @@ def normalize_sglang(parsed: ParsedScrape) -> ReplicaSample:
     if gauges["spec_decode_acceptance_length_gauge"] is not None:
         gauges["spec_decode_acceptance_rate_gauge"] = _scheduler_mean(parsed, SPEC_ACCEPT_RATE)
     counters: dict[str, float | None] = {
-        field: _sum_first(parsed, aliases) for field, aliases in COUNTERS.items()
+        field: sum_first(parsed, aliases) for field, aliases in COUNTERS.items()
     }
     counters["preemptions"] = _scheduler_sum(parsed, RETRACTED_TOTAL)
     has_cached_family = generation not in ("pre-0.4", "0.4.0")
@@ -188,13 +198,15 @@ def normalize_sglang(parsed: ParsedScrape) -> ReplicaSample:
         counters["prefix_cache_hits"] = _sum(parsed.series(CACHED_TOKENS))
     return checked(
         ReplicaSample(
-            engine="sglang",
+            engine=ENGINE.kind,
             generation=generation,
             engines=max(1, len(usage) or len(_per_dp(parsed, RUNNING))),
-            model_names=_model_names(parsed),
+            # The first metrics PR (pre-0.4) labelled the model `name`.
+            model_names=model_names(parsed, ("model_name", "name"), skip=("",)),
             gauges=gauges,
             counters=counters,
-            histograms=_histograms(parsed),
+            # Scheduler-side histograms (queue time) carry ranks: one rank's each.
+            histograms=read_histograms(parsed, HISTOGRAMS, select=_scheduler),
             cache=_cache(parsed),
             unavailable=_unavailable(parsed, generation),
         )
@@ -231,10 +243,7 @@ def detect_generation(parsed: ParsedScrape) -> str:
 
 
 def _unavailable(parsed: ParsedScrape, generation: str) -> dict[str, str]:
-    out = {
-        "requests_waiting_capacity": "not exposed by SGLang: its waiting queue "
-        "(num_queue_reqs) is not split by reason",
-    }
+    out = dict(UNAVAILABLE)
     if not parsed.has(RETRACTED_TOTAL) and generation in OLD:
         out["preemptions"] = (
             "not exposed by SGLang before 0.5.10: retractions were only a per-interval "
@@ -296,38 +305,11 @@ def _scheduler_mean(parsed: ParsedScrape, name: str) -> float | None:
 
 
 def _sum(series: Series) -> float:
-    return float(sum(value for _, value in series))
-
-
-def _sum_first(parsed: ParsedScrape, aliases: Iterable[str]) -> float | None:
-    name = next((n for n in aliases if parsed.has(n)), None)
-    return None if name is None else _sum(parsed.series(name))
+    return float(total(series))
 
 
 def _positive(value: float | None) -> float | None:
     return value if value is not None and value > 0 else None
-
-
-def _model_names(parsed: ParsedScrape) -> list[str]:
-    names = set()
-    for series in parsed.samples.values():
-        for labels, _ in series:
-            name = labels.get("model_name", labels.get("name"))
-            if name:
-                names.add(name)
-    return sorted(names)
-
-
-def _histograms(parsed: ParsedScrape) -> dict[str, Histogram]:
-    histograms: dict[str, Histogram] = {}
-    for field, aliases in HISTOGRAMS.items():
-        base = next((n for n in aliases if parsed.has(f"{n}_bucket")), None)
-        if base is None:
-            continue
-        buckets = _scheduler(parsed.series(f"{base}_bucket"))
-        total = _sum(_scheduler(parsed.series(f"{base}_sum")))
-        histograms[field] = histogram(base, buckets, total)
-    return histograms
 
 
 def _cache(parsed: ParsedScrape) -> CacheConfig:
@@ -360,3 +342,14 @@ def _as_int(text: str | None) -> int:
     except ValueError:
         return 0
     return int(number) if abs(number) <= MAX_INT else 0  # NaN fails the comparison
+
+
+ENGINE = Engine(
+    kind="sglang",
+    name="SGLang",
+    order=20,
+    # SGLang's model gateway turns `:` into `_`.
+    prefixes=("sglang:", "sglang_"),
+    parse=parse_sglang,
+    unavailable=UNAVAILABLE,
+)

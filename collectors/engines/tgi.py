@@ -24,25 +24,17 @@ reports its KV capacity as `tgi_batch_max_total_tokens`) and "tgi-2" (0.9 to 2.3
 
 from __future__ import annotations
 
-from collectors.parse import (
-    MAX_SERIES,
-    ParsedScrape,
-    ScrapeFormatError,
-    Series,
-    as_int,
-    checked,
-    histogram,
-    parse_exposition,
+from collectors.engines.common import (
+    Engine,
+    blank_numbers,
+    histogram_names,
+    parse_prefixed,
+    read_histograms,
+    total,
 )
-from kneepoint.samples import (
-    REPLICA_COUNTERS,
-    REPLICA_GAUGES,
-    CacheConfig,
-    Histogram,
-    ReplicaSample,
-)
+from collectors.parse import MAX_SERIES, ParsedScrape, ScrapeFormatError, Series, as_int, checked
+from kneepoint.samples import CacheConfig, ReplicaSample
 
-ENGINE = "tgi"
 PREFIX = "tgi_"
 
 # Capacity of the KV pool in tokens, found at warmup (backends/v3/src/lib.rs); TGI 2.3.1+.
@@ -67,11 +59,11 @@ COUNTERS: dict[str, str] = {
 # 1.3 only, so absent here is None, not 0.
 SKIPPED_TOKENS = "tgi_request_skipped_tokens_sum"
 
-HISTOGRAMS: dict[str, str] = {
+HISTOGRAMS: dict[str, tuple[str, ...]] = {
     # A per-request mean time per output token (TPOT), the closest TGI has to an ITL.
-    "itl": "tgi_request_mean_time_per_token_duration",
-    "e2e": "tgi_request_duration",
-    "queue": "tgi_request_queue_duration",
+    "itl": ("tgi_request_mean_time_per_token_duration",),
+    "e2e": ("tgi_request_duration",),
+    "queue": ("tgi_request_queue_duration",),
 }
 
 UNAVAILABLE: dict[str, str] = {
@@ -100,8 +92,7 @@ NO_CAPACITY = (
 
 def _wanted_names() -> frozenset[str]:
     names = {MAX_TOTAL_TOKENS, SKIPPED_TOKENS, *GAUGES.values(), *COUNTERS.values()}
-    for base in HISTOGRAMS.values():
-        names.update({f"{base}_bucket", f"{base}_sum", f"{base}_count"})
+    names.update(histogram_names(base for bases in HISTOGRAMS.values() for base in bases))
     return frozenset(names)
 
 
@@ -115,45 +106,34 @@ def parse_tgi(text: str, max_series: int = MAX_SERIES) -> ReplicaSample:
             "the response body is empty (a TGI before 2.3.1 shows no series until it has "
             "served a request: it registers each one on first use)"
         )
-    seen_tgi = False
-
-    def wanted(name: str) -> bool:
-        nonlocal seen_tgi
-        if name.startswith(PREFIX):
-            seen_tgi = True
-            return name in WANTED
-        return False
-
-    parsed = parse_exposition(text, wanted, max_series=max_series)
-    if not seen_tgi:
-        raise ScrapeFormatError("no TGI metric (tgi_*) found; is this a TGI /metrics endpoint?")
-    return normalize_tgi(parsed)
+    missing = "no TGI metric (tgi_*) found; is this a TGI /metrics endpoint?"
+    return normalize_tgi(parse_prefixed(text, PREFIX, WANTED, missing, max_series))
 
 
 def normalize_tgi(parsed: ParsedScrape) -> ReplicaSample:
     generation = detect_generation(parsed)
     # Every canonical key, None where TGI has no such number.
-    gauges: dict[str, float | None] = dict.fromkeys(REPLICA_GAUGES)
-    counters: dict[str, float | None] = dict.fromkeys(REPLICA_COUNTERS)
+    gauges, counters = blank_numbers()
+    # Absent means never recorded (metrics-rs registers a series on first use): zero so far.
     for field, name in GAUGES.items():
-        gauges[field] = _sum(parsed.series(name))
+        gauges[field] = total(parsed.series(name))
     for field, name in COUNTERS.items():
-        counters[field] = _sum(parsed.series(name))
+        counters[field] = total(parsed.series(name))
     skipped = parsed.series(SKIPPED_TOKENS)
-    counters["spec_decode_accepted_tokens"] = _sum(skipped) if skipped else None
+    counters["spec_decode_accepted_tokens"] = total(skipped) if skipped else None
     unavailable = dict(UNAVAILABLE)
     capacity = _capacity(parsed.series(MAX_TOTAL_TOKENS))
     if generation == "tgi-2":
         unavailable["kv_cache_capacity_tokens"] = NO_CAPACITY
     return checked(
         ReplicaSample(
-            engine=ENGINE,
+            engine=ENGINE.kind,
             generation=generation,
             engines=1,
             model_names=[],  # TGI's metrics carry no model label
             gauges=gauges,
             counters=counters,
-            histograms=_histograms(parsed),
+            histograms=read_histograms(parsed, HISTOGRAMS, require_inf=True),
             cache=CacheConfig(capacity_tokens=capacity),
             unavailable=unavailable,
         )
@@ -165,23 +145,17 @@ def detect_generation(parsed: ParsedScrape) -> str:
     return "tgi-3" if parsed.has(MAX_TOTAL_TOKENS) else "tgi-2"
 
 
-def _sum(series: Series) -> float:
-    # Absent means never recorded (metrics-rs registers a series on first use): zero so far.
-    return sum(value for _, value in series)
-
-
 def _capacity(series: Series) -> int | None:
     if not series:
         return None
     return as_int(max(value for _, value in series), MAX_TOTAL_TOKENS)
 
 
-def _histograms(parsed: ParsedScrape) -> dict[str, Histogram]:
-    histograms: dict[str, Histogram] = {}
-    for field, base in HISTOGRAMS.items():
-        buckets = parsed.series(f"{base}_bucket")
-        if not buckets:
-            continue  # not recorded yet: its buckets are unknown, so no histogram
-        total = sum(value for _, value in parsed.series(f"{base}_sum"))
-        histograms[field] = histogram(base, buckets, total, require_inf=True)
-    return histograms
+ENGINE = Engine(
+    kind="tgi",
+    name="TGI",
+    order=40,
+    prefixes=(PREFIX,),  # underscores by origin: TGI writes no `tgi:` names
+    parse=parse_tgi,
+    unavailable=UNAVAILABLE,
+)

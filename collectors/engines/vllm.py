@@ -8,8 +8,19 @@ from __future__ import annotations
 
 import math
 from collections import defaultdict
-from collections.abc import Iterable
 
+from collectors.engines.common import (
+    Engine,
+    by_position,
+    first_present,
+    histogram_names,
+    maximum,
+    mean,
+    model_names,
+    read_histograms,
+    sum_first,
+    sum_where,
+)
 from collectors.parse import (
     MAX_INT,
     MAX_SERIES,
@@ -18,11 +29,9 @@ from collectors.parse import (
     Series,
     SeriesCache,
     checked,
-    histogram,
     parse_exposition,
-    per_position,
 )
-from kneepoint.samples import CacheConfig, Histogram, ReplicaSample
+from kneepoint.samples import CacheConfig, ReplicaSample
 
 GAUGES: dict[str, tuple[str, ...]] = {
     "requests_running": ("vllm:num_requests_running",),
@@ -121,9 +130,7 @@ def _wanted_names() -> frozenset[str]:
     names.update(*GAUGES.values(), *COUNTERS.values(), V0_MARKERS)
     names.update(name for name, _, _ in LABELLED_COUNTERS.values())
     names.add(ACCEPTED_PER_POSITION)
-    for aliases in HISTOGRAMS.values():
-        for name in aliases:
-            names.update({f"{name}_bucket", f"{name}_sum", f"{name}_count"})
+    names.update(histogram_names(name for aliases in HISTOGRAMS.values() for name in aliases))
     return frozenset(names)
 
 
@@ -147,7 +154,7 @@ def parse_vllm(text: str, max_series: int = MAX_SERIES) -> ReplicaSample:
 
 
 def normalize_vllm(parsed: ParsedScrape) -> ReplicaSample:
-    usage_name = _first_present(parsed, KV_USAGE)
+    usage_name = first_present(parsed, KV_USAGE)
     if usage_name is None:
         raise ScrapeFormatError(
             "no vLLM KV-cache metric (kv_cache_usage_perc or gpu_cache_usage_perc) found; "
@@ -158,17 +165,17 @@ def normalize_vllm(parsed: ParsedScrape) -> ReplicaSample:
     gauges: dict[str, float | None] = {
         "kv_cache_usage": max(usage.values()),
         "kv_cache_usage_mean": sum(usage.values()) / len(usage),
-        "requests_waiting_capacity": _sum_matching(parsed, WAITING_BY_REASON, "reason", "capacity"),
-        "prefix_cache_hit_rate_gauge": _mean(parsed.series(V0_PREFIX_HIT_RATE)),
-        "process_start_time": _max(parsed.series(PROCESS_START)),
+        "requests_waiting_capacity": sum_where(parsed, WAITING_BY_REASON, "capacity", "reason"),
+        "prefix_cache_hit_rate_gauge": mean(parsed.series(V0_PREFIX_HIT_RATE)),
+        "process_start_time": maximum(parsed.series(PROCESS_START)),
     }
     for field, aliases in GAUGES.items():
-        gauges[field] = _sum_first(parsed, aliases)
+        gauges[field] = sum_first(parsed, aliases)
     counters: dict[str, float | None] = {
-        field: _sum_first(parsed, aliases) for field, aliases in COUNTERS.items()
+        field: sum_first(parsed, aliases) for field, aliases in COUNTERS.items()
     }
     for field, (name, label, value) in LABELLED_COUNTERS.items():
-        counters[field] = _sum_matching(parsed, name, label, value)
+        counters[field] = sum_where(parsed, name, value, label)
     if counters["http_requests"] is not None and counters["http_requests_5xx"] is None:
         counters["http_requests_5xx"] = 0.0  # the instrumentator adds a status once seen
     unavailable = {}
@@ -178,36 +185,28 @@ def normalize_vllm(parsed: ParsedScrape) -> ReplicaSample:
         )
     return checked(
         ReplicaSample(
-            engine="vllm",
+            engine=ENGINE.kind,
             unavailable=unavailable,
             generation=detect_generation(parsed),
             engines=len(engines),
-            model_names=_model_names(parsed, usage_name),
+            model_names=model_names(parsed, names=(usage_name,)),
             gauges=gauges,
             counters=counters,
-            histograms=_histograms(parsed),
-            accepted_per_position=per_position(
-                parsed.series(ACCEPTED_PER_POSITION), ACCEPTED_PER_POSITION, "position"
-            ),
+            # vLLM's errors have always named a histogram by its `_bucket` family.
+            histograms=read_histograms(parsed, HISTOGRAMS, shown=lambda base: f"{base}_bucket"),
+            accepted_per_position=by_position(parsed, ACCEPTED_PER_POSITION, "position"),
             cache=_cache_config(parsed.series(CACHE_CONFIG)),
         )
     )
 
 
 def detect_generation(parsed: ParsedScrape) -> str:
-    """Name the engine generation from which names the server exposes (metrics.md §2)."""
+    """Name the engine generation from which names the server exposes
+    (docs/reference/metrics.md)."""
     new, old = parsed.has(KV_USAGE[0]), parsed.has(KV_USAGE[1])
     if new:
         return "v1-0.10" if old else "v1"
     return "v0" if any(parsed.has(marker) for marker in V0_MARKERS) else "v1-0.8"
-
-
-def _first_present(parsed: ParsedScrape, aliases: Iterable[str]) -> str | None:
-    samples = parsed.samples  # a plain loop: this runs some thirty times per scrape
-    for name in aliases:
-        if name in samples:
-            return name
-    return None
 
 
 def _engine(labels: dict[str, str]) -> str:
@@ -220,43 +219,6 @@ def _per_engine(series: Series) -> dict[str, float]:
     for labels, value in series:
         values[_engine(labels)] += value
     return dict(values)
-
-
-def _sum_first(parsed: ParsedScrape, aliases: Iterable[str]) -> float | None:
-    name = _first_present(parsed, aliases)
-    # A list, not a generator: the same values added in the same order, in fewer steps.
-    return None if name is None else sum([value for _, value in parsed.samples[name]])
-
-
-def _sum_matching(parsed: ParsedScrape, name: str, label: str, wanted: str) -> float | None:
-    values = [value for labels, value in parsed.series(name) if labels.get(label) == wanted]
-    return sum(values) if values else None
-
-
-def _mean(series: Series) -> float | None:
-    return sum(value for _, value in series) / len(series) if series else None
-
-
-def _max(series: Series) -> float | None:
-    return max(value for _, value in series) if series else None
-
-
-def _model_names(parsed: ParsedScrape, name: str) -> list[str]:
-    return sorted(
-        {labels["model_name"] for labels, _ in parsed.series(name) if "model_name" in labels}
-    )
-
-
-def _histograms(parsed: ParsedScrape) -> dict[str, Histogram]:
-    histograms: dict[str, Histogram] = {}
-    for field, aliases in HISTOGRAMS.items():
-        name = _first_present(parsed, (f"{alias}_bucket" for alias in aliases))
-        if name is None:
-            continue
-        base = name.removesuffix("_bucket")
-        total = sum(value for _, value in parsed.series(f"{base}_sum"))
-        histograms[field] = histogram(name, parsed.series(name), total)
-    return histograms
 
 
 def _cache_config(series: Series) -> CacheConfig:
@@ -302,3 +264,13 @@ def _as_float(text: str | None) -> float | None:
 
 def _as_bool(text: str | None) -> bool | None:
     return {"true": True, "false": False}.get((text or "").lower())
+
+
+ENGINE = Engine(
+    kind="vllm",
+    name="vLLM",
+    order=10,
+    # Ray's metrics (`vllm_…`) come through a gateway with `:` turned into `_`.
+    prefixes=("vllm:", "vllm_"),
+    parse=parse_vllm,
+)

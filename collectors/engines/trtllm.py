@@ -5,7 +5,7 @@ trtllm-serve serves Prometheus text at `/prometheus/metrics` (only with
 `return_perf_metrics: true`); its `/metrics` is JSON iteration stats, which is refused here
 with the way out. It runs prometheus_client in multiprocess mode: no `_created` series, and
 every gauge carries a `pid` label (summed here; occupancy takes the max). Its names went
-through three stages (shared/docs/engines.md §4a), each a generation here:
+through three stages (docs/reference/engines.md, TensorRT-LLM), each a generation here:
 
 * "trtllm-basic": PR #5785 (trtllm-serve 1.0-1.2) exposed five unprefixed request metrics
   (`request_success_total`, the e2e / TTFT / TPOT / queue-time histograms) labelled
@@ -22,27 +22,28 @@ told apart by the names present; what a stage lacks is `unavailable` with the re
 
 from __future__ import annotations
 
+from collectors.engines.common import (
+    Engine,
+    blank_numbers,
+    by_position,
+    histogram_names,
+    mean,
+    model_names,
+    read_histograms,
+    sum_where,
+    total_or_none,
+)
 from collectors.parse import (
     MAX_SERIES,
     ParsedScrape,
     ScrapeFormatError,
-    Series,
     SeriesCache,
     as_int,
     checked,
-    histogram,
     parse_exposition,
-    per_position,
 )
-from kneepoint.samples import (
-    REPLICA_COUNTERS,
-    REPLICA_GAUGES,
-    CacheConfig,
-    Histogram,
-    ReplicaSample,
-)
+from kneepoint.samples import CacheConfig, ReplicaSample
 
-ENGINE = "trtllm"
 PREFIX = "trtllm_"
 
 # PR #5785's names, exposed without a prefix: read as their later `trtllm_` names.
@@ -92,12 +93,12 @@ FULL_MARKERS = (
     MAX_BLOCKS,
 )
 
-HISTOGRAMS: dict[str, str] = {
-    "ttft": "trtllm_time_to_first_token_seconds",
+HISTOGRAMS: dict[str, tuple[str, ...]] = {
+    "ttft": ("trtllm_time_to_first_token_seconds",),
     # A per-request mean time per output token (TPOT), the closest TRT-LLM has to an ITL.
-    "itl": "trtllm_time_per_output_token_seconds",
-    "e2e": "trtllm_e2e_request_latency_seconds",
-    "queue": "trtllm_request_queue_time_seconds",
+    "itl": ("trtllm_time_per_output_token_seconds",),
+    "e2e": ("trtllm_e2e_request_latency_seconds",),
+    "queue": ("trtllm_request_queue_time_seconds",),
 }
 FINISH_REASONS = ("stop", "length", "abort", "error", "repetition")
 
@@ -108,7 +109,8 @@ JSON_BODY = (
 )
 ITER_STATS = "needs enable_iter_perf_stats: true in trtllm-serve's config"
 BEFORE_FULL = "not exposed by trtllm-serve before PR #12545 (2026-03), which added its"
-ALWAYS: dict[str, str] = {
+# Quantities no trtllm-serve exposes.
+UNAVAILABLE: dict[str, str] = {
     "preemptions": (
         "not exposed by TensorRT-LLM: it counts no preemptions "
         "(trtllm_num_paused_requests is only a gauge of paused requests)"
@@ -145,8 +147,7 @@ def _wanted_names() -> frozenset[str]:
         ACCEPTED_PER_POSITION,
         ACCEPTANCE_LENGTH,
     }
-    for base in HISTOGRAMS.values():
-        names.update({f"{base}_bucket", f"{base}_sum", f"{base}_count"})
+    names.update(histogram_names(base for bases in HISTOGRAMS.values() for base in bases))
     return frozenset(names)
 
 
@@ -178,32 +179,30 @@ def parse_trtllm(text: str, max_series: int = MAX_SERIES) -> ReplicaSample:
 
 def normalize_trtllm(parsed: ParsedScrape) -> ReplicaSample:
     generation = detect_generation(parsed)
-    gauges: dict[str, float | None] = dict.fromkeys(REPLICA_GAUGES)
-    counters: dict[str, float | None] = dict.fromkeys(REPLICA_COUNTERS)
+    gauges, counters = blank_numbers()
     usage = _usage(parsed)
     if usage:
         gauges["kv_cache_usage"] = max(usage)
         gauges["kv_cache_usage_mean"] = sum(usage) / len(usage)
-    gauges["requests_running"] = _sum(parsed.series(RUNNING))
-    gauges["requests_waiting"] = _sum(parsed.series(WAITING))
-    gauges["prefix_cache_hit_rate_gauge"] = _mean(parsed.series(HIT_RATE))
+    gauges["requests_running"] = total_or_none(parsed.series(RUNNING))
+    gauges["requests_waiting"] = total_or_none(parsed.series(WAITING))
+    gauges["prefix_cache_hit_rate_gauge"] = mean(parsed.series(HIT_RATE))
     # The engine's own figure from its last iteration, beside the counters.
-    gauges["spec_decode_acceptance_length_gauge"] = _mean(parsed.series(ACCEPTANCE_LENGTH))
-    counters["prompt_tokens"] = _sum(parsed.series(PROMPT_TOKENS))
-    counters["generation_tokens"] = _sum(parsed.series(GENERATION_TOKENS))
+    gauges["spec_decode_acceptance_length_gauge"] = mean(parsed.series(ACCEPTANCE_LENGTH))
+    counters["prompt_tokens"] = total_or_none(parsed.series(PROMPT_TOKENS))
+    counters["generation_tokens"] = total_or_none(parsed.series(GENERATION_TOKENS))
     counters["prefix_cache_queries"], counters["prefix_cache_hits"] = _prefix_cache(parsed)
     for reason in FINISH_REASONS:
-        counters[f"requests_finished_{reason}"] = _finished(parsed, reason)
-    drafted = per_position(
-        parsed.series(DRAFTED_PER_POSITION), DRAFTED_PER_POSITION, "token_position"
-    )
-    accepted = per_position(
-        parsed.series(ACCEPTED_PER_POSITION), ACCEPTED_PER_POSITION, "token_position"
-    )
+        # The merged code labels it finished_reason; PR #5785's sample shows finish_reason.
+        counters[f"requests_finished_{reason}"] = sum_where(
+            parsed, SUCCESS, reason, "finished_reason", "finish_reason"
+        )
+    drafted = by_position(parsed, DRAFTED_PER_POSITION, "token_position")
+    accepted = by_position(parsed, ACCEPTED_PER_POSITION, "token_position")
     if drafted is not None and accepted is not None:
         accepted += [0.0] * (len(drafted) - len(accepted))  # counted only once above 0
-    counters["spec_decode_draft_tokens"] = _sum(parsed.series(DRAFT_TOKENS))
-    counters["spec_decode_accepted_tokens"] = _sum(parsed.series(ACCEPTED_TOKENS))
+    counters["spec_decode_draft_tokens"] = total_or_none(parsed.series(DRAFT_TOKENS))
+    counters["spec_decode_accepted_tokens"] = total_or_none(parsed.series(ACCEPTED_TOKENS))
     if drafted is not None:
         # Every draft drafts position 0: its count is the number of drafts.
         counters["spec_decode_drafts"] = drafted[0]
@@ -212,13 +211,14 @@ def normalize_trtllm(parsed: ParsedScrape) -> ReplicaSample:
             counters["spec_decode_accepted_tokens"] = sum(accepted or [])
     return checked(
         ReplicaSample(
-            engine=ENGINE,
+            engine=ENGINE.kind,
             generation=generation,
             engines=1,
-            model_names=_model_names(parsed),
+            # "undefined": hard-coded before PR #12545.
+            model_names=model_names(parsed, skip=("", "undefined")),
             gauges=gauges,
             counters=counters,
-            histograms=_histograms(parsed),
+            histograms=read_histograms(parsed, HISTOGRAMS, require_inf=True),
             accepted_per_position=accepted if drafted is not None else None,
             cache=_cache(parsed),
             unavailable=_unavailable(parsed, generation),
@@ -236,7 +236,7 @@ def detect_generation(parsed: ParsedScrape) -> str:
 
 
 def _unavailable(parsed: ParsedScrape, generation: str) -> dict[str, str]:
-    reasons = dict(ALWAYS)
+    reasons = dict(UNAVAILABLE)
     has_kv = parsed.has(UTILIZATION) or (parsed.has(USED_BLOCKS) and parsed.has(MAX_BLOCKS))
     if generation == "trtllm-full":
         iteration = f"not published by this trtllm-serve: {ITER_STATS}"
@@ -273,54 +273,32 @@ def _usage(parsed: ParsedScrape) -> list[float]:
     usage = [value for _, value in parsed.series(UTILIZATION)]
     if usage:
         return usage
-    used, blocks = _sum(parsed.series(USED_BLOCKS)), _sum(parsed.series(MAX_BLOCKS))
+    used, blocks = (
+        total_or_none(parsed.series(USED_BLOCKS)),
+        total_or_none(parsed.series(MAX_BLOCKS)),
+    )
     return [used / blocks] if used is not None and blocks else []
 
 
 def _prefix_cache(parsed: ParsedScrape) -> tuple[float | None, float | None]:
     """(queries, hits): in tokens where the prompt-cache counter exists (queries are all
     prompt tokens, which include the cached ones), else in blocks (reused + missed)."""
-    hits = _sum(parsed.series(CACHED_TOKENS))
-    queries = _sum(parsed.series(PROMPT_TOKENS))
+    hits = total_or_none(parsed.series(CACHED_TOKENS))
+    queries = total_or_none(parsed.series(PROMPT_TOKENS))
     if hits is not None and queries is not None:
         return queries, hits
-    reused, missed = _sum(parsed.series(REUSED_BLOCKS)), _sum(parsed.series(MISSED_BLOCKS))
+    reused, missed = (
+        total_or_none(parsed.series(REUSED_BLOCKS)),
+        total_or_none(parsed.series(MISSED_BLOCKS)),
+    )
     if reused is not None and missed is not None:
         return reused + missed, reused
     return None, None
 
 
-def _finished(parsed: ParsedScrape, reason: str) -> float | None:
-    # The merged code labels it finished_reason; PR #5785's sample shows finish_reason.
-    values = [
-        value
-        for labels, value in parsed.series(SUCCESS)
-        if labels.get("finished_reason", labels.get("finish_reason")) == reason
-    ]
-    return sum(values) if values else None
-
-
-def _sum(series: Series) -> float | None:
-    return sum(value for _, value in series) if series else None
-
-
-def _mean(series: Series) -> float | None:
-    return sum(value for _, value in series) / len(series) if series else None
-
-
-def _model_names(parsed: ParsedScrape) -> list[str]:
-    names = set()
-    for series in parsed.samples.values():
-        for labels, _ in series:
-            name = labels.get("model_name")
-            if name and name != "undefined":  # hard-coded before PR #12545
-                names.add(name)
-    return sorted(names)
-
-
 def _cache(parsed: ParsedScrape) -> CacheConfig:
-    blocks = _sum(parsed.series(MAX_BLOCKS))
-    per_block = _mean(parsed.series(TOKENS_PER_BLOCK))
+    blocks = total_or_none(parsed.series(MAX_BLOCKS))
+    per_block = mean(parsed.series(TOKENS_PER_BLOCK))
     if blocks is None or per_block is None:
         return CacheConfig()
     block_size, num_blocks = as_int(per_block, TOKENS_PER_BLOCK), as_int(blocks, MAX_BLOCKS)
@@ -331,12 +309,16 @@ def _cache(parsed: ParsedScrape) -> CacheConfig:
     )
 
 
-def _histograms(parsed: ParsedScrape) -> dict[str, Histogram]:
-    histograms: dict[str, Histogram] = {}
-    for field, base in HISTOGRAMS.items():
-        buckets = parsed.series(f"{base}_bucket")
-        if not buckets:
-            continue
-        total = sum(value for _, value in parsed.series(f"{base}_sum"))
-        histograms[field] = histogram(base, buckets, total, require_inf=True)
-    return histograms
+ENGINE = Engine(
+    kind="trtllm",
+    name="TensorRT-LLM",
+    order=50,
+    # `trtllm_` since PR #11243; Dynamo re-exposed the older names as `trtllm:`.
+    prefixes=(PREFIX, "trtllm:"),
+    parse=parse_trtllm,
+    unavailable=UNAVAILABLE,
+    # trtllm-serve before its prefix (PR #5785, 1.0/1.1): unprefixed names carrying
+    # `engine_type="undefined"`; nothing else serves `request_success_total` unprefixed.
+    unprefixed=frozenset({"request_success_total", "e2e_request_latency_seconds_count"}),
+    json_body=JSON_BODY,
+)
