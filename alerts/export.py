@@ -8,51 +8,13 @@ from typing import Any
 
 import yaml
 
+from kneepoint import catalogue
 from kneepoint.config import Rule
 from kneepoint.durations import format_duration
 
-
-def _rate(counter: str, window: str = "5m") -> str:
-    return f"sum by (instance) (rate({counter}[{window}]))"
-
-
-def _ratio(part: str, whole: str, window: str = "5m") -> str:
-    return f"{_rate(part, window)} / {_rate(whole, window)}"
-
-
-def _p99(*histograms: str) -> str:
-    rates = " or ".join(f"rate({h}_bucket[5m])" for h in histograms)
-    return f"histogram_quantile(0.99, sum by (instance, le) ({rates}))"
-
-
-HITS, QUERIES = "vllm:prefix_cache_hits_total", "vllm:prefix_cache_queries_total"
-
 # metric -> PromQL over the raw series, per replica (instance). Metrics with no faithful
 # PromQL form (the recompute estimate, expected speedup, cost) are left out and listed.
-EXPRESSIONS = {
-    "kv_cache_occupancy": (
-        "max by (instance) (vllm:kv_cache_usage_perc or vllm:gpu_cache_usage_perc)"
-    ),
-    "requests_waiting": "sum by (instance) (vllm:num_requests_waiting)",
-    "requests_waiting_capacity": (
-        'sum by (instance) (vllm:num_requests_waiting_by_reason{reason="capacity"})'
-    ),
-    "preemptions_per_second": _rate("vllm:num_preemptions_total"),
-    "prefix_cache_hit_rate": _ratio(HITS, QUERIES),
-    "prefix_cache_hit_rate_drop": f"({_ratio(HITS, QUERIES, '1h')}) - ({_ratio(HITS, QUERIES)})",
-    "spec_decode_acceptance_rate": _ratio(
-        "vllm:spec_decode_num_accepted_tokens_total", "vllm:spec_decode_num_draft_tokens_total"
-    ),
-    "gpu_utilization": (
-        "avg by (Hostname) (DCGM_FI_PROF_GR_ENGINE_ACTIVE or DCGM_FI_DEV_GPU_UTIL / 100)"
-    ),
-    "ttft_p99_seconds": _p99("vllm:time_to_first_token_seconds"),
-    "itl_p99_seconds": _p99(
-        "vllm:inter_token_latency_seconds", "vllm:time_per_output_token_seconds"
-    ),
-    "up": 'up{job=~".*vllm.*"}',
-    "xid_errors": "count by (Hostname) (DCGM_FI_DEV_XID_ERRORS > 0)",
-}
+EXPRESSIONS = catalogue.expressions()
 WHERE = "{{ $labels.instance }}{{ $labels.Hostname }}"
 
 

@@ -52,7 +52,7 @@ from alerts import silences
 from alerts.channels import Notice, Outgoing, channel
 from alerts.channels.send import DEADLINE, Result, Sender, http_sender, scrub, where
 from alerts.lifecycle import FIRING, RESOLVED, Alert, Transition
-from kneepoint import causes, runbooks, timeline
+from kneepoint import catalogue, causes, runbooks, timeline
 from kneepoint.config import Channel as ChannelConfig
 from kneepoint.config import Config, Rule, url_problem
 from kneepoint.secrets import scrub as scrub_secrets
@@ -82,26 +82,7 @@ COUNTS = ("sent", "retry", "failed", "held", "superseded", "expired")
 CHANGES_BEFORE = 3600.0  # a firing message lists the timeline's events this long before it
 MAX_CHANGES = 10  # the newest ones
 # The page that explains a metric (the link in the message; the Overview's alert list too).
-PAGES = {
-    "kv_cache_occupancy": "capacity",
-    "requests_waiting": "capacity",
-    "requests_waiting_capacity": "capacity",
-    "preemptions_per_second": "capacity",
-    "recompute_share_of_prefill": "capacity",
-    "prefix_cache_hit_rate": "prefix-cache",
-    "prefix_cache_hit_rate_drop": "prefix-cache",
-    "spec_expected_speedup": "spec-decode",
-    "spec_decode_acceptance_rate": "spec-decode",
-    "gpu_utilization": "gpus",
-    "xid_errors": "gpus",
-    "cost_per_million_tokens": "cost",
-    "up": "health",
-    "stale_targets": "health",  # the collector's own state: jobs, scrape errors
-    "engine_stalled": "overview",  # the replica's tile says stalled, its charts show the work
-    "ttft_p99_seconds": "knee",  # latency against concurrency, and where the knee is
-    "itl_p99_seconds": "knee",
-    "alert_pipeline_problems": "alerts",  # channel health and the delivery log
-}
+PAGES = catalogue.pages()
 SLO_BURN = "slo_burn:"  # alerts/slo.py burn_metric: slo_burn:<slo>:<long window>
 
 

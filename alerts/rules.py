@@ -8,32 +8,13 @@ data went missing: it stays firing and says "no data". The built-ins keep that d
 
 from __future__ import annotations
 
+from kneepoint import catalogue
 from kneepoint.config import Config, ConfigError, Rule
 from kneepoint.derived.stall import STALL_AFTER
 
-# Every metric a rule can watch: what alerts.values computes per replica (and the fleet).
-METRICS = {
-    "kv_cache_occupancy": "KV-cache occupancy, latest scrape, max over engines (0..1)",
-    "requests_waiting": "sequences waiting, latest scrape",
-    "requests_waiting_capacity": "sequences waiting for KV capacity, latest scrape",
-    "preemptions_per_second": "preemptions per second over the window",
-    "recompute_share_of_prefill": "recomputed prefill tokens ÷ all prefill work (0..1)",
-    "prefix_cache_hit_rate": "prefix-cache hits ÷ queries over the window (0..1)",
-    "prefix_cache_hit_rate_drop": "the last hour's hit rate minus the window's (points, 0..1)",
-    "spec_expected_speedup": "expected speculative-decoding speedup (×)",
-    "spec_decode_acceptance_rate": "accepted ÷ drafted tokens (0..1)",
-    "gpu_utilization": "GPU graphics-engine activity, mean over the replica's GPUs (0..1)",
-    "cost_per_million_tokens": "true cost per 1M served tokens (USD)",
-    "ttft_p99_seconds": "p99 time to first token over the window (s)",
-    "itl_p99_seconds": "p99 inter-token latency over the window (s)",
-    "up": "1 if the last scrape succeeded, 0 if it failed (no data once the target is stale)",
-    "engine_stalled": "1 while requests run or wait and no prompt or generation token and "
-    "no engine step is counted between scrapes (kneepoint.derived.stall), 0 otherwise",
-    "xid_errors": "GPUs of the replica reporting an XID error",
-    "stale_targets": "targets (fleet) not scraped for over 2 scrape intervals plus a grace",
-    "alert_pipeline_problems": "fleet: alerts or deliver job failing or overdue, plus one if "
-    "a notification was refused for good in the last hour",
-}
+# Every metric a rule can watch: what alerts.values computes per replica (and the fleet),
+# with its description (kneepoint/catalogue.py).
+METRICS = catalogue.rule_metrics()
 
 MINUTE = 60.0
 BUILT_IN = tuple(

@@ -8,6 +8,7 @@ from typing import Any
 import pandas as pd
 
 from collectors.engines import ENGINE_NAMES
+from kneepoint import catalogue
 from kneepoint.samples import unavailable_reason
 
 
@@ -208,21 +209,12 @@ def badge(value: Any) -> str:
 
 
 def metric_unit(metric: str) -> str:
-    """The unit an alert rule's metric reads in (alerts/rules.METRICS): "%" for shares,
-    "× budget" for SLO burn rates, "×", "s", "$", "/s" for rates, or "" for counts."""
+    """The unit an alert rule's metric reads in (kneepoint/catalogue.py): "%" for shares,
+    "points" for a drop in a share, "× budget" for SLO burn rates, "×", "s", "$", "/s" for
+    rates, or "" for counts."""
     if metric.startswith("slo_burn:"):
         return "× budget"
-    from alerts.rules import METRICS
-
-    described = METRICS.get(metric, "")
-    for marker, unit in (("(0..1)", "%"), ("(×)", "×"), ("(s)", "s"), ("(USD)", "$")):
-        if marker in described:
-            return unit
-    if "points, 0..1" in described:
-        return "points"
-    if "per second" in described:
-        return "/s"
-    return ""
+    return catalogue.rule_unit(metric)
 
 
 def metric_value(value: float | None, unit: str) -> str:

@@ -5,38 +5,17 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
+from kneepoint import catalogue
+
 # Engine generations a vLLM target can speak (docs/reference/metrics.md, vLLM's generations).
 GENERATIONS = ("v0", "v1-0.8", "v1-0.10", "v1")
 
 # The canonical quantities an engine may be unable to give (the keys of
 # ReplicaSample.unavailable), each with the numbers of `kneepoint status --json` and of the
-# alert rules (alerts/rules.py METRICS) that it makes unavailable. A quantity an engine lacks
-# is reported with its reason, never as 0 and never as a silent "no data" alert.
-QUANTITIES: dict[str, tuple[str, ...]] = {
-    "kv_cache_occupancy": ("kv_cache_occupancy", "kv_cache_occupancy_mean"),
-    "kv_cache_capacity_tokens": ("kv_cache_capacity_tokens",),
-    "requests_running": ("requests_running",),
-    "requests_waiting": ("requests_waiting",),
-    "requests_waiting_capacity": ("requests_waiting_capacity",),
-    "preemptions": (
-        "preemptions",
-        "preemptions_per_second",
-        "preemption_recompute_tokens",
-        "recompute_share_of_prefill",
-    ),
-    "prefix_cache_hit_rate": ("prefix_cache_hit_rate", "prefix_cache_hit_rate_drop"),
-    "prompt_tokens": ("prompt_tokens_per_second",),
-    "generation_tokens": ("generation_tokens_per_second",),
-    "ttft": ("ttft_seconds", "ttft_p99_seconds"),
-    "itl": ("itl_seconds", "itl_p99_seconds"),
-    "e2e": ("e2e_seconds",),
-    "spec_decode_acceptance": (
-        "spec_decode_acceptance_rate",
-        "spec_decode_mean_acceptance_length",
-        "spec_decode_per_position_acceptance",
-        "spec_expected_speedup",
-    ),
-}
+# alert rules (alerts/rules.py METRICS) that it makes unavailable (kneepoint/catalogue.py).
+# A quantity an engine lacks is reported with its reason, never as 0 and never as a silent
+# "no data" alert.
+QUANTITIES: dict[str, tuple[str, ...]] = catalogue.quantities()
 
 
 def unavailable_reason(unavailable: dict[str, str], number: str) -> str | None:

@@ -11,6 +11,8 @@ from collections.abc import Callable, Mapping
 from dataclasses import replace
 from typing import TYPE_CHECKING, Any
 
+from kneepoint import catalogue
+
 if TYPE_CHECKING:
     from sqlalchemy.orm import Session
 
@@ -20,14 +22,8 @@ if TYPE_CHECKING:
 log = logging.getLogger(__name__)
 
 # The numbers a prediction is read by: key of `whatif --json`'s measured / baseline /
-# predicted objects, label, unit (as review.render.value takes it).
-METRICS: tuple[tuple[str, str, str], ...] = (
-    ("preemptions", "preemptions", ""),
-    ("generation_tokens_per_second", "throughput", "tok/s"),
-    ("ttft_p99_seconds", "TTFT p99", "s"),
-    ("kv_cache_occupancy_p95", "p95 KV occupancy", "%"),
-    ("cost_per_million_tokens", "$/1M tokens", "$"),
-)
+# predicted objects, label, unit (as review.render.value takes it; kneepoint/catalogue.py).
+METRICS: tuple[tuple[str, str, str], ...] = catalogue.effect_metrics()
 
 # Why a recommendation without a what-if change has no prediction.
 NOT_MODELLED = "no prediction: the twin has no change for this (it replays engine settings, "

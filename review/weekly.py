@@ -11,6 +11,7 @@ from sqlalchemy.orm import Session
 
 from alerts.evaluate import slo_reports
 from alerts.slo import Report as SloReport
+from kneepoint import catalogue
 from kneepoint.config import Config
 from kneepoint.derived import details
 from kneepoint.derived.latency import histogram_quantile, window_histogram
@@ -22,49 +23,12 @@ from kneepoint.timeline import Event
 from kneepoint.timeline import events as timeline_events
 from kneepoint.views import View, build_view
 
-# What the report shows per replica: key, label, unit ("%" for fractions), and what it means.
-ROWS: tuple[tuple[str, str, str, str], ...] = (
-    ("peak_kv_occupancy", "Peak KV occupancy", "%", "highest KV-cache use seen"),
-    ("p95_kv_occupancy", "p95 KV occupancy", "%", "95th percentile of the chart's points"),
-    ("time_saturated", "Time saturated", "%", "share of time with KV above 90 %"),
-    ("queue_p99_seconds", "Waiting time p99", "s", "queue time before a slot, p99"),
-    ("preemptions", "Preemptions", "", "sequences evicted and recomputed"),
-    ("recompute_share_of_prefill", "Recompute share", "%", "prefill work redone after eviction"),
-    ("prefix_cache_hit_rate", "Prefix hit rate", "%", "prompt tokens served from cache"),
-    ("generation_tokens_per_second", "Throughput", "tok/s", "generated tokens per second"),
-    ("peak_running", "Peak concurrency", "", "most sequences running at once"),
-    ("knee_concurrency", "Knee", "", "concurrency where more load stops paying"),
-    ("headroom", "Headroom to knee", "", "knee − peak concurrency"),
-    ("spec_verdict", "Speculative decoding", "", "paying off, marginal or slowing down"),
-    ("utilization", "Load vs knee", "%", "generated tokens/s ÷ the knee's; not GPU busy"),
-    ("idle_gpu_hours", "Idle GPU-hours", "h", "GPU time not busy (DCGM graphics activity)"),
-    ("cost_per_million_tokens", "True $/1M tokens", "$", "GPU cost ÷ tokens served"),
-    ("nominal_cost_per_million_generated_tokens", "Nominal $/1M generated", "$", "at the knee"),
-    ("break_even_utilization", "Break-even vs API", "%", "load vs knee below which API is cheaper"),
-    ("joules_per_million_tokens", "Energy / 1M tokens", "J", "GPU energy ÷ tokens served"),
-)
-REPLICA_KEYS = (
-    "prefix_cache_hit_rate",
-    "preemptions",
-    "generation_tokens_per_second",
-    "cost_per_million_tokens",
-    "cost_per_million_generated_tokens",
-)
-VIEW_KEYS = (
-    "peak_kv_occupancy",
-    "time_saturated",
-    "recompute_share_of_prefill",
-    "peak_running",
-    "peak_waiting",
-    "spec_verdict",
-    "spec_expected_speedup",
-    "utilization",
-    "idle_gpu_hours",
-    "nominal_cost_per_million_generated_tokens",
-    "break_even_utilization",
-    "joules_per_million_tokens",
-    "energy_kwh",
-)
+# What the report shows per replica: key, label, unit ("%" for fractions), and what it means;
+# and the numbers it copies from the status's replica and from the page view's rows
+# (kneepoint/catalogue.py).
+ROWS: tuple[tuple[str, str, str, str], ...] = catalogue.weekly_rows()
+REPLICA_KEYS = catalogue.weekly_keys("status")
+VIEW_KEYS = catalogue.weekly_keys("view")
 
 
 @dataclass
@@ -140,16 +104,8 @@ def period(session: Session, config: Config, end: float, window: float) -> Perio
         numbers["ttft_p99_seconds"] = (replica.get("ttft_seconds") or {}).get("p99")
         replicas[name] = numbers
     rates = {name: numbers["prefix_cache_hit_rate"] for name, numbers in replicas.items()}
-    fleet = {
-        key: view.status["fleet"].get(key)
-        for key in (
-            "generation_tokens_per_second",
-            "prefix_cache_hit_rate",
-            "cost_per_million_tokens",
-            "cost_per_million_generated_tokens",
-            "preemptions",
-        )
-    }
+    # The fleet's status gives the same numbers the review copies from each replica's.
+    fleet = {key: view.status["fleet"].get(key) for key in REPLICA_KEYS}
     fleet["hit_rate_divergence"] = details.divergence(rates)
     result = Period(end - window, end, view, replicas, fleet, slo_reports(session, config, end))
     ids = {name: row.id for name, row in targets.items() if name in replicas}

@@ -14,6 +14,7 @@ from app.fleet import at_fleet_size, worst_first
 from app.format import compact, show, why
 from app.plots import chart
 from dashboards.charts import events, lines
+from kneepoint import catalogue
 from kneepoint.derived.details import divergence
 from kneepoint.views import _bucket as coarse_rule
 
@@ -62,7 +63,7 @@ if fleet:
         {
             "replica": t.text("Replica"),
             "prefix_cache_hit_rate": t.percent(
-                "Hit rate", help="Δprefix_cache_hits ÷ Δprefix_cache_queries over the window."
+                "Hit rate", help=catalogue.help_text("prefix_cache_hit_rate")
             ),
             "prefix_cross_check": t.percent(
                 "Cross-check", help="Δprompt_tokens_by_source{local_cache_hit} ÷ Δprompt_tokens."

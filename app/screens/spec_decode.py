@@ -10,6 +10,7 @@ from app.fleet import at_fleet_size, worst_first
 from app.format import show
 from app.plots import chart
 from dashboards.charts import bars, lines
+from kneepoint import catalogue
 
 view_filter = filters.current(data.replica_names())
 st.title("Speculative decoding")
@@ -55,18 +56,17 @@ for replica in drafting if not fleet or view_filter.replicas else ():
     a.metric(
         "Acceptance rate",
         show(replica["spec_decode_acceptance_rate"], "%"),
-        help="Δaccepted tokens ÷ Δdrafted tokens over the window.",
+        help=catalogue.help_text("spec_decode_acceptance_rate"),
     )
     b.metric(
         "Mean acceptance length",
         show(replica["spec_decode_mean_acceptance_length"], "tok", 2),
-        help="1 + Δaccepted ÷ Δdrafts: tokens emitted per verification step.",
+        help=catalogue.help_text("spec_decode_mean_acceptance_length"),
     )
     c.metric(
         "Expected speedup",
         show(extra["spec_expected_speedup"], "×", 2),
-        help="(1 − α^(γ+1)) ÷ ((1 − α)(1 + cγ)), γ = positions seen, c = 0.1 draft cost. "
-        "Below 1 the drafter slows the engine down.",
+        help=catalogue.help_text("spec_expected_speedup"),
     )
     positions = replica["spec_decode_per_position_acceptance"] or []
     if positions:
