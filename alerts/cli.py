@@ -213,7 +213,7 @@ def list_alerts(
 def _not_exposed(session: Any, rules: list[Rule], names: set[str]) -> list[dict[str, str]]:
     """Each replica rule whose metric the replica's engine does not expose (as its latest
     scrape says: targets.unavailable), with the reason. Such a rule never pends or fires
-    there, and never says "no data" (alerts.engine.evaluate)."""
+    there, and never says "no data" (alerts.lifecycle.evaluate)."""
     from kneepoint.samples import unavailable_reason
     from kneepoint.store import queries
 

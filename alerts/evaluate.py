@@ -24,7 +24,7 @@ from sqlalchemy import select
 from sqlalchemy.orm import Session
 
 from alerts import maintenance, slo, slo_prepared
-from alerts.engine import FIRING, RESOLVED, Alert, Transition, evaluate
+from alerts.lifecycle import FIRING, RESOLVED, Alert, Transition, evaluate
 from alerts.messages import enqueue, notice_for, read_ahead
 from alerts.outbox import put
 from alerts.rules import effective_rules

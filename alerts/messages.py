@@ -15,7 +15,7 @@ from sqlalchemy.orm import Session
 
 from alerts import silences
 from alerts.channels import Notice, channel
-from alerts.engine import FIRING, RESOLVED, Alert, Transition
+from alerts.lifecycle import FIRING, RESOLVED, Alert, Transition
 from alerts.outbox import put, view_of
 from kneepoint import causes, runbooks, timeline
 from kneepoint.config import Config, Rule

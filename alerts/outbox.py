@@ -50,7 +50,7 @@ from sqlalchemy.orm import Session, sessionmaker
 
 from alerts.channels import Notice, Outgoing, channel
 from alerts.channels.send import DEADLINE, Result, Sender, http_sender, scrub, where
-from alerts.engine import FIRING
+from alerts.lifecycle import FIRING
 from kneepoint import catalogue
 from kneepoint.config import Channel as ChannelConfig
 from kneepoint.config import Config, url_problem

@@ -1,5 +1,5 @@
-"""SLOs on latency from vLLM's own histograms: compliance, error budget, and multiwindow,
-multi-burn-rate alerts (the SRE workbook's scheme).
+"""SLOs on latency (from the engine's own histograms) and on availability: compliance, error
+budget, and multiwindow, multi-burn-rate alerts (the SRE workbook's scheme).
 
 The share of requests slower than the threshold is read from the histogram's cumulative
 count at the threshold, so the threshold must be one of the histogram's bucket bounds (else

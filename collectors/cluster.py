@@ -102,7 +102,7 @@ SESSION_SETTINGS = (
 
 class NotLeader:
     """What a leader-only job returns on a follower: it did not run, and did not fail
-    (collectors/schedule.record_job_event records nothing for it)."""
+    (collectors/jobs.record_job_event records nothing for it)."""
 
     def __repr__(self) -> str:
         return "NOT_LEADER"

@@ -415,15 +415,3 @@ def changes_between(
     except Exception:  # the timeline is a witness, not a dependency: the rest still counts
         log.exception("causes: the timeline could not be read")
         return ()
-
-
-def likely_cause(
-    session: Session,
-    config: Config,
-    now: float,
-    replica: str | None = None,
-    began: Onset | None = None,
-) -> Cause:
-    """`classify` over what the store holds now, for a trouble that began at `began`."""
-    signals = gather(session, config, now, began=None if began is None else began.at)
-    return classify(signals, replica, began)

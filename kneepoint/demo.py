@@ -16,7 +16,7 @@ from typing import Any
 
 import yaml
 
-from collectors.schedule import install, standard_jobs
+from collectors.jobs import install, standard_jobs
 from collectors.scheduler import StepSafeBackgroundScheduler
 from kneepoint import malloc
 from kneepoint.config import load_config

@@ -13,7 +13,10 @@ With several collectors on one PostgreSQL database (collectors/cluster.py), job_
 the cluster's: the scrape job's row is written by every collector, the leader-only jobs'
 (alerts, deliver, rollup, report, heartbeat) by whoever leads, and a follower skipping them
 writes nothing, so they are judged by the leader's runs alone: after a takeover, overdue
-only if no new leader ran them within three intervals. `collectors` lists the members."""
+only if no new leader ran them within three intervals. `collectors` lists the members.
+
+Not here: the replicas' health. Whether a replica is up, stale or stalled is
+kneepoint/status.py's, and the fleet's one-word verdict is kneepoint/fleet_status.py's."""
 
 from __future__ import annotations
 
@@ -30,7 +33,7 @@ from kneepoint.store.models import JobHealthRow
 
 OVERDUE_INTERVALS = 3.0
 OVERDUE_AT_LEAST = 60.0
-# What the scheduler's listener (collectors/schedule.record_job_event) records for a run
+# What the scheduler's listener (collectors/jobs.record_job_event) records for a run
 # that did not happen, as opposed to one that raised.
 NOT_RUN = ("skipped:", "missed its run time")
 # Jobs that must have run for the collector to be healthy at all.

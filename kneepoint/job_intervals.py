@@ -1,5 +1,5 @@
 """How often each of the collector's interval jobs runs, from the config alone: the one home
-of these intervals. The scheduler installs its jobs with them (collectors/schedule.py) and
+of these intervals. The scheduler installs its jobs with them (collectors/jobs.py) and
 the health check judges a job overdue by them (kneepoint/health.py), so the health check
 needs no scheduler and the two cannot disagree. The weekly report runs on a crontab line
 (`report.schedule`), not an interval: it is not here."""

@@ -7,7 +7,7 @@ from urllib.parse import parse_qs, urlsplit
 
 import pytest
 
-from alerts.engine import FIRING, PENDING, Alert, Transition
+from alerts.lifecycle import FIRING, PENDING, Alert, Transition
 from alerts.messages import notice_for
 from alerts.outbox import PAGES, view_of
 from alerts.rules import BUILT_IN, METRICS

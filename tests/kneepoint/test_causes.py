@@ -13,7 +13,7 @@ from sqlalchemy import select
 from sqlalchemy.orm import Session, sessionmaker
 
 from alerts.channels.base import Notice
-from alerts.engine import FIRING, PENDING, Alert, Transition
+from alerts.lifecycle import FIRING, PENDING, Alert, Transition
 from alerts.messages import enqueue
 from alerts.rules import BUILT_IN
 from collectors.dcgm import parse_dcgm

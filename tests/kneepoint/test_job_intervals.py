@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 
-from collectors.schedule import standard_jobs
+from collectors.jobs import standard_jobs
 from kneepoint.config import Collector, Config, Heartbeat
 from kneepoint.health import intervals
 from kneepoint.job_intervals import job_intervals
