@@ -154,7 +154,7 @@ def read_ahead(
 
 def runbook_line(rule: Rule, config: Config) -> str:
     """The rule's runbook line and the link to its section on the Alerts page
-    (kneepoint/runbooks.py, docs/runbooks.md), where it has one."""
+    (kneepoint/runbooks.py, docs/reference/runbooks.md), where it has one."""
     link = runbooks.url(config.dashboard_url, rule.name)
     return f"{rule.runbook} {link}".strip() if link else rule.runbook
 
