@@ -17,6 +17,8 @@ from kneepoint import clock
 from kneepoint.cliutil import MARKUP, ConfigOption, fail, load_settings, open_sessions
 from kneepoint.config import Config, ConfigError, Rule
 
+# The commands import the kernel (the evaluation, the store's queries, pandas) when they run:
+# this module loads with every `kneepoint` command, each a fresh process (tests/test_cli_start.py).
 alerts_app = typer.Typer(
     no_args_is_help=True,
     rich_markup_mode=MARKUP,
@@ -211,7 +213,7 @@ def list_alerts(
 def _not_exposed(session: Any, rules: list[Rule], names: set[str]) -> list[dict[str, str]]:
     """Each replica rule whose metric the replica's engine does not expose (as its latest
     scrape says: targets.unavailable), with the reason. Such a rule never pends or fires
-    there, and never says "no data" (alerts.engine.evaluate)."""
+    there, and never says "no data" (alerts.lifecycle.evaluate)."""
     from kneepoint.samples import unavailable_reason
     from kneepoint.store import queries
 

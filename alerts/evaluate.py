@@ -24,8 +24,9 @@ from sqlalchemy import select
 from sqlalchemy.orm import Session
 
 from alerts import maintenance, slo, slo_prepared
-from alerts.engine import FIRING, RESOLVED, Alert, Transition, evaluate
-from alerts.outbox import enqueue, notice_for, put, read_ahead
+from alerts.lifecycle import FIRING, RESOLVED, Alert, Transition, evaluate
+from alerts.messages import enqueue, notice_for, read_ahead
+from alerts.outbox import put
 from alerts.rules import effective_rules
 from alerts.values import FLEET, engine_since, monitor_values, not_exposed, values
 from kneepoint.config import ENGINE_KINDS, Config, Rule

@@ -9,7 +9,7 @@ from dataclasses import dataclass
 from sqlalchemy import select
 from sqlalchemy.orm import Session
 
-from alerts.engine import FIRING, Alert
+from alerts.lifecycle import FIRING, Alert
 from kneepoint.store.models import SilenceRow
 
 DOWN_RULE = "target-down"

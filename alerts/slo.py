@@ -1,5 +1,5 @@
-"""SLOs on latency from vLLM's own histograms: compliance, error budget, and multiwindow,
-multi-burn-rate alerts (the SRE workbook's scheme).
+"""SLOs on latency (from the engine's own histograms) and on availability: compliance, error
+budget, and multiwindow, multi-burn-rate alerts (the SRE workbook's scheme).
 
 The share of requests slower than the threshold is read from the histogram's cumulative
 count at the threshold, so the threshold must be one of the histogram's bucket bounds (else
@@ -43,6 +43,7 @@ from dataclasses import asdict, dataclass
 from typing import Any
 
 from kneepoint.config import Rule, Slo
+from kneepoint.durations import format_duration
 from kneepoint.samples import Histogram
 
 HOUR = 3600.0
@@ -182,8 +183,6 @@ def burning(slo: Slo, rates: dict[float, float | None]) -> list[BurnWindow]:
 
 
 def window_label(seconds: float) -> str:
-    from kneepoint.durations import format_duration
-
     return format_duration(seconds)
 
 

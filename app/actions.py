@@ -22,6 +22,7 @@ from kneepoint.knee.runs import Run
 from kneepoint.store.runs import delete_run as remove_run
 from kneepoint.store.runs import save_run
 from kneepoint.whatif import Profile, calibrate_replica, save_profile
+from review.deliver import send_report as deliver
 from review.effects import number
 
 UPLOAD_SUFFIXES = (".json", ".jsonl")
@@ -157,8 +158,6 @@ def delete_run(label: str) -> int:
 
 def send_report() -> str:
     """Write this week's review now and queue its summary for the report channels."""
-    from review.deliver import send_report as deliver
-
     config, sessions = data.store()
     who = auth.current()
     now = time.time()

@@ -12,6 +12,7 @@ import time
 from dataclasses import replace
 
 import streamlit as st
+from streamlit.runtime.context import _get_client_context
 
 from app import data
 from kneepoint import audit
@@ -25,8 +26,6 @@ def peer_address() -> str | None:
     WebSocket). kneepoint starts its server trusting no X-Forwarded-For (FORWARDED_ALLOW_IPS
     is empty), so this is the peer itself, not what a client claims. Read from the session's
     client context: st.context.ip_address reports a loopback peer and no peer alike (None)."""
-    from streamlit.runtime.context import _get_client_context
-
     context = _get_client_context()
     address = getattr(context, "remote_ip", None)
     return address if isinstance(address, str) else None

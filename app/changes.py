@@ -11,6 +11,7 @@ import pandas as pd
 from app import data
 from app.filters import Filters
 from dashboards.charts import MARKERS, WINDOW, Marker
+from kneepoint import timeline
 from kneepoint.timeline import Event
 
 
@@ -27,11 +28,9 @@ def events(since: float, until: float, replicas: tuple[str, ...] = ()) -> list[E
 # every session; never on the wall clock.
 @data.versioned("key", times=("since", "until"))
 def _events(path: str, since: float, until: float, version: data.Key) -> list[Event]:
-    from kneepoint.timeline import events as timeline_events
-
     config, sessions = data._open(path)
     with sessions() as session:
-        return timeline_events(session, config, since, until)
+        return timeline.events(session, config, since, until)
 
 
 def mark_charts(chosen: Filters) -> None:

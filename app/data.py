@@ -26,6 +26,7 @@ from alerts.rules import effective_rules
 from alerts.silences import Silence
 from alerts.slo import BURN_WINDOWS, Report, burn_rules, window_label
 from app import run_version, warm
+from collectors.discovery import current
 from kneepoint import audit, fleet_status, prepared
 from kneepoint.auth import Limits
 from kneepoint.config import ENGINE_KINDS, Config, ConfigError, config_path, load_config
@@ -41,7 +42,8 @@ from kneepoint.store.errors import describe
 from kneepoint.store.runs import load_runs
 from kneepoint.views import View, build_view
 from review.render import html_report, markdown
-from review.weekly import WeeklyReport, build_report
+from review.report import build_report
+from review.weekly import WeeklyReport
 
 Key = tuple[Any, ...]
 KEPT = 32  # entries each cached function keeps: a few ranges and replicas over two rounds
@@ -79,8 +81,6 @@ def store() -> tuple[Config, sessionmaker[Session]]:
 
 def _open(path: str) -> tuple[Config, sessionmaker[Session]]:
     """The config, with the targets discovery finds now, and the store."""
-    from collectors.discovery import current
-
     config, sessions = _opened(path)
     return current(config), sessions
 

@@ -28,6 +28,7 @@ from dataclasses import dataclass
 from typing import Any, Generic, Literal, TypeVar
 
 import streamlit as st
+from streamlit.runtime import Runtime
 
 from app.filters import DEFAULT_RANGE
 from app.registry import PAGES
@@ -310,8 +311,6 @@ def ensure(path: str, read: Callable[[str], Version]) -> Warmer:
 def served() -> bool:
     """Whether a Streamlit server runs this process (AppTest's stand-in runtime is not one:
     tests and benches start a warmer themselves, when they mean to)."""
-    from streamlit.runtime import Runtime
-
     return Runtime.exists() and type(Runtime.instance()) is Runtime
 
 

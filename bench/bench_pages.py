@@ -28,7 +28,7 @@ and `git worktree add /tmp/old 4f6a22f`, to get before and after from one run an
   right after the round); a page that raises shows its error;
 - the warmer's cost per round (wall and CPU seconds) with every page visited at 1 h: the
   mean of a minute of rounds (the SLO reports are made once a minute), and each round's;
-- the weekly review: `review.weekly.build_report` over 7 days.
+- the weekly review: `review.report.build_report` over 7 days.
 
 Prints one table (seconds) with the aims (pages ≤ 1.0 s at 1 h and 24 h and ≤ 2.0 s at 7 d,
 evaluation ≤ 1.0 s median and ≤ 2.0 s at most, review ≤ 30 s) and whether each is met.

@@ -291,7 +291,7 @@ def page_work(config: Any, now: float) -> list[tuple[str, str, Callable[[Session
     from kneepoint.store import queries
     from kneepoint.store.runs import load_runs
     from kneepoint.views import build_view
-    from review.weekly import build_report
+    from review.report import build_report
 
     def overview(session: Session, window: float) -> None:
         build_status(session, config, now, 300.0)

@@ -4,7 +4,7 @@ an older one, `--source`), and what /proc says about its process tree (CPU, memo
 
 The collector is `kneepoint collect` run by its own entry (kneepoint.cli's app) under a
 small bootstrap that also times each scheduler job's CPU on its own thread's clock
-(collectors.schedule.guarded, wrapped) and writes the totals to a JSON file when the
+(collectors.jobs.guarded, wrapped) and writes the totals to a JSON file when the
 collector stops (SIGTERM): two thread-clock reads per job run, nothing else changed.
 """
 
@@ -35,10 +35,10 @@ SLOS = [
 
 BOOTSTRAP = """
 import atexit, cProfile, json, os, signal, sys, threading, time
-import collectors.schedule as schedule
+import collectors.jobs as jobs
 spent, runs, lock, profiles = {}, {}, threading.Lock(), []
 profiling = bool(os.environ.get("KNEEPOINT_BENCH_PROFILE"))
-original = schedule.guarded
+original = jobs.guarded
 def guarded(job):
     run = original(job)
     def timed():
@@ -57,7 +57,7 @@ def guarded(job):
                 if profile is not None:
                     profiles.append(profile)
     return timed
-schedule.guarded = guarded
+jobs.guarded = guarded
 import gc
 collecting = threading.local()
 gc_spent = [0.0, 0.0, 0.0]

@@ -25,7 +25,7 @@ reused) and prints the seeded clock. `measure` runs, in this order:
 3. the warmer's cost per round with every page visited at the default range (1 h): each
    page run once (caches cleared first), then a minute of rounds (MINUTE_ROUNDS), each
    written and the warmer run for it (where the checkout has one), each timed;
-4. the weekly review (`review.weekly.build_report`, 7 days).
+4. the weekly review (`review.report.build_report`, 7 days).
 
 The app's clock (time.time) is set back to the seeded clock at the start of each run and runs
 on in real time from there (held still after a new round, while the warmer runs and the
@@ -383,7 +383,7 @@ def measure(args: argparse.Namespace) -> None:
     if args.warmer_round:
         results["warmer"] = every_page_round(args, sessions, rounds + 1)
     if args.review:
-        from review.weekly import build_report
+        from review.report import build_report
 
         began = time.perf_counter()
         try:

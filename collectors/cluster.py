@@ -64,23 +64,28 @@ import threading
 import uuid
 import zlib
 from collections.abc import Sequence
-from dataclasses import dataclass
 
-from sqlalchemy import Connection, Engine, Table, delete, insert, select, text, update
+from sqlalchemy import Connection, Engine, Table, delete, insert, text, update
 from sqlalchemy.orm import Session, sessionmaker
 
 from kneepoint.clock import Clock
 from kneepoint.config import Config, Target
+from kneepoint.job_intervals import beat_every
 from kneepoint.store.errors import describe
+from kneepoint.store.membership import (
+    LEADER_LOCK,
+    MEMBER_LOCKS,
+    Member,
+    is_postgres,
+    member_key,
+    membership,
+)
 from kneepoint.store.models import CollectorRow
 
 log = logging.getLogger(__name__)
 
-# Advisory lock keys (non-negative, below 2**31, so they read back unchanged in pg_locks).
-LEADER_LOCK = zlib.crc32(b"kneepoint leader") & 0x7FFFFFFF  # one bigint key
-MEMBER_LOCKS = zlib.crc32(b"kneepoint collector") & 0x7FFFFFFF  # key 1 of (key 1, member)
+# The evaluation's advisory lock key (the members' and the leader's: kneepoint/store/membership.py).
 EVALUATION_LOCK = zlib.crc32(b"kneepoint evaluation") & 0x7FFFFFFF  # per transaction
-BEATS_PER_LEASE = 3
 _COLLECTORS: Table = CollectorRow.__table__  # type: ignore[assignment]
 FORGET_AFTER = 3600.0  # a gone member's row is deleted by the leader after this long
 # The dedicated connection: the server notices a vanished client within ~10 s; no idle
@@ -97,18 +102,13 @@ SESSION_SETTINGS = (
 
 class NotLeader:
     """What a leader-only job returns on a follower: it did not run, and did not fail
-    (collectors/schedule.record_job_event records nothing for it)."""
+    (collectors/jobs.record_job_event records nothing for it)."""
 
     def __repr__(self) -> str:
         return "NOT_LEADER"
 
 
 NOT_LEADER = NotLeader()
-
-
-def member_key(member_id: str) -> int:
-    """Key 2 of a member's own advisory lock."""
-    return zlib.crc32(member_id.encode()) & 0x7FFFFFFF
 
 
 def weight(member_id: str, target: str) -> int:
@@ -119,81 +119,6 @@ def weight(member_id: str, target: str) -> int:
 def owner(target: str, members: Sequence[str]) -> str:
     """The member that scrapes `target`: the highest rendezvous weight (ties by id)."""
     return max(members, key=lambda member: (weight(member, target), member))
-
-
-@dataclass(frozen=True)
-class Member:
-    id: str
-    host: str
-    pid: int
-    started_at: float
-    last_seen_at: float
-    leader_since: float | None
-    targets: int | None  # targets held at its last round
-    live: bool
-    leader: bool
-
-
-def is_postgres(sessions_or_session: sessionmaker[Session] | Session) -> bool:
-    if isinstance(sessions_or_session, Session):
-        bind = sessions_or_session.get_bind()
-    else:
-        bind = sessions_or_session.kw["bind"]
-    return bool(bind.dialect.name == "postgresql")
-
-
-def held_locks(session: Session) -> tuple[dict[int, int], int | None] | None:
-    """On PostgreSQL: the backend pid holding each member lock (by member key), and the
-    pid holding the leader lock; None elsewhere or where pg_locks cannot be read."""
-    if not is_postgres(session):
-        return None
-    try:
-        rows = session.execute(
-            text(
-                "SELECT classid::bigint, objid::bigint, objsubid, pid FROM pg_locks "
-                "WHERE locktype = 'advisory' AND granted AND database = "
-                "(SELECT oid FROM pg_database WHERE datname = current_database())"
-            )
-        ).all()
-    except Exception as error:  # a restricted role: the lease alone decides
-        log.warning("pg_locks cannot be read (%s): membership by the lease only", describe(error))
-        session.rollback()
-        return None
-    members: dict[int, int] = {}
-    leader = None
-    for classid, objid, objsubid, pid in rows:
-        if objsubid == 2 and classid == MEMBER_LOCKS:
-            members[int(objid)] = int(pid)
-        elif objsubid == 1 and classid == 0 and objid == LEADER_LOCK:
-            leader = int(pid)
-    return members, leader
-
-
-def membership(session: Session, lease: float, now: float) -> list[Member]:
-    """Every recorded collector, oldest first: live or gone, and which one leads (on
-    PostgreSQL: the one whose own lock is held by the session holding the leader lock)."""
-    rows = list(session.scalars(select(CollectorRow).order_by(CollectorRow.started_at)))
-    locks = held_locks(session)
-    found = []
-    for row in rows:
-        recent = now - row.last_seen_at <= lease
-        pid = None if locks is None else locks[0].get(member_key(row.id))
-        live = recent and (locks is None or pid is not None)
-        leader = locks is not None and pid is not None and pid == locks[1]
-        found.append(
-            Member(
-                row.id,
-                row.host,
-                row.pid,
-                row.started_at,
-                row.last_seen_at,
-                row.leader_since,
-                row.targets,
-                live,
-                leader,
-            )
-        )
-    return found
 
 
 def serialize_evaluation(session: Session) -> None:
@@ -235,7 +160,7 @@ class Cluster:
     @property
     def every(self) -> float:
         """Seconds between beats."""
-        return self.lease / BEATS_PER_LEASE
+        return beat_every(self.lease)
 
     def postgres(self) -> bool:
         return is_postgres(self.sessions)

@@ -15,7 +15,7 @@ kind, or for `auto` the one detected) comes with when it was first seen
 sample's time, in the same savepoint as the sample. The old engine stays in the target's
 configuration history (target_configs), where the timeline finds the engine change.
 Alert evaluation reads engine_since to hold an alert whose metric the new engine does not
-expose (alerts/engine.py).
+expose (alerts/lifecycle.py).
 """
 
 from __future__ import annotations

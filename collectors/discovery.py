@@ -12,39 +12,20 @@ from __future__ import annotations
 
 import logging
 import math
-import re
-import string
 import threading
 import time
 from collections.abc import Callable
 from typing import Any
 
+from collectors.kubernetes import KubeconfigError, KubernetesApiError, connection, discover
+from collectors.prometheus_api import PrometheusReader, PrometheusSourceError, instance_of
+from collectors.target_names import MissingLabel, render, usable_name
 from kneepoint.config import Config, DiscoveryRule, PrometheusDiscovery, Target
 from kneepoint.secrets import SecretURL
 
 log = logging.getLogger(__name__)
-_VALID_NAME = re.compile(r"^[A-Za-z0-9_.:-]+$")
-
-
-class MissingLabel(KeyError):
-    """A template names a label the target does not have."""
-
-
-def render(template: str, labels: dict[str, str]) -> str:
-    """The template with each `{label}` replaced by the label's value."""
-    out = []
-    for text, field, _, _ in string.Formatter().parse(template):
-        out.append(text)
-        if field is not None:
-            if field not in labels:
-                raise MissingLabel(field)
-            out.append(labels[field])
-    return "".join(out)
-
-
-def usable_name(name: str) -> bool:
-    """Can a target be named this (letters, digits and `_ . : -`, at most 200)?"""
-    return bool(_VALID_NAME.match(name)) and len(name) <= 200
+# What a source that cannot be read raises: its last targets are kept (see `current`).
+SOURCE_ERRORS = (PrometheusSourceError, KubernetesApiError, KubeconfigError)
 
 
 def _labels(active: dict[str, Any]) -> dict[str, str]:
@@ -121,7 +102,6 @@ def from_prometheus(
 def merge(explicit: list[Target], *found: list[Target]) -> list[Target]:
     """The explicit targets, then each discovered one that conflicts with none before it
     (by name, or by its kind, replica or GPU node, and its `instance`)."""
-    from collectors.prometheus_api import instance_of
 
     def key(target: Target) -> tuple[bool, str]:
         return (target.kind == "dcgm", instance_of(target))
@@ -145,8 +125,6 @@ def with_discovered(config: Config) -> Config:
         return config
     if config.prometheus is None:
         return config
-    from collectors.prometheus_api import PrometheusReader
-
     active = PrometheusReader(config.prometheus).active_targets()
     return config.model_copy(update={"targets": discovered_targets(config, active)})
 
@@ -164,8 +142,6 @@ def _sources(config: Config) -> list[tuple[str, Callable[[], list[Target]]]]:
     if found is None:
         return sources
     if found.prometheus is not None and config.prometheus is not None:
-        from collectors.prometheus_api import PrometheusReader
-
         source, rules = config.prometheus, found.prometheus
 
         def prometheus() -> list[Target]:
@@ -174,18 +150,9 @@ def _sources(config: Config) -> list[tuple[str, Callable[[], list[Target]]]]:
         key = "prometheus\n" + source.url.reveal() + "\n" + rules.model_dump_json()
         sources.append((key, prometheus))
     if found.kubernetes is not None:
-        from collectors.kubernetes import discover
-
         pods = found.kubernetes
         sources.append(("kubernetes\n" + pods.model_dump_json(), lambda: discover(pods)))
     return sources
-
-
-def _errors() -> tuple[type[Exception], ...]:
-    from collectors.kubernetes import KubeconfigError, KubernetesApiError
-    from collectors.prometheus_api import PrometheusSourceError
-
-    return (PrometheusSourceError, KubernetesApiError, KubeconfigError)
 
 
 def current(config: Config, max_age: float | None = None) -> Config:
@@ -209,7 +176,7 @@ def current(config: Config, max_age: float | None = None) -> Config:
                 if failing is not None:
                     log.warning("discovery: %s answers again", key.partition("\n")[0])
                 failing = None
-            except _errors() as error:
+            except SOURCE_ERRORS as error:
                 if str(error) != failing:
                     kept = (
                         f"the {len(targets)} targets found before are kept"
@@ -231,6 +198,4 @@ def check(config: Config) -> None:
     account), for commands that should fail at start rather than warn each round."""
     found = config.discovery
     if found is not None and found.kubernetes is not None:
-        from collectors.kubernetes import connection
-
         connection(found.kubernetes)

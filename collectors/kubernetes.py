@@ -36,6 +36,7 @@ from typing import Any
 import httpx
 import yaml
 
+from collectors.target_names import MissingLabel, render, usable_name
 from kneepoint.config import ConfigError, KubernetesDiscovery, KubernetesRule, Target
 from kneepoint.secrets import Secret, SecretURL
 
@@ -336,8 +337,6 @@ def container_port(pod: dict[str, Any], port: int | str) -> int | None:
 def targets_from(rule: KubernetesRule, kind: str, pods: list[dict[str, Any]]) -> list[Target]:
     """The targets of the running pods with an IP, first of a name wins; a pod whose name or
     port cannot be made is left out, with a warning. In name order, whatever the API's order."""
-    from collectors.discovery import MissingLabel, render, usable_name
-
     found: dict[str, Target] = {}
     for pod in pods:
         status = pod.get("status") or {}

@@ -30,7 +30,7 @@ from kneepoint.distribution import (
     worst,
 )
 
-if TYPE_CHECKING:
+if TYPE_CHECKING:  # a type only: the figure builders load no store
     from kneepoint.timeline import Event
 
 LAYOUT = {"height": 280, "margin": {"l": 10, "r": 10, "t": 40, "b": 10}}

@@ -36,6 +36,7 @@ import hmac
 import json
 import logging
 import threading
+import time
 from collections.abc import Callable
 from datetime import datetime
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
@@ -224,6 +225,8 @@ def make_handler(
             except ValueError as error:
                 self._send(400, {"error": f"since: {error}"})
                 return
+            # Deferred: the timeline brings pandas and the status, which `kneepoint
+            # annotate` (this module's other user) never needs.
             from kneepoint.timeline import events
 
             now = clock()
@@ -242,8 +245,6 @@ def serve_api(
     clock: Clock | None = None,
 ) -> ThreadingHTTPServer:
     """Start the endpoint in a daemon thread; the caller shuts it down (`.shutdown()`)."""
-    import time
-
     server = ThreadingHTTPServer((host, port), make_handler(config, sessions, clock or time.time))
     server.daemon_threads = True
     thread = threading.Thread(target=server.serve_forever, name="kneepoint-api", daemon=True)

@@ -41,10 +41,15 @@ from typing import Protocol
 
 from sqlalchemy.orm import Session
 
+from kneepoint import timeline
 from kneepoint.config import Config
 from kneepoint.durations import parse_duration
+from kneepoint.knee.detect import assess, knee_for_replica
 from kneepoint.records import GpuStatus
 from kneepoint.samples import SATURATION
+from kneepoint.status import build_status
+from kneepoint.store import queries, window_rows
+from kneepoint.store.runs import load_runs
 
 log = logging.getLogger(__name__)
 
@@ -348,11 +353,6 @@ def gather(
     `loads`), at any fleet size: no replica's series is built only to take two maxima of it
     (that was 18 to 29 s a round at 1,000 replicas). The same signals as from the series
     (tests/kneepoint/test_causes_gather.py)."""
-    from kneepoint.knee.detect import assess, knee_for_replica
-    from kneepoint.status import build_status
-    from kneepoint.store import queries, window_rows
-    from kneepoint.store.runs import load_runs
-
     edges = window_rows.read(session, now - window, now)
     status = build_status(session, config, now, window, edges=edges)
     ids = {name: row.id for name, row in queries.targets(session).items()}
@@ -412,21 +412,7 @@ def changes_between(
 ) -> tuple[Event, ...]:
     """The timeline's events in [since, until]; none when it cannot be read (logged)."""
     try:
-        from kneepoint import timeline
-
         return tuple(timeline.events(session, config, since, until))
     except Exception:  # the timeline is a witness, not a dependency: the rest still counts
         log.exception("causes: the timeline could not be read")
         return ()
-
-
-def likely_cause(
-    session: Session,
-    config: Config,
-    now: float,
-    replica: str | None = None,
-    began: Onset | None = None,
-) -> Cause:
-    """`classify` over what the store holds now, for a trouble that began at `began`."""
-    signals = gather(session, config, now, began=None if began is None else began.at)
-    return classify(signals, replica, began)

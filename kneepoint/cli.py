@@ -77,8 +77,8 @@ def collect(
     discovery_usable(settings)
     sessions = open_sessions(settings)
     if once:
+        from collectors.jobs import collect_round
         from collectors.prometheus_api import PrometheusSourceError
-        from collectors.schedule import collect_round
 
         try:
             outcomes = collect_round(settings, sessions)
@@ -88,7 +88,7 @@ def collect(
             state = "up" if outcome.ok else f"down: {outcome.error}"
             typer.echo(f"{outcome.target}: {state} ({outcome.seconds * 1000:.0f} ms)")
         return
-    from collectors.schedule import install_collector
+    from collectors.jobs import install_collector
     from collectors.scheduler import StepSafeBlockingScheduler
 
     scheduler = StepSafeBlockingScheduler()
@@ -276,7 +276,7 @@ def serve(
     typer.echo(f"app on {browser_url(host, port)}", err=True)
     if no_collect:  # several app instances, one `kneepoint collect`, one shared database
         sys.exit(run_app(settings, file, host, port, open_browser=not no_browser))
-    from collectors.schedule import install_collector
+    from collectors.jobs import install_collector
     from collectors.scheduler import StepSafeBackgroundScheduler
 
     scheduler = StepSafeBackgroundScheduler()
@@ -995,8 +995,8 @@ def export_grafana(
     ```
     """
     from alerts.export import prometheus_rules
+    from alerts.grafana import dashboards, recorded_metrics
     from alerts.rules import effective_rules
-    from dashboards.grafana import dashboards, recorded_metrics
 
     settings = load_settings(config)
     try:

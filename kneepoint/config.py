@@ -29,7 +29,6 @@ from kneepoint.durations import parse_duration
 from kneepoint.secrets import HookURL, Secret, SecretURL
 
 Duration = Annotated[float, BeforeValidator(parse_duration)]
-Fraction = Annotated[float, Field(ge=0.0, le=1.0)]
 _VARIABLE = re.compile(r"\$\{([A-Za-z_][A-Za-z0-9_]*)(?::-([^}]*))?\}")
 _GPU_REF = re.compile(r"[^/\s]+/\d+")
 
@@ -439,7 +438,7 @@ def url_problem(url: str) -> str | None:
 
 
 class Rule(Strict):
-    """An alert rule: `metric` `op` `threshold` held for `for:` fires (alerts/engine.py).
+    """An alert rule: `metric` `op` `threshold` held for `for:` fires (alerts/lifecycle.py).
 
     `no_data` says what an evaluation without a value (the target stopped answering,
     scraping stopped, nothing in the window) does, since "no data" is not "all is well":

@@ -16,6 +16,8 @@ from typing import Any
 
 import yaml
 
+from collectors.jobs import install, standard_jobs
+from collectors.scheduler import StepSafeBackgroundScheduler
 from kneepoint import malloc
 from kneepoint.config import load_config
 from kneepoint.knee.runs import Run
@@ -25,6 +27,8 @@ from kneepoint.twin.backfill import backfill_week
 from kneepoint.twin.fleet import Fleet, FleetSpec
 from kneepoint.twin.ladder import ladder_run
 from kneepoint.twin.traffic import Group, Traffic
+from kneepoint.webapp import app_process, check_listen
+from kneepoint.webapp import stop as stop_app
 
 # Four replicas on two GPU nodes, of two engines: two vLLM Llama-3.1-8B behind session-sticky
 # routing (one with a speculative drafter), and Qwen3-4B on two L4s, served by vLLM on one (it
@@ -154,11 +158,6 @@ def run_demo(
 ) -> int:
     """Run until Ctrl-C or SIGTERM; return the exit status. `rules` are added to the demo's
     config (`kneepoint demo --rules FILE`)."""
-    from collectors.schedule import install, standard_jobs
-    from collectors.scheduler import StepSafeBackgroundScheduler
-    from kneepoint.webapp import app_process, check_listen
-    from kneepoint.webapp import stop as stop_app
-
     # Before the twin's first thread: glibc gives each new thread that allocates an arena of
     # its own (up to 8 per core) and keeps their pages, and once more than 8 exist a later cap
     # changes nothing. The collector's scheduler caps them when it is made, here after the

@@ -32,6 +32,11 @@ reasons ("Down: 1 of 4 replicas down · Burning: SLO fast-ttft budget exhausted 
 Degraded: preemptions-sustained firing on replica-b (ticket) · 2 pending"); past `NAMED`
 SLOs or alerts in one segment it counts them instead ("Paging: 3 page alerts firing").
 
+Not here: any read of the store or any number. The replicas' up, stale and stalled come
+from `kneepoint status` (kneepoint/status.py), the SLO reports from alerts/slo.py, the
+alerts from the alerts table; this module only ranks them. The collector's own health (its
+jobs and database) is kneepoint/health.py's.
+
 Every reason carries the query string of the page that explains it (the app's
 ?page=…&range=…&replica=… scheme, app/main.py): an alert's is given by the caller (the same
 view its message links to, alerts/outbox.py `view_of`), a replica's is Collector health

@@ -13,7 +13,10 @@ With several collectors on one PostgreSQL database (collectors/cluster.py), job_
 the cluster's: the scrape job's row is written by every collector, the leader-only jobs'
 (alerts, deliver, rollup, report, heartbeat) by whoever leads, and a follower skipping them
 writes nothing, so they are judged by the leader's runs alone: after a takeover, overdue
-only if no new leader ran them within three intervals. `collectors` lists the members."""
+only if no new leader ran them within three intervals. `collectors` lists the members.
+
+Not here: the replicas' health. Whether a replica is up, stale or stalled is
+kneepoint/status.py's, and the fleet's one-word verdict is kneepoint/fleet_status.py's."""
 
 from __future__ import annotations
 
@@ -22,14 +25,15 @@ from dataclasses import dataclass
 from sqlalchemy import text
 from sqlalchemy.orm import Session, sessionmaker
 
-from kneepoint.clock import system_clock
 from kneepoint.config import Config
+from kneepoint.job_intervals import job_intervals
 from kneepoint.store import queries
+from kneepoint.store.membership import membership
 from kneepoint.store.models import JobHealthRow
 
 OVERDUE_INTERVALS = 3.0
 OVERDUE_AT_LEAST = 60.0
-# What the scheduler's listener (collectors/schedule.record_job_event) records for a run
+# What the scheduler's listener (collectors/jobs.record_job_event) records for a run
 # that did not happen, as opposed to one that raised.
 NOT_RUN = ("skipped:", "missed its run time")
 # Jobs that must have run for the collector to be healthy at all.
@@ -53,13 +57,11 @@ class JobCheck:
 
 
 def intervals(config: Config) -> dict[str, float]:
-    """Seconds between each interval job's runs, as the scheduler's standard jobs set them
-    (so a new or retimed job is judged by its own interval). A cron job (the report) and
-    unknown jobs have none: they are judged only by whether their last run failed."""
-    from collectors.schedule import standard_jobs
-
-    jobs = standard_jobs(config, sessionmaker(), system_clock)  # built, never run here
-    return {j.id: j.every for j in jobs if not j.cron and j.every > 0}
+    """Seconds between each interval job's runs, as the scheduler sets them
+    (kneepoint/job_intervals.py, so a new or retimed job is judged by its own interval). A
+    cron job (the report) and unknown jobs have none: they are judged only by whether their
+    last run failed."""
+    return {job: every for job, every in job_intervals(config).items() if every > 0}
 
 
 def overdue_after(every: float) -> float:
@@ -137,8 +139,6 @@ def collectors(session: Session, config: Config, now: float) -> tuple[list[dict]
     """Each recorded collector (host, pid, started, last seen, live or gone, leader, how
     many targets it held at its last round) and the leader's id: None off PostgreSQL (no
     election: every collector runs every job) or while no collector holds the lock."""
-    from collectors.cluster import membership
-
     members = membership(session, config.collector.lease, now)
     rows = [
         {

@@ -20,7 +20,7 @@ a heap, so the pages a job's temporaries freed below a block still in use stay r
 use stayed about flat and its free bytes grew (mallinfo2 in its process). `release()` hands
 the free pages back (malloc_trim(0)), and Arrow's pool (pandas keeps its strings there) its
 unused memory; the scheduler calls it after a job run, at most once per `RELEASE_EVERY`
-seconds (collectors/schedule.py `guarded`).
+seconds (collectors/jobs.py `guarded`).
 """
 
 from __future__ import annotations
@@ -130,5 +130,5 @@ class Releaser:
         return True
 
 
-# The collector's: every job run of its scheduler passes here (collectors/schedule.py).
+# The collector's: every job run of its scheduler passes here (collectors/jobs.py).
 after_job = Releaser()

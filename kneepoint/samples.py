@@ -1,4 +1,5 @@
-"""The canonical quantities one scrape yields, whatever vLLM or DCGM version produced them."""
+"""The canonical quantities one scrape yields, whatever engine, engine version or DCGM version
+produced them."""
 
 from __future__ import annotations
 

@@ -2,7 +2,15 @@
 (docs/explanation/design.md; its JSON: docs/reference/json.md).
 
 One function turns a window into the numbers, for a replica and for the fleet alike, so the
-CLI, the pages and the alerts can never disagree."""
+CLI, the pages and the alerts can never disagree.
+
+Its one concern is that window's numbers (`build_status`, `derived`, `hit_rates`) and the
+facts about a target they rest on: whether it is stale (`stale_after`, `is_stale`) or
+stalled (`stall_after`), which replica a GPU serves (`replica_of`, `GpuOwners`), and where
+the database computes them at fleet size (`at_fleet_size`). Not here: the formulas
+themselves (kneepoint/derived/), what a page adds to the status (kneepoint/views.py), the
+fleet's one-word verdict from alerts and SLOs (kneepoint/fleet_status.py), and the
+collector's own jobs and database (kneepoint/health.py)."""
 
 from __future__ import annotations
 

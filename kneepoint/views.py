@@ -1,4 +1,12 @@
-"""What each page shows, computed in the kernel from the store (pages only lay it out)."""
+"""What each page shows, computed in the kernel from the store (pages only lay it out).
+
+Its one concern is the `View`: the status exactly as kneepoint/status.py builds it, plus
+what the pages (and the weekly review) add per replica over the same window: peaks and
+time saturated, sequence slots, queue time, finish reasons, cost against the knee, energy,
+the charts' series and the fleet's events (hit-rate drops, prefill storms). Not here: the
+status's own numbers (kneepoint/status.py, so the command line, the pages and the alerts
+read the same ones), the fleet's one-word verdict (kneepoint/fleet_status.py), figures
+(dashboards/) and layout (app/)."""
 
 from __future__ import annotations
 
@@ -281,13 +289,7 @@ def _fleet_intervals(intervals: pd.DataFrame) -> pd.DataFrame:
     if intervals.empty:
         return intervals
     fleet = intervals.groupby("time").sum(numeric_only=True).reset_index()
-    queries = fleet.d_prefix_cache_queries.where(fleet.d_prefix_cache_queries > 0)
-    fleet["hit_rate"] = fleet.d_prefix_cache_hits / queries
-    per_replica_seconds = fleet.seconds / intervals.replica.nunique()
-    fleet["computed_prompt_tokens_per_second"] = (
-        fleet.d_prompt_tokens_local_compute / per_replica_seconds.where(per_replica_seconds > 0)
-    )
-    return fleet
+    return _with_fleet_ratios(fleet, intervals.replica.nunique())
 
 
 # The increases hit-rate drops and prefill storms are found from.
@@ -302,8 +304,16 @@ def _fleet_ratios(sums: pd.DataFrame, replicas: int) -> pd.DataFrame:
     # Nanoseconds, as replica_series' times are.
     times = pd.to_datetime(sums.bucket, unit="s", utc=True).astype("datetime64[ns, UTC]")
     fleet = sums.assign(time=times).drop(columns="bucket")
-    queries = fleet.d_prefix_cache_queries.where(fleet.d_prefix_cache_queries > 0)
-    fleet["hit_rate"] = fleet.d_prefix_cache_hits / queries
+    return _with_fleet_ratios(fleet, replicas)
+
+
+def _with_fleet_ratios(fleet: pd.DataFrame, replicas: int) -> pd.DataFrame:
+    """`fleet` (the fleet's increases and replica-seconds per interval) with its hit rate
+    (Σ hits ÷ Σ queries, none without queries) and its computed prompt tokens per second
+    (over one replica's seconds), the same formulas whether pandas or the database summed
+    the increases."""
+    asked = fleet.d_prefix_cache_queries.where(fleet.d_prefix_cache_queries > 0)
+    fleet["hit_rate"] = fleet.d_prefix_cache_hits / asked
     per_replica_seconds = fleet.seconds / replicas
     fleet["computed_prompt_tokens_per_second"] = (
         fleet.d_prompt_tokens_local_compute / per_replica_seconds.where(per_replica_seconds > 0)

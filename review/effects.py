@@ -9,15 +9,15 @@ import logging
 import math
 from collections.abc import Callable, Mapping
 from dataclasses import replace
-from typing import TYPE_CHECKING, Any
+from typing import Any
+
+from sqlalchemy.orm import Session
 
 from kneepoint import catalogue
-
-if TYPE_CHECKING:
-    from sqlalchemy.orm import Session
-
-    from kneepoint.config import Config
-    from review.recommend import Recommendation
+from kneepoint.config import Config
+from kneepoint.whatif import parse_changes, whatif_replica
+from review.recommend import Recommendation
+from review.render import value
 
 log = logging.getLogger(__name__)
 
@@ -76,8 +76,6 @@ def describe(result: Mapping[str, Any]) -> str:
     """`predicted: preemptions 340 → 12 ±30 %, TTFT p99 2.10 s → 800 ms ±12 %, …`: measured
     this week → predicted under the change, with the calibration's error; a number the week
     or the twin does not give is left out."""
-    from review.render import value
-
     measured = result.get("measured") or {}
     predicted = result.get("predicted") or {}
     parts = []
@@ -119,7 +117,6 @@ def store_predictor(session: Session, config: Config, now: float, since: float) 
     the window of `since` seconds to `now` (kneepoint.whatif.whatif_replica), which raises
     WhatIfError (a ValueError) saying why when there is no calibration, an untrusted one, no
     history or a change that cannot apply."""
-    from kneepoint.whatif import parse_changes, whatif_replica
 
     def predict(replica: str, change: Mapping[str, Any]) -> dict[str, Any]:
         result = whatif_replica(session, config, replica, parse_changes(change), now - since, now)

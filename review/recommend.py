@@ -5,12 +5,11 @@ function of the report's numbers; its thresholds are named here."""
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 import pandas as pd
 
-if TYPE_CHECKING:
-    from review.weekly import Period, WeeklyReport
+from review.weekly import Period, WeeklyReport
 
 SATURATED_SHARE = 0.05  # KV above 90 % for 5 % of the week: KV-bound
 RECOMPUTE_SHARE = 0.05  # …or preemptions redoing 5 % of the prefill work

@@ -16,12 +16,11 @@ from kneepoint import catalogue
 from kneepoint.config import Config
 from kneepoint.derived import details
 from kneepoint.derived.latency import histogram_quantile, window_histogram
-from kneepoint.forecast import Forecast, forecasts
+from kneepoint.forecast import Forecast
 from kneepoint.knee.detect import assess, knee_for_replica
 from kneepoint.store import queries
 from kneepoint.store.runs import load_runs
 from kneepoint.timeline import Event
-from kneepoint.timeline import events as timeline_events
 from kneepoint.views import View, build_view
 
 # What the report shows per replica: key, label, unit ("%" for fractions), and what it means;
@@ -52,22 +51,6 @@ class WeeklyReport:
     recommendations: list[Any] = field(default_factory=list)  # recommend.Recommendation
     forecasts: list[Forecast] = field(default_factory=list)  # headroom: daily peaks vs knee
     changes: list[Event] = field(default_factory=list)  # this week's timeline: chart markers
-
-
-def build_report(session: Session, config: Config, now: float, since: float) -> WeeklyReport:
-    from review.effects import store_predictor, with_effects
-    from review.recommend import recommend
-
-    this = period(session, config, now, since)
-    last = period(session, config, now - since, since)
-    report = WeeklyReport(now, since, this, last)
-    # Each with its predicted effect: the replica's calibrated twin replays this week.
-    report.recommendations = with_effects(
-        recommend(report), store_predictor(session, config, now, since)
-    )
-    report.forecasts = forecasts(session, config, now)
-    report.changes = timeline_events(session, config, now - since, now)
-    return report
 
 
 def period(session: Session, config: Config, end: float, window: float) -> Period:

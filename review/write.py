@@ -9,7 +9,8 @@ from sqlalchemy.orm import Session
 
 from kneepoint.config import Config
 from review.render import html_report, markdown
-from review.weekly import WeeklyReport, build_report
+from review.report import build_report
+from review.weekly import WeeklyReport
 
 
 def write_report(

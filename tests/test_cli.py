@@ -128,7 +128,7 @@ def test_health_says_whether_the_collector_is_scraping(config_file: Path) -> Non
     """The compose stack's health check for the collector container."""
     from apscheduler.schedulers.background import BackgroundScheduler
 
-    from collectors.schedule import install, standard_jobs
+    from collectors.jobs import install, standard_jobs
 
     settings = load_config(config_file)
     sessions = open_store(settings.database)

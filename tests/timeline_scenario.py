@@ -17,9 +17,9 @@ from collectors.scrape import Fetched
 from kneepoint.config import Config
 from kneepoint.store.db import open_store
 from kneepoint.twin.dcgm import GpuNode, GpuState
-from kneepoint.twin.engine import Engine, EngineConfig
 from kneepoint.twin.exposition import Snapshot, render
 from kneepoint.twin.profiles import gpu, model
+from kneepoint.twin.simulated_engine import Engine, EngineConfig
 
 STEP = 15.0
 RESTART, RECONFIGURE, UPGRADE, XID, THROTTLE, FIRE = 40, 80, 120, 140, 160, 170  # rounds

@@ -41,7 +41,7 @@ class Notice:
     changes: tuple[str, ...] = ()
     cause: str = ""
     # An ending that is no recovery: why kneepoint can no longer measure the alert
-    # (alerts.engine.Transition.note: the replica's engine does not expose the rule's
+    # (alerts.lifecycle.Transition.note: the replica's engine does not expose the rule's
     # metric), and when the engine that took over was first seen (epoch seconds; None: not
     # known, or not after the alert began). Its status stays "resolved", which is what closes
     # it on PagerDuty and Alertmanager, but no message calls it resolved: "ENDED", and why.

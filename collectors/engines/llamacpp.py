@@ -58,16 +58,6 @@ SPEC: dict[str, str] = {
     "spec_decode_accepted_tokens": P + "spec_decode_num_accepted_tokens_total",
 }
 SPEC_PER_POSITION = P + "spec_decode_num_accepted_tokens_per_pos_total"
-# Families that say "this is llama.cpp's server" when none of the above is present.
-OTHERS = (
-    P + "prompt_seconds_total",
-    P + "tokens_predicted_seconds_total",
-    P + "n_decode_total",
-    P + "n_busy_slots_per_decode",
-    P + "n_tokens_max",
-    P + "prompt_tokens_seconds",
-    P + "predicted_tokens_seconds",
-)
 WANTED = frozenset(
     {
         PROMPT_COMPUTED,

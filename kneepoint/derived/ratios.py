@@ -29,12 +29,6 @@ def hit_rate(hits: float | None, queries: float | None) -> float | None:
     return ratio(hits, queries)
 
 
-def fleet_hit_rate(pairs: Sequence[tuple[float | None, float | None]]) -> float | None:
-    """Token-weighted over replicas: Σ hits ÷ Σ queries, never a mean of ratios."""
-    known = [(h, q) for h, q in pairs if h is not None and q is not None]
-    return ratio(sum(h for h, _ in known), sum(q for _, q in known)) if known else None
-
-
 @dataclass(frozen=True)
 class Recompute:
     tokens: float | None

@@ -219,9 +219,5 @@ def _add(histograms: Sequence[Histogram | None]) -> Histogram | None:
     return Histogram(known[0].bounds, counts, sum(h.total for h in known))
 
 
-def _values(column: pd.Series) -> list[float | None]:
-    return [None if _missing(v) else float(v) for v in column]
-
-
 def _missing(value: object) -> bool:
     return value is None or (isinstance(value, float) and math.isnan(value))

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import time
+from dataclasses import replace
 from datetime import UTC, datetime
 from typing import Annotated
 
@@ -23,6 +24,9 @@ from kneepoint.cliutil import ConfigOption, fail, load_settings, open_sessions
 from kneepoint.durations import parse_duration
 from kneepoint.knee.detect import Assessment
 from kneepoint.knee.runs import Point
+
+# The commands import the sweep, the store and the importers when they run: this module
+# loads with every `kneepoint` command, each a fresh process (tests/test_cli_start.py).
 
 
 def _ladder(text: str) -> tuple[int, ...]:
@@ -175,8 +179,6 @@ def import_results(
     kneepoint import results/*.json --label qwen-a-knee
     ```
     """
-    from dataclasses import replace
-
     from kneepoint.knee.imports import read_all
     from kneepoint.knee.runs import group
     from kneepoint.store.runs import save_run

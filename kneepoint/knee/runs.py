@@ -5,9 +5,6 @@ from __future__ import annotations
 from dataclasses import asdict, dataclass, field, fields, replace
 from typing import Any
 
-# Where a run came from: kneepoint's own sweep or an imported tool's result file.
-SOURCES = ("sweep", "vllm-bench", "guidellm", "aiperf", "genai-perf", "llmperf")
-
 
 @dataclass(frozen=True)
 class Point:
@@ -64,6 +61,8 @@ class Point:
 class Run:
     label: str
     model: str
+    # Where it came from: kneepoint's own "sweep", or the imported tool whose result file it
+    # was (vllm-bench, guidellm, aiperf, genai-perf, llmperf).
     source: str
     points: tuple[Point, ...]
     created_at: float | None = None

@@ -43,7 +43,7 @@ class TargetRow(Base):
     # one engine; collectors/collect.py resets it when the engine changes). None: not known
     # (stored before migration 0018 with no configuration history), read as long ago. An
     # alert whose metric the new engine does not expose follows its rule's `no_data` until
-    # the new engine has been seen for the rule's `for` (alerts/engine.py).
+    # the new engine has been seen for the rule's `for` (alerts/lifecycle.py).
     engine_since: Mapped[float | None] = mapped_column(Float)
     unavailable: Mapped[str | None] = mapped_column(Text)
     engines: Mapped[int | None] = mapped_column(Integer)
@@ -195,7 +195,7 @@ class RunPointRow(Base):
 
 
 class AlertRow(Base):
-    """Each rule-and-replica alert's current state (alerts/engine.py)."""
+    """Each rule-and-replica alert's current state (alerts/lifecycle.py)."""
 
     __tablename__ = "alerts"
 

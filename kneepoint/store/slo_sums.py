@@ -82,6 +82,7 @@ from sqlalchemy.orm import Session
 
 from kneepoint.derived import stall
 from kneepoint.samples import HISTOGRAMS, REPLICA_COUNTERS
+from kneepoint.store import queries
 from kneepoint.store.codec import decode_histogram
 from kneepoint.store.models import ReplicaSampleRow, SloSumProgressRow, SloSumRow, TargetRow
 
@@ -958,8 +959,6 @@ def _any(session: Session, ids: list[int], start: float, end: float) -> bool:
 
 
 def _read(session: Session, ids: list[int], start: float, end: float) -> pd.DataFrame:
-    from kneepoint.store.queries import read_bulk  # the read path imports this module's users
-
     if not ids:
         return pd.DataFrame(columns=["target_id", "ts", *READ])
     query = (
@@ -967,12 +966,11 @@ def _read(session: Session, ids: list[int], start: float, end: float) -> pd.Data
         .where(among(session, SAMPLES.c.target_id, ids), SAMPLES.c.ts >= start, SAMPLES.c.ts < end)
         .order_by(SAMPLES.c.target_id, SAMPLES.c.ts)
     )
-    return read_bulk(session, query)
+    return queries.read_bulk(session, query)
 
 
 def raw(session: Session, ids: list[int], start: float, end: float, closed: bool) -> pd.DataFrame:
     """The samples of `ids` in [start, end) ([start, end] when closed), as the sums read them."""
-    from kneepoint.store.queries import read_bulk
 
     high = SAMPLES.c.ts <= end if closed else SAMPLES.c.ts < end
     query = (
@@ -980,7 +978,7 @@ def raw(session: Session, ids: list[int], start: float, end: float, closed: bool
         .where(among(session, SAMPLES.c.target_id, ids), SAMPLES.c.ts >= start, high)
         .order_by(SAMPLES.c.target_id, SAMPLES.c.ts)
     )
-    return read_bulk(session, query)
+    return queries.read_bulk(session, query)
 
 
 def raw_spans(
@@ -994,7 +992,6 @@ def raw_spans(
     a round's windows read their partial start buckets together. `texts_from`: per span,
     the time before which the histograms are not needed (None there): a window's samples
     before its start are read for stall detection's walk only, which reads no histogram."""
-    from kneepoint.store.queries import read_bulk
 
     columns = ("target_id", "ts", *READ)
     froms = list(texts_from) if texts_from is not None else [None] * len(spans)
@@ -1014,7 +1011,7 @@ def raw_spans(
     if not ids or not selects:
         return pd.DataFrame(columns=list(columns))
     rows = (union_all(*selects) if len(selects) > 1 else selects[0]).subquery("spans")
-    return read_bulk(session, select(rows).order_by(rows.c.target_id, rows.c.ts))
+    return queries.read_bulk(session, select(rows).order_by(rows.c.target_id, rows.c.ts))
 
 
 def rows_in(

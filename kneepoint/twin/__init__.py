@@ -1,4 +1,5 @@
-"""The fleet twin: simulated vLLM replicas and dcgm-exporters that behave like the real ones.
+"""The fleet twin: simulated vLLM (or SGLang) replicas and dcgm-exporters that behave like the
+real ones.
 
 Behaviour comes from physics: a paged KV cache with prefix caching, continuous batching,
 preemption by recompute, chunked prefill, and step times from bytes moved and FLOPs done on a

@@ -28,11 +28,11 @@ from kneepoint.store.rollup import rollup
 from kneepoint.store.writer import ensure_targets, record_gpu_history, record_replica_history
 from kneepoint.twin.agents import daily_load, session
 from kneepoint.twin.dcgm import GpuState
-from kneepoint.twin.engine import Engine, EngineConfig
 from kneepoint.twin.fleet import Fleet
 from kneepoint.twin.openai_api import chat_prompt, tokenize
 from kneepoint.twin.sglang import SglangMetrics
 from kneepoint.twin.sglang import render as render_sglang
+from kneepoint.twin.simulated_engine import Engine, EngineConfig
 from kneepoint.twin.stats import Stats
 
 LEVELS = (1, 3, 8, 20, 48)  # concurrent agent sessions measured per replica

@@ -20,7 +20,7 @@ from prometheus_client.exposition import generate_latest
 from prometheus_client.registry import Collector, CollectorRegistry
 from prometheus_client.samples import Sample
 
-from kneepoint.twin.engine import Engine
+from kneepoint.twin.simulated_engine import Engine
 from kneepoint.twin.stats import FINISH_REASONS, Histo
 
 VERSIONS = ("0.32", "0.10", "0.8", "0.5")

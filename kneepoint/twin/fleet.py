@@ -29,12 +29,12 @@ from pydantic import Field, ValidationError, model_validator
 from kneepoint.config import ConfigError, Strict, Target, describe
 from kneepoint.secrets import SecretURL
 from kneepoint.twin.dcgm import GpuNode, GpuState
-from kneepoint.twin.engine import EngineConfig
 from kneepoint.twin.profiles import GPUS, MODELS, gpu, model
 from kneepoint.twin.replica import Replica
 from kneepoint.twin.server import TwinServer
 from kneepoint.twin.sglang import NEWEST as SGLANG_NEWEST
 from kneepoint.twin.sglang import VERSIONS as SGLANG_VERSIONS
+from kneepoint.twin.simulated_engine import EngineConfig
 
 Port = Annotated[int, Field(ge=0, le=65535)]
 

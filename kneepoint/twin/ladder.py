@@ -8,8 +8,8 @@ import random
 
 from kneepoint.knee.runs import Point, Run
 from kneepoint.knee.sweep import DEFAULT_LADDER, Outcome, summarize
-from kneepoint.twin.engine import Engine, EngineConfig
 from kneepoint.twin.openai_api import VOCABULARY
+from kneepoint.twin.simulated_engine import Engine, EngineConfig
 
 
 def step(

@@ -10,8 +10,8 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 
 from kneepoint.twin import sglang
-from kneepoint.twin.engine import Engine, EngineConfig
 from kneepoint.twin.exposition import Snapshot, render
+from kneepoint.twin.simulated_engine import Engine, EngineConfig
 
 
 @dataclass(frozen=True)

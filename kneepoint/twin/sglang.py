@@ -34,9 +34,9 @@ from prometheus_client.metrics_core import Metric
 from prometheus_client.registry import Collector, CollectorRegistry
 from prometheus_client.utils import floatToGoString
 
-from kneepoint.twin.engine import Engine, Request, TokenSink
 from kneepoint.twin.profiles import GIB
 from kneepoint.twin.sglang_catalog import BOUNDS, FAMILIES, Family
+from kneepoint.twin.simulated_engine import Engine, Request, TokenSink
 from kneepoint.twin.stats import Histo
 
 VERSIONS = tuple(FAMILIES)  # newest first

@@ -19,7 +19,7 @@ The API other code builds on (docs/explanation/whatif.md, "The Python API"):
 - `save_profile`, `latest_profile`: calibrations in the store.
 """
 
-from kneepoint.twin.engine import StepCost
+from kneepoint.twin.simulated_engine import StepCost
 from kneepoint.whatif.calibrate import Level, calibrate_sweep
 from kneepoint.whatif.changes import KEYS, Change, parse_changes
 from kneepoint.whatif.history import History, load_history

@@ -1,4 +1,4 @@
-"""Fit the twin's step-time model (kneepoint.twin.engine.StepCost) to a replica.
+"""Fit the twin's step-time model (kneepoint.twin.simulated_engine.StepCost) to a replica.
 
 From a knee run (sweep or import): each concurrency step's throughput, mean TTFT and mean
 inter-token latency are, for the twin, linear in the cost's coefficients given the schedule
@@ -22,8 +22,8 @@ import numpy as np
 from scipy.optimize import nnls
 
 from kneepoint.knee.runs import Point, Run
-from kneepoint.twin.engine import EngineConfig, StepCost
 from kneepoint.twin.profiles import GPUS, MODELS
+from kneepoint.twin.simulated_engine import EngineConfig, StepCost
 from kneepoint.whatif.profile import (
     MIN_POINTS,
     TRUST_RMS,

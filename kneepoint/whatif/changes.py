@@ -11,8 +11,8 @@ from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, fields, replace
 from typing import Any, Literal
 
-from kneepoint.twin.engine import StepCost
 from kneepoint.twin.profiles import GIB, GPUS
+from kneepoint.twin.simulated_engine import StepCost
 from kneepoint.whatif.profile import EngineShape, Profile, WhatIfError
 
 Routing = Literal["round-robin", "sticky"]

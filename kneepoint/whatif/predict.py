@@ -4,6 +4,7 @@ and set both against what was measured, with error bounds (the `whatif --json` c
 
 from __future__ import annotations
 
+import json
 import math
 from dataclasses import dataclass, replace
 from typing import Any
@@ -17,6 +18,7 @@ from kneepoint.derived.cost import gpu_hour_price
 from kneepoint.knee.detect import knee
 from kneepoint.knee.runs import Point, Run
 from kneepoint.knee.sweep import DEFAULT_LADDER
+from kneepoint.status import replica_of
 from kneepoint.store import queries
 from kneepoint.store.models import GpuRow
 from kneepoint.store.runs import RunNotFound, load_run, load_runs
@@ -100,15 +102,11 @@ def replica_shape(
 
 
 def _json_list(text: str | None) -> list[str]:
-    import json
-
     return list(json.loads(text)) if text else []
 
 
 def _gpu_key(session: Session, config: Config, replica: str) -> str | None:
     """The profile of the replica's GPU, where its DCGM model name has one."""
-    from kneepoint.status import replica_of
-
     exporters = {row.id: name for name, row in queries.targets(session).items()}
     for row in session.scalars(select(GpuRow)):
         hosts = {row.host, exporters.get(row.target_id, "")}

@@ -8,11 +8,11 @@ model that has no profile is calibrated and predicted from its measured sweep al
 
 from __future__ import annotations
 
-from dataclasses import asdict, dataclass, field, fields, replace
+from dataclasses import asdict, dataclass, field, fields
 from typing import Any
 
-from kneepoint.twin.engine import EngineConfig, StepCost
-from kneepoint.twin.profiles import GIB, GPUS, MODELS, Gpu, Model
+from kneepoint.twin.profiles import GPUS, MODELS, Gpu, Model
+from kneepoint.twin.simulated_engine import EngineConfig, StepCost
 
 # A fit whose root-mean-square relative error over the points it was fitted to exceeds this
 # is not trusted: the aim for predictions is 20 % on throughput and TTFT, and a model
@@ -230,9 +230,6 @@ class Profile:
     def engine_config(self) -> EngineConfig:
         return self.shape.engine_config(self.cost)
 
-    def with_shape(self, shape: EngineShape, cost: StepCost | None = None) -> Profile:
-        return replace(self, shape=shape, cost=cost or self.cost)
-
     def as_dict(self) -> dict[str, Any]:
         return {
             "replica": self.replica,
@@ -268,7 +265,3 @@ def cost_dict(cost: StepCost) -> dict[str, float]:
 def cost_from_dict(data: dict[str, Any]) -> StepCost:
     known = {f.name for f in fields(StepCost)}
     return StepCost(**{k: float(v) for k, v in data.items() if k in known})
-
-
-def gib(value: float) -> float:
-    return value * GIB

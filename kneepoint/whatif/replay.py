@@ -29,7 +29,7 @@ from typing import Any
 import numpy as np
 
 from kneepoint.config import Slo
-from kneepoint.twin.engine import Engine, EngineConfig, Request
+from kneepoint.twin.simulated_engine import Engine, EngineConfig, Request
 from kneepoint.whatif.changes import Change, apply
 from kneepoint.whatif.history import SATURATED, History, weighted_quantile
 from kneepoint.whatif.profile import Profile, WhatIfError

@@ -3,7 +3,7 @@
 In a closed loop whose clients send their next request the moment the last one ends, which
 requests share a step does not depend on how long the steps take: only their order matters.
 So one run of the twin per concurrency gives, for every step, how many times each term of
-the step-cost model (kneepoint.twin.engine.StepCost) is paid in it, and every latency the
+the step-cost model (kneepoint.twin.simulated_engine.StepCost) is paid in it, and every latency the
 sweep measures (the step's wall time, each request's TTFT, each inter-token gap) is a sum of
 whole steps: a linear function of the cost's coefficients. That is what calibration fits
 (calibrate.py) and what predicting a sweep evaluates.
@@ -17,7 +17,13 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from kneepoint.twin.engine import STEP_OVERHEAD_SECONDS, Engine, EngineConfig, Request, StepCost
+from kneepoint.twin.simulated_engine import (
+    STEP_OVERHEAD_SECONDS,
+    Engine,
+    EngineConfig,
+    Request,
+    StepCost,
+)
 
 # The step-cost model's terms, in the order of a feature row (StepCost's fields).
 TERMS = (

@@ -7,8 +7,9 @@ from urllib.parse import parse_qs, urlsplit
 
 import pytest
 
-from alerts.engine import FIRING, PENDING, Alert, Transition
-from alerts.outbox import PAGES, notice_for, view_of
+from alerts.lifecycle import FIRING, PENDING, Alert, Transition
+from alerts.messages import notice_for
+from alerts.outbox import PAGES, view_of
 from alerts.rules import BUILT_IN, METRICS
 from alerts.slo import burn_rules
 from app.registry import PAGES as APP_PAGES

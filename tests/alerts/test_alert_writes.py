@@ -13,7 +13,7 @@ import pytest
 from sqlalchemy import event, select
 
 from alerts import evaluate
-from alerts.engine import Alert
+from alerts.lifecycle import Alert
 from kneepoint.config import Config, load_config
 from kneepoint.store.db import open_store
 from kneepoint.store.models import AlertRow

@@ -15,8 +15,8 @@ import pytest
 from sqlalchemy import select
 
 from alerts import slo
-from alerts.engine import FIRING
 from alerts.evaluate import evaluate_once, measure, slo_reports
+from alerts.lifecycle import FIRING
 from collectors.engines.vllm import parse_vllm
 from kneepoint.config import Slo, load_config
 from kneepoint.store.db import open_store

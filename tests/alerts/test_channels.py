@@ -15,8 +15,9 @@ from sqlalchemy import select
 from sqlalchemy.orm import Session, sessionmaker
 
 from alerts.channels import Notice, channel
-from alerts.engine import FIRING, PENDING, RESOLVED, Alert, Transition
-from alerts.outbox import COUNTS, channel_health, deliver_due, enqueue, http_sender
+from alerts.lifecycle import FIRING, PENDING, RESOLVED, Alert, Transition
+from alerts.messages import enqueue
+from alerts.outbox import COUNTS, channel_health, deliver_due, http_sender
 from kneepoint.config import Config, Rule
 from kneepoint.secrets import HookURL
 from kneepoint.store.db import open_store
@@ -353,7 +354,7 @@ def test_a_silence_suppresses_and_a_down_replica_inhibits_its_other_alerts(
     tmp_path: Path, receiver: Receiver
 ) -> None:
     from alerts import silences
-    from alerts.engine import evaluate
+    from alerts.lifecycle import evaluate
 
     config, kv = setup(tmp_path, receiver, "slack")
     down = Rule.model_validate(
@@ -410,7 +411,7 @@ def test_a_silence_suppresses_and_a_down_replica_inhibits_its_other_alerts(
 def test_one_rule_firing_on_several_replicas_is_one_message_except_for_pagerduty(
     tmp_path: Path, receiver: Receiver
 ) -> None:
-    from alerts.engine import evaluate
+    from alerts.lifecycle import evaluate
 
     config = Config.model_validate(
         {
@@ -539,7 +540,7 @@ ENDED_SHOWN = {
 
 def end(sessions: sessionmaker[Session], config: Config, rule: Rule, note: str | None) -> None:
     """The alert on qwen-a, firing since NOW - 300, ends now: with `note`, because SGLang,
-    first seen at SWITCHED, does not expose its metric (alerts.engine.evaluate); without,
+    first seen at SWITCHED, does not expose its metric (alerts.lifecycle.evaluate); without,
     a recovery."""
     alert = Alert("f1ngerpr1nt", rule.name, "qwen-a", RESOLVED, None, 0.9, NOW - 360, NOW - 300)
     change = Transition(alert, FIRING, RESOLVED, note=note)

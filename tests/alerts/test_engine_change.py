@@ -1,7 +1,7 @@
 """An engine change never resolves an alert by itself: an alert pending or firing when its
 metric stops being exposed (the target's engine changed) follows its rule's `no_data` until
 the new engine has been seen for the rule's `for` (at least ENGINE_SETTLE); only then does
-it end with the reason. Pure cases on alerts.engine.evaluate, then end to end: a real HTTP
+it end with the reason. Pure cases on alerts.lifecycle.evaluate, then end to end: a real HTTP
 server whose /metrics goes from vLLM to llama.cpp under an `auto` target, collected and
 evaluated on a test clock, with the outbox, the timeline and the targets row checked."""
 
@@ -17,8 +17,8 @@ from alembic import command
 from sqlalchemy import select, text
 
 from alerts.channels import Notice, channel
-from alerts.engine import ENGINE_SETTLE, FIRING, PENDING, RESOLVED, Alert, evaluate, settle_time
 from alerts.evaluate import evaluate_once
+from alerts.lifecycle import ENGINE_SETTLE, FIRING, PENDING, RESOLVED, Alert, evaluate, settle_time
 from alerts.values import FLEET, engine_since
 from collectors.collect import collect_once
 from kneepoint import timeline

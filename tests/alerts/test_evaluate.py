@@ -255,7 +255,7 @@ def test_a_firing_messages_reads_hold_no_write_lock(
     round waiting behind seconds of reads failed with `database is locked`."""
     import sqlite3
 
-    from alerts import outbox
+    from alerts import messages
 
     config_path = Path(str(seeded))
     config_path.write_text(
@@ -278,7 +278,7 @@ def test_a_firing_messages_reads_hold_no_write_lock(
         finally:
             other.close()
 
-    gather, events = outbox.causes.gather, outbox.timeline.events
+    gather, events = messages.causes.gather, messages.timeline.events
 
     def gathering(*args: object, **kwargs: object) -> object:
         can_write()
@@ -288,8 +288,8 @@ def test_a_firing_messages_reads_hold_no_write_lock(
         can_write()
         return events(*args, **kwargs)  # type: ignore[arg-type]
 
-    monkeypatch.setattr(outbox.causes, "gather", gathering)
-    monkeypatch.setattr(outbox.timeline, "events", reading)
+    monkeypatch.setattr(messages.causes, "gather", gathering)
+    monkeypatch.setattr(messages.timeline, "events", reading)
     sessions = open_store(config.database)
     with sessions.begin() as session:
         transitions = evaluate_once(session, config, time.time())

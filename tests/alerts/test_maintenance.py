@@ -14,8 +14,8 @@ import pytest
 from sqlalchemy import select
 
 from alerts import maintenance
-from alerts.engine import FIRING
 from alerts.evaluate import evaluate_once, slo_reports
+from alerts.lifecycle import FIRING
 from collectors.engines.vllm import parse_vllm
 from kneepoint.config import ConfigError, Maintenance, load_config, parse_config
 from kneepoint.samples import Histogram

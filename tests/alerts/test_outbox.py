@@ -14,12 +14,12 @@ from sqlalchemy import select
 from sqlalchemy.orm import Session, sessionmaker
 
 from alerts.channels import Outgoing
-from alerts.engine import FIRING, PENDING, RESOLVED, Alert, Transition
+from alerts.lifecycle import FIRING, PENDING, RESOLVED, Alert, Transition
+from alerts.messages import enqueue
 from alerts.outbox import (
     COUNTS,
     Result,
     deliver_due,
-    enqueue,
     http_sender,
     put,
     send_trial,
@@ -237,7 +237,7 @@ def test_every_request_carries_its_rows_idempotency_key(sink: Sink, tmp_path: Pa
 
 
 def test_evaluation_and_delivery_are_separate_jobs(sink: Sink, tmp_path: Path) -> None:
-    from collectors.schedule import alerts_job, deliver_job, standard_jobs
+    from collectors.jobs import alerts_job, deliver_job, standard_jobs
     from tests.seed import seed
 
     config_file = seed(tmp_path, NOW, minutes=2)
@@ -258,7 +258,7 @@ def test_evaluation_and_delivery_are_separate_jobs(sink: Sink, tmp_path: Path) -
     assert {r.state for r in stored(sessions)} == {"sent"} and sink.got
 
 
-# --- an ending that is no recovery (alerts.engine: the engine no longer exposes the metric)
+# --- an ending that is no recovery (alerts.lifecycle: the engine no longer exposes the metric)
 
 GONE = "not exposed by llama.cpp since its KV gauges were removed"
 

@@ -10,8 +10,8 @@ from pathlib import Path
 import pytest
 
 from alerts import slo
-from alerts.engine import FIRING
 from alerts.evaluate import evaluate_once, slo_problems
+from alerts.lifecycle import FIRING
 from collectors.engines.vllm import parse_vllm
 from kneepoint.config import Slo, load_config
 from kneepoint.samples import Histogram

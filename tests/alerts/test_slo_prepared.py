@@ -24,7 +24,7 @@ from alerts import evaluate, slo, slo_prepared
 from alerts.evaluate import burn_rates, evaluate_once, slo_reports
 from alerts.values import FLEET
 from collectors.cluster import NOT_LEADER
-from collectors.schedule import standard_jobs
+from collectors.jobs import standard_jobs
 from kneepoint.config import Config, Slo
 from kneepoint.store import prepared_rows
 from kneepoint.store.db import open_store

@@ -18,9 +18,9 @@ from streamlit.testing.v1 import AppTest
 from typer.testing import CliRunner
 
 import alerts.evaluate  # the package: AppTest puts app/screens (alerts.py) first
-from alerts.engine import FIRING
+from alerts.lifecycle import FIRING
 from collectors.discovery import current
-from collectors.schedule import collect_round
+from collectors.jobs import collect_round
 from kneepoint.cli import app
 from kneepoint.config import load_config
 from kneepoint.status import build_status, stale_after

@@ -1,5 +1,5 @@
 """A collector job's temporaries go back to the system after it runs (kneepoint/malloc.py
-`release`, called by collectors/schedule.py `guarded`), instead of staying resident as free
+`release`, called by collectors/jobs.py `guarded`), instead of staying resident as free
 pages glibc keeps below the blocks still in use.
 
 The heap checks run in a fresh interpreter: what glibc holds is process state."""
@@ -24,7 +24,7 @@ glibc_only = pytest.mark.skipif(platform.libc_ver()[0] != "glibc", reason="mallo
 # glibc's mmap threshold, so from the heap), one in seven still in use when it returns.
 # Prints VmRSS (KiB) before the job, at its peak, and after it returned.
 FRAGMENTING_JOB = """
-from collectors.schedule import Job, guarded
+from collectors.jobs import Job, guarded
 
 def rss():
     return next(int(l.split()[1]) for l in open("/proc/self/status") if l.startswith("VmRSS"))

@@ -4,7 +4,7 @@ A collection round reads the targets table once (it read it three times: the tar
 newest samples, their engines) and every exporter's GPUs in one query (it was one query per
 exporter: 100 at 500 targets); a job run's health is one UPDATE and a membership beat one
 UPDATE (both were the ORM's SELECT and UPDATE). What they write is what they wrote:
-tests/collectors/test_scrape_path.py, test_schedule.py and tests/faults/test_ha.py check the
+tests/collectors/test_scrape_path.py, test_jobs.py and tests/faults/test_ha.py check the
 rows; here a GPU whose identity changes, and one that appears, within a round.
 """
 
@@ -24,7 +24,7 @@ from sqlalchemy.orm import Session, sessionmaker
 import collectors.collect
 from collectors.cluster import Cluster
 from collectors.collect import store_fetched
-from collectors.schedule import record_job_event
+from collectors.jobs import record_job_event
 from collectors.scrape import Fetched
 from kneepoint.config import Config, Target
 from kneepoint.store.db import open_store

@@ -23,8 +23,9 @@ import pytest
 from sqlalchemy import select
 from sqlalchemy.orm import Session, sessionmaker
 
-from alerts.engine import FIRING, PENDING, RESOLVED, Alert, Transition
-from alerts.outbox import COUNTS, channel_health, deliver_due, enqueue, http_sender
+from alerts.lifecycle import FIRING, PENDING, RESOLVED, Alert, Transition
+from alerts.messages import enqueue
+from alerts.outbox import COUNTS, channel_health, deliver_due, http_sender
 from kneepoint.config import Config, ConfigError, Rule, parse_config
 from kneepoint.secrets import HookURL
 from kneepoint.store.db import open_store

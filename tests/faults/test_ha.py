@@ -30,9 +30,10 @@ import pytest
 from sqlalchemy import select
 from typer.testing import CliRunner
 
-from collectors.cluster import Member, membership, owner
+from collectors.cluster import owner
 from kneepoint.cli import app
 from kneepoint.store.db import connect_store
+from kneepoint.store.membership import Member, membership
 from kneepoint.store.models import JobHealthRow, NotificationRow
 from kneepoint.twin.fleet import Fleet, FleetSpec
 from tests.conftest import MetricsServer, loopback, migrated
@@ -396,7 +397,7 @@ def test_a_leader_killed_with_a_notification_pending_or_claimed_is_replaced_and_
     The replicas that go down are scraped by a collector that lives on (the first recovers
     before the second kill): a target the killed one scraped goes stale (after 3 s at this
     test's 1 s interval) when the survivors take it over late on a loaded machine, and a
-    firing alert whose data goes missing says so in a message of its own (alerts/engine.py
+    firing alert whose data goes missing says so in a message of its own (alerts/lifecycle.py
     `went_missing`), which is another notification."""
     fleet = Fleet(FleetSpec.model_validate(SPEC)).start()
     processes: dict[str, subprocess.Popen[bytes]] = {}
@@ -584,7 +585,7 @@ def test_a_follower_skips_leader_jobs_without_a_trace_in_job_health(
 
     import alerts.evaluate  # noqa: F401  AppTest puts app/screens (with alerts.py) first
     from collectors.cluster import NOT_LEADER, Cluster
-    from collectors.schedule import record_job_event, standard_jobs
+    from collectors.jobs import record_job_event, standard_jobs
     from kneepoint.config import load_config
 
     config_file = tmp_path / "k.yaml"
@@ -632,7 +633,7 @@ def test_on_sqlite_one_collector_scrapes_everything_and_is_shown_without_a_leade
     tmp_path: Path, metrics_server: MetricsServer
 ) -> None:
     from collectors.cluster import Cluster
-    from collectors.schedule import scrape_job
+    from collectors.jobs import scrape_job
     from kneepoint.config import load_config
     from tests.conftest import VLLM_032, Route
 
@@ -670,7 +671,7 @@ def test_in_prometheus_mode_each_collector_reads_and_stores_its_share(
     import httpx
 
     from collectors.cluster import Cluster
-    from collectors.schedule import collect_round
+    from collectors.jobs import collect_round
     from kneepoint.config import Config, PrometheusSource
     from kneepoint.secrets import SecretURL
     from kneepoint.store.models import TargetRow

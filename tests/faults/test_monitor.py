@@ -22,7 +22,7 @@ import kneepoint.cli
 from alerts.channels import Notice
 from alerts.evaluate import evaluate_once
 from collectors.heartbeat import HeartbeatSkipped, heartbeat_job
-from collectors.schedule import install, standard_jobs
+from collectors.jobs import install, standard_jobs
 from kneepoint.cli import app
 from kneepoint.config import Config, Heartbeat, Target, load_config
 from kneepoint.store.db import open_store

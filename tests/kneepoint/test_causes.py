@@ -13,8 +13,8 @@ from sqlalchemy import select
 from sqlalchemy.orm import Session, sessionmaker
 
 from alerts.channels.base import Notice
-from alerts.engine import FIRING, PENDING, Alert, Transition
-from alerts.outbox import enqueue
+from alerts.lifecycle import FIRING, PENDING, Alert, Transition
+from alerts.messages import enqueue
 from alerts.rules import BUILT_IN
 from collectors.dcgm import parse_dcgm
 from collectors.engines.vllm import parse_vllm

@@ -164,7 +164,6 @@ def test_one_scrape_gives_no_windowed_numbers(tmp_path: Path) -> None:
 def test_null_cases_of_the_ratios() -> None:
     assert ratios.hit_rate(0, 0) is None  # caching off or idle: no queries, no rate
     assert ratios.hit_rate(None, 100) is None
-    assert ratios.fleet_hit_rate([(None, None)]) is None
     assert ratios.recompute("v1", None, 1, 1, 1, 1, 1, 0.5).tokens is None
     assert ratios.recompute("v1", 3, 100, None, None, None, None, None).tokens is None
     assert ratios.spec_decode(None, None, None, None).verdict is None

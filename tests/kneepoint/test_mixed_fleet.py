@@ -214,7 +214,7 @@ def test_an_alert_ends_with_the_reason_when_an_auto_target_changes_engine(
     held = {a["rule"]: a["state"] for a in listed["alerts"]}
     assert held["capacity-wait"] == "firing"  # the engine change alone ends nothing
     # Once the new engine has been seen for each rule's settle time (its `for`, at least
-    # alerts.engine.ENGINE_SETTLE; an hour is past both), both alerts end with the reason.
+    # alerts.lifecycle.ENGINE_SETTLE; an hour is past both), both alerts end with the reason.
     later = time.time() + 3600
     monkeypatch.setattr(clock, "system_clock", lambda: later)
     result = runner.invoke(app, ["alerts", "eval", "--once", "--config", str(config)])

@@ -20,8 +20,8 @@ from typer.testing import CliRunner
 
 from alerts import silences
 from alerts.channels import Notice, channel
-from alerts.engine import FIRING, Alert, Transition
-from alerts.outbox import enqueue
+from alerts.lifecycle import FIRING, Alert, Transition
+from alerts.messages import enqueue
 from collectors.engines.vllm import parse_vllm
 from kneepoint.cli import app
 from kneepoint.config import Config, Retention, load_config

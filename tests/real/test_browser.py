@@ -16,9 +16,9 @@ from app.registry import PAGES
 from kneepoint.config import load_config
 from kneepoint.store.db import open_store
 from kneepoint.store.runs import save_run
-from kneepoint.twin.engine import EngineConfig
 from kneepoint.twin.ladder import ladder_run
 from kneepoint.twin.profiles import gpu, model
+from kneepoint.twin.simulated_engine import EngineConfig
 from tests.conftest import (
     DCGM_T4,
     VLLM_032,

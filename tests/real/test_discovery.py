@@ -16,7 +16,7 @@ import httpx
 import pytest
 
 from collectors.discovery import with_discovered
-from collectors.schedule import collect_round
+from collectors.jobs import collect_round
 from kneepoint.config import load_config
 from kneepoint.status import build_status
 from kneepoint.store import queries

@@ -10,7 +10,7 @@ from typing import Any
 import httpx
 import pytest
 
-from collectors.schedule import collect_round
+from collectors.jobs import collect_round
 from kneepoint.config import Config, PrometheusSource, Target
 from kneepoint.demo import FLEET, live_groups
 from kneepoint.status import build_status

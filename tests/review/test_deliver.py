@@ -11,7 +11,7 @@ import yaml
 from apscheduler.schedulers.background import BackgroundScheduler
 
 from alerts.outbox import deliver_due, http_sender
-from collectors.schedule import install, report_job, standard_jobs
+from collectors.jobs import install, report_job, standard_jobs
 from kneepoint.config import load_config
 from kneepoint.store.db import open_store
 from tests.alerts.conftest import Receiver

@@ -15,7 +15,7 @@ from kneepoint.store.db import connect_store
 from kneepoint.store.runs import save_run
 from kneepoint.store.writer import ensure_targets, record_replica
 from review.render import html_report, markdown
-from review.weekly import build_report
+from review.report import build_report
 from tests.conftest import VLLM_032, migrated, read
 
 DAY = forecast.DAY

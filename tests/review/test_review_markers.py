@@ -18,7 +18,7 @@ from kneepoint.config import load_config
 from kneepoint.store.db import open_store
 from kneepoint.store.writer import ensure_targets, record_replica
 from review.render import figures, html_report
-from review.weekly import build_report
+from review.report import build_report
 from tests.conftest import VLLM_032, migrated, read
 
 WEEK = 7 * 86400.0

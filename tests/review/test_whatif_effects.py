@@ -24,7 +24,8 @@ from review.deliver import summary
 from review.effects import NOT_MODELLED
 from review.recommend import Recommendation
 from review.render import html_report, markdown, value
-from review.weekly import WeeklyReport, build_report
+from review.report import build_report
+from review.weekly import WeeklyReport
 
 pytestmark = pytest.mark.timeout(900)
 WEEK = 7 * 86400.0

@@ -14,10 +14,10 @@ from dataclasses import dataclass
 import httpx
 import pytest
 
-from kneepoint.twin.engine import EngineConfig
 from kneepoint.twin.fleet import Fleet, single_replica
 from kneepoint.twin.ladder import ladder_run
 from kneepoint.twin.profiles import gpu, model
+from kneepoint.twin.simulated_engine import EngineConfig
 
 pytestmark = pytest.mark.timeout(600)
 MODEL = "Qwen/Qwen3-4B"

@@ -11,9 +11,9 @@ from prometheus_client.parser import text_string_to_metric_families
 from collectors.dcgm import parse_dcgm
 from collectors.engines.vllm import parse_vllm
 from kneepoint.twin.dcgm import GpuNode, GpuState
-from kneepoint.twin.engine import Engine, EngineConfig
 from kneepoint.twin.exposition import Snapshot, render
 from kneepoint.twin.profiles import gpu, model
+from kneepoint.twin.simulated_engine import Engine, EngineConfig
 from tests.conftest import OWN_FIXTURES, VLLM_032, read
 
 GENERATIONS = {"0.32": "v1", "0.10": "v1-0.10", "0.8": "v1-0.8", "0.5": "v0"}

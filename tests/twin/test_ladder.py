@@ -9,9 +9,9 @@ import pytest
 
 from kneepoint.knee.compare import compare
 from kneepoint.knee.detect import assess
-from kneepoint.twin.engine import EngineConfig
 from kneepoint.twin.ladder import ladder_run
 from kneepoint.twin.profiles import gpu, model
+from kneepoint.twin.simulated_engine import EngineConfig
 
 WORKSHOP = EngineConfig(gpu("rtx4000ada"), model("qwen3-4b"), max_num_seqs=32)
 LADDER = (1, 2, 4, 8, 16, 32, 64)

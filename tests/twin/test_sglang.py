@@ -22,10 +22,10 @@ from kneepoint.samples import ReplicaSample
 from kneepoint.twin import sglang
 from kneepoint.twin.backfill import History, profile
 from kneepoint.twin.dcgm import GpuState
-from kneepoint.twin.engine import Engine, EngineConfig, Request
 from kneepoint.twin.fleet import Fleet, single_replica
 from kneepoint.twin.openai_api import EOS_TOKEN_IDS, tokenize
 from kneepoint.twin.profiles import gpu, model
+from kneepoint.twin.simulated_engine import Engine, EngineConfig, Request
 
 FIXTURES = Path(__file__).resolve().parents[1] / "fixtures"
 MODEL = "Qwen/Qwen3-8B"  # the fixtures' served model name

@@ -9,10 +9,10 @@ import httpx
 
 from collectors.engines.vllm import parse_vllm
 from kneepoint.twin.agents import daily_load, session
-from kneepoint.twin.engine import Engine, EngineConfig
 from kneepoint.twin.fleet import Fleet, FleetSpec
 from kneepoint.twin.openai_api import chat_prompt, tokenize
 from kneepoint.twin.profiles import gpu, model
+from kneepoint.twin.simulated_engine import Engine, EngineConfig
 from kneepoint.twin.traffic import Group, Traffic
 
 TWO_REPLICAS = {

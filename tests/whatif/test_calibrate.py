@@ -8,9 +8,9 @@ import dataclasses
 import pytest
 
 from kneepoint.knee.runs import Point
-from kneepoint.twin.engine import EngineConfig, StepCost
 from kneepoint.twin.ladder import ladder_run
 from kneepoint.twin.profiles import gpu, model
+from kneepoint.twin.simulated_engine import EngineConfig, StepCost
 from kneepoint.whatif import (
     TRUST_RMS,
     EngineShape,

@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import pytest
 
-from kneepoint.twin.engine import EngineConfig, StepCost
 from kneepoint.twin.profiles import GPUS, gpu, model
+from kneepoint.twin.simulated_engine import EngineConfig, StepCost
 from kneepoint.whatif import Change, EngineShape, FitQuality, Profile, WhatIfError, parse_changes
 from kneepoint.whatif.changes import apply
 

@@ -1,6 +1,6 @@
 """when each replica target's current engine was first seen (targets.engine_since), so an
 alert whose metric a newly detected engine does not expose follows its rule's `no_data`
-for the rule's `for` instead of resolving at once (alerts/engine.py)
+for the rule's `for` instead of resolving at once (alerts/lifecycle.py)
 
 Revision ID: 0018
 Revises: 0017

@@ -38,7 +38,6 @@ DATASOURCE = dm.DataSourceRef(type_val="prometheus", uid="${datasource}")
 REPLICA = 'instance=~"$instance"'
 HOST = 'Hostname=~"$host"'
 TOKENS_PER_SECOND = "suffix: tokens/s"  # Grafana's custom unit: the value, then the suffix
-PER_SECOND = "suffix: /s"
 WINDOW = "5m"  # the recording rules' window (alerts/export.py)
 
 # The number each recording rule carries, by the label it is kept per.

@@ -27,7 +27,7 @@ import yaml
 from prometheus_client.parser import text_string_to_metric_families
 from typer.testing import CliRunner
 
-from dashboards.grafana import dashboards, expressions
+from alerts.grafana import dashboards, expressions
 from kneepoint.cli import app
 from kneepoint.config import parse_config
 from tests.conftest import DCGM_L4, DCGM_T4, OWN_FIXTURES, VLLM_032, read, require_real

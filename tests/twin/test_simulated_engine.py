@@ -6,9 +6,9 @@ import random
 
 import pytest
 
-from kneepoint.twin.engine import Engine, EngineConfig
 from kneepoint.twin.kvcache import KvCache, block_hashes
 from kneepoint.twin.profiles import GIB, gpu, model
+from kneepoint.twin.simulated_engine import Engine, EngineConfig
 
 
 def config(**overrides: object) -> EngineConfig:

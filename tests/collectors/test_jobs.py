@@ -7,7 +7,7 @@ from pathlib import Path
 from apscheduler.schedulers.background import BackgroundScheduler
 from sqlalchemy import func, select
 
-from collectors.schedule import Job, install, standard_jobs
+from collectors.jobs import Job, install, standard_jobs
 from kneepoint.config import Config, Target
 from kneepoint.store.db import open_store
 from kneepoint.store.models import JobHealthRow, ReplicaSampleRow

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import pytest
 
-from alerts.engine import FIRING, PENDING, RESOLVED, evaluate, fingerprint
+from alerts.lifecycle import FIRING, PENDING, RESOLVED, evaluate, fingerprint
 from alerts.rules import BUILT_IN, effective_rules
 from kneepoint.config import Config, ConfigError, Rule
 

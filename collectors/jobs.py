@@ -24,19 +24,22 @@ from apscheduler.triggers.interval import IntervalTrigger
 from sqlalchemy import Table, bindparam, func, insert, update
 from sqlalchemy.orm import Session, sessionmaker
 
+from alerts.evaluate import evaluate_once
+from alerts.outbox import deliver_due, http_sender
 from collectors.cluster import NOT_LEADER, Cluster, serialize_evaluation
 from collectors.collect import Outcome, collect_once
+from collectors.discovery import current
 from collectors.heartbeat import heartbeat_job
+from collectors.prometheus_api import collect_from_prometheus
 from kneepoint import malloc
 from kneepoint.clock import Clock, system_clock
 from kneepoint.config import Config
+from kneepoint.job_intervals import job_intervals
 from kneepoint.store.errors import StorageError, describe, is_storage_error
 from kneepoint.store.models import JobHealthRow
 from kneepoint.store.rollup import rollup_in_slices
 
 log = logging.getLogger(__name__)
-ROLLUP_EVERY = 300.0
-DELIVER_EVERY = 5.0  # seconds between delivery rounds of the outbox
 
 
 @dataclass(frozen=True)
@@ -59,11 +62,7 @@ def collect_round(
     config names one (`prometheus:`), with the targets `discovery:` finds added. With a
     `cluster` (several collectors on one PostgreSQL database), only this collector's share
     of them (collectors/cluster.py)."""
-    from collectors.discovery import current
-
     if config.prometheus is not None:
-        from collectors.prometheus_api import collect_from_prometheus
-
         return collect_from_prometheus(
             _share(current(config, max_age=0.0), cluster), sessions, clock
         )
@@ -93,17 +92,12 @@ def rollup_job(config: Config, sessions: sessionmaker[Session], clock: Clock) ->
 def alerts_job(config: Config, sessions: sessionmaker[Session], clock: Clock) -> None:
     """Evaluate the rules; what they send goes to the outbox, for `deliver_job` (so no
     receiver, however slow, ever holds evaluation up)."""
-    from alerts.evaluate import evaluate_once
-    from collectors.discovery import current
-
     with sessions.begin() as session:
         serialize_evaluation(session)  # two collectors that both think they lead: in turn
         evaluate_once(session, current(config), clock())
 
 
 def deliver_job(config: Config, sessions: sessionmaker[Session], clock: Clock) -> None:
-    from alerts.outbox import deliver_due, http_sender
-
     with sessions() as session:
         counts = deliver_due(session, config, clock(), http_sender())
     if any(counts.values()):
@@ -120,29 +114,26 @@ def standard_jobs(
     the rest on the leader only (collectors/cluster.py): on a follower they return
     NOT_LEADER at once, which is neither a run nor a failure in job_health."""
     cluster = cluster or Cluster(config, sessions, clock)
+    every = job_intervals(config)
 
     def leading(func: Callable[[], object]) -> Callable[[], object]:
         return lambda: func() if cluster.is_leader() else NOT_LEADER
 
     jobs = [
-        Job("scrape", lambda: scrape_job(config, sessions, clock, cluster), config.scrape_interval),
+        Job("scrape", lambda: scrape_job(config, sessions, clock, cluster), every["scrape"]),
         Job("cluster", cluster.beat, cluster.every),
-        Job("rollup", leading(lambda: rollup_job(config, sessions, clock)), ROLLUP_EVERY),
-        Job(
-            "alerts",
-            leading(lambda: alerts_job(config, sessions, clock)),
-            config.evaluation_interval,
-        ),
-        Job("deliver", leading(lambda: deliver_job(config, sessions, clock)), DELIVER_EVERY),
+        Job("rollup", leading(lambda: rollup_job(config, sessions, clock)), every["rollup"]),
+        Job("alerts", leading(lambda: alerts_job(config, sessions, clock)), every["alerts"]),
+        Job("deliver", leading(lambda: deliver_job(config, sessions, clock)), every["deliver"]),
         Job(
             "report",
             leading(lambda: report_job(config, sessions, clock)),
             cron=config.report.schedule,
         ),
     ]
-    if config.heartbeat is not None:  # the dead-man's switch: collectors/heartbeat.py
-        beat = config.heartbeat.interval
-        jobs.append(Job("heartbeat", leading(lambda: heartbeat_job(config, sessions, clock)), beat))
+    if "heartbeat" in every:  # the dead-man's switch: collectors/heartbeat.py
+        beat = leading(lambda: heartbeat_job(config, sessions, clock))
+        jobs.append(Job("heartbeat", beat, every["heartbeat"]))
     return jobs
 
 
@@ -160,7 +151,8 @@ def install_collector(
 
 
 def report_job(config: Config, sessions: sessionmaker[Session], clock: Clock) -> None:
-    from collectors.discovery import current
+    # Deferred: the review brings plotly, scipy and the what-if's twin (about 65 MiB), which
+    # a collector should hold only on the day its weekly report runs, not from its start.
     from review.deliver import send_report
 
     with sessions.begin() as session:
