@@ -79,7 +79,7 @@ from tests.whatif.conftest import SPEC as TWIN_SPEC
 
 ROOT = Path(__file__).resolve().parent.parent
 MAIN = str(ROOT / "app" / "main.py")
-NOW = 1_795_000_000.0  # 2026-11-18 10:26:40 UTC, a Wednesday: every store's clock
+NOW = 1_795_000_000.0  # 2026-11-18 11:06:40 UTC, a Wednesday: every store's clock
 MINUTE = 60.0
 UUID = re.compile(r"[0-9a-f]{8}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{12}")
 WINDOWS = ("5m", "1h", "6h")
@@ -362,8 +362,8 @@ class Engines:
 @pytest.fixture(scope="module")
 def engines(tmp_path_factory: pytest.TempPathFactory) -> Engines:
     """An hour of scrapes ending at NOW, the alerts evaluated and delivered three times in
-    its last ten minutes (rules pend, then fire), six minutes more (vllm-down is back), and
-    two rounds more (target-down resolves)."""
+    its last ten minutes (rules pend, then fire); three minutes more (vllm-down is back) and
+    a round (target-down resolves); three minutes more, the store's end."""
     # A test's secrets stay remembered until the next test starts (tests/conftest.py), and
     # this runs before that: forget them, so only this store's are masked in its messages.
     forget_all()
@@ -372,8 +372,9 @@ def engines(tmp_path_factory: pytest.TempPathFactory) -> Engines:
     start = NOW - 60 * MINUTE
     write_minutes(config, range(61), start)
     rounds = deliveries(config, [NOW - 10 * MINUTE, NOW - 5 * MINUTE, NOW])
-    write_minutes(config, range(61, 67), start)
-    rounds += deliveries(config, [NOW + 3 * MINUTE, NOW + 6 * MINUTE])
+    write_minutes(config, range(61, 64), start)
+    rounds += deliveries(config, [NOW + 3 * MINUTE])
+    write_minutes(config, range(64, 67), start)
     return Engines(Store(config, folder, NOW + 6 * MINUTE), rounds)
 
 
