@@ -22,8 +22,8 @@ intended change of behaviour: the commit that does it names the change and why. 
 behaviour to fix in the code, not in the golden files.
 
 Left out, each because it differs from run to run and says nothing of behaviour:
-- the stores' temporary folder (in database URLs and paths): written as $STORE;
-- the twin's loopback ports (its targets' URLs): written as $PORT;
+- the stores' temporary folder (the config's path on every page's footer): written as
+  $STORE (the twin's loopback ports, new on every run, are in no output);
 - a page element's widget id and a download button's deferred file id (tests/golden.py
   INVISIBLE), and a download button's URL (a hash of its file; tests/golden.py `_node`);
 - plotly's div ids in the weekly review's HTML (uuid4 per figure): written as $UUID;
@@ -149,9 +149,8 @@ class Store:
     end: float  # the store's last moment: status and pages are taken as of it
 
     def masked(self, text: str) -> str:
-        """`text` without what differs from run to run (the module's docstring)."""
-        text = text.replace(str(self.folder), "$STORE")
-        return re.sub(r"127\.0\.0\.1:\d+", "127.0.0.1:$PORT", text)
+        """`text` without its temporary folder's name, new on every run."""
+        return text.replace(str(self.folder), "$STORE")
 
 
 def run_cli(*args: str) -> str:
@@ -295,7 +294,8 @@ def write_minutes(store: Path, steps: range, at: float) -> None:
 def as_posted(request: Outgoing) -> dict[str, Any]:
     """A request as it went out, masked by kneepoint's own masking: the URL as errors show
     it (alerts/channels/send.py `where`), headers and body through `scrub` (every secret of
-    the config, and the URL's parts)."""
+    the config, and the URL's parts). The body is recorded as JSON (keys sorted); the
+    webhook's X-Kneepoint-Signature, an HMAC of the bytes posted, is kept and pins them."""
     body = request.content.decode() if request.content is not None else json.dumps(request.json)
     return {
         "url": where(request.url),
