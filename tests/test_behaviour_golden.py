@@ -208,11 +208,15 @@ def engines_config(folder: Path) -> Path:
             {
                 "name": "fast-ttft",
                 "metric": "ttft",
-                "threshold": "0.25s",
+                # A bound of every TTFT histogram here (vLLM's, SGLang's, TensorRT-LLM's):
+                # the fleet's histogram has only the bounds its replicas share.
+                "threshold": "1s",
                 "objective": 0.99,
                 "channels": names,
             },
-            {"name": "served", "kind": "availability", "objective": 0.999, "channels": names},
+            # fast-ttft's burns reach every platform; this one's only the webhook (its
+            # messages would be the same shapes again, 40 more of them).
+            {"name": "served", "kind": "availability", "objective": 0.999, "channels": ["webhook"]},
         ],
         "maintenance": [
             {
@@ -244,8 +248,9 @@ def scaled(sample: ReplicaSample, factor: float) -> ReplicaSample:
 
 
 def vllm_sample(base: ReplicaSample, done: float, running: float) -> ReplicaSample:
-    """vLLM's capture having served `done` minutes of requests, a tenth slower than the
-    fast-ttft SLO's 250 ms (its budget spent: tests/app/test_overview_landing.py)."""
+    """vLLM's capture having served `done` minutes of requests, nine in ten within 250 ms
+    and one in ten beyond every bucket: slower than the fast-ttft SLO's 1 s, its budget
+    spent (as tests/app/test_overview_landing.py's store)."""
     sample = copy.deepcopy(base)
     bounds = base.histograms["ttft"].bounds
     fast = bounds.index(0.25)
