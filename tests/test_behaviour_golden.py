@@ -8,10 +8,10 @@ every page of the app (each element's text, help, tables as CSV, charts' figure 
 Prometheus rules export and the Grafana dashboards.
 
 The stores:
-- "engines": vLLM replicas that restart, stall, go stale, go down and miss scrapes, an SGLang,
-  a llama.cpp, a TGI and a TensorRT-LLM replica from captured scrapes, a GPU node, a latency
-  and an availability SLO, a maintenance window, a channel of every kind; evaluated and
-  delivered as the alerts job does, at fixed times.
+- "engines": vLLM replicas that restart, stall, go stale, go down, refuse scrapes and miss
+  them, an SGLang, a llama.cpp, a TGI and a TensorRT-LLM replica from captured scrapes, a
+  GPU node, a latency and an availability SLO, a maintenance window, a channel of every
+  kind; evaluated and delivered as the alerts job does, at fixed times.
 - "seed": tests/seed.py's two vLLM replicas with an hour of scrapes, a GPU node, a dead one.
 - "twin": six hours of one twin replica backfilled as `kneepoint demo` does (fixed seeds).
 
@@ -190,7 +190,8 @@ def engines_config(folder: Path) -> Path:
         {"name": n, "kind": "vllm", "url": f"http://127.0.0.1:9/{n}"} for n in VLLM
     ]
     targets[0]["gpus"] = ["cp-bm14r7/0"]
-    targets.append({"name": "vllm-down", "kind": "vllm", "url": "http://127.0.0.1:9/down"})
+    for name in ("vllm-down", "vllm-refused"):
+        targets.append({"name": name, "kind": "vllm", "url": f"http://127.0.0.1:9/{name}"})
     targets += [
         {"name": n, "kind": kind, "url": f"http://127.0.0.1:9/{n}"}
         for n, (kind, _) in CAPTURES.items()
@@ -283,6 +284,7 @@ def write_minutes(store: Path, steps: range, at: float) -> None:
                 "vllm-stuck": (min(step, 50), 4.0),  # counts nothing after step 50
                 "vllm-gap": (step, 2.0) if not 20 <= step < 40 else None,  # 20 minutes missed
                 "vllm-stale": (step, 1.0) if step < 40 else None,  # last seen at step 39
+                "vllm-refused": (step, 2.0) if not 45 <= step <= 60 else None,  # refused, below
             }
             for name, done in plan.items():
                 if done is not None:
@@ -290,10 +292,15 @@ def write_minutes(store: Path, steps: range, at: float) -> None:
             for name, sample in captures.items():
                 record_replica(session, ids[name], ts, scaled(sample, 1.0 + step / 10.0))
             record_gpus(session, ids["gpu-node"], ts, gpus)
+            # vllm-down is down for the hour and back after it; vllm-refused answers 503 for
+            # its last quarter: target-down fires on both in one round (one grouped message
+            # where the platform groups) and resolves on both in one round.
             if step <= 60:
                 record_failure(session, ids["vllm-down"], ts, "cannot connect: connection refused")
-            else:  # it comes back after the hour; so does the stalled one (plan above)
+            else:
                 record_replica(session, ids["vllm-down"], ts, vllm_sample(base, step - 60, 2.0))
+            if 45 <= step <= 60:
+                record_failure(session, ids["vllm-refused"], ts, "HTTP 503 Service Unavailable")
 
 
 def as_posted(request: Outgoing) -> dict[str, Any]:
@@ -367,8 +374,9 @@ class Engines:
 @pytest.fixture(scope="module")
 def engines(tmp_path_factory: pytest.TempPathFactory) -> Engines:
     """An hour of scrapes ending at NOW, the alerts evaluated and delivered three times in
-    its last ten minutes (rules pend, then fire); three minutes more (vllm-down is back) and
-    a round (target-down resolves); three minutes more, the store's end."""
+    its last ten minutes (rules pend, then fire); three minutes more (vllm-down and
+    vllm-refused are back) and a round (target-down resolves); three minutes more, the
+    store's end."""
     # A test's secrets stay remembered until the next test starts (tests/conftest.py), and
     # this runs before that: forget them, so only this store's are masked in its messages.
     forget_all()
