@@ -351,7 +351,9 @@ def deliveries(store: Path, times: list[float]) -> list[dict[str, Any]]:
                     f"{c.alert.rule} on {c.alert.replica or 'the fleet'}: {c.before} -> {c.after}"
                     for c in changes
                 ),
-                "delivered": counts,
+                # The round's outcomes that happened (sent, muted, …), not every zero: a
+                # new kind of outcome is no change to these messages.
+                "delivered": {outcome: n for outcome, n in counts.items() if n},
                 "posted": [
                     {
                         "channel": channel_of[row_id],
