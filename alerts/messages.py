@@ -17,7 +17,7 @@ from alerts import silences
 from alerts.channels import Notice, channel
 from alerts.lifecycle import FIRING, RESOLVED, Alert, Transition
 from alerts.outbox import put, view_of
-from kneepoint import causes, runbooks, timeline
+from kneepoint import catalogue, causes, runbooks, timeline
 from kneepoint.config import Config, Rule
 from kneepoint.timeline import Event
 
@@ -98,7 +98,7 @@ def enqueue(
         notice = notice_for(change, rule, config, now, engine_since)
         if notice.status == FIRING:
             notice = replace(notice, changes=changes_before(session, config, notice, seen))
-            if rule.severity == "page" or rule.metric.startswith("slo_burn:"):
+            if rule.severity == "page" or catalogue.burn_slo(rule.metric) is not None:
                 began = causes.onset(rule.metric, now, change.alert.pending_since)
                 cause = cause_of(session, config, notice, now, known, began)
                 notice = replace(notice, cause=cause)
@@ -146,7 +146,7 @@ def read_ahead(
             continue
         notice = notice_for(change, rule, config, now)
         changes_before(session, config, notice, ahead.seen)
-        if rule.severity == "page" or rule.metric.startswith("slo_burn:"):
+        if rule.severity == "page" or catalogue.burn_slo(rule.metric) is not None:
             began = causes.onset(rule.metric, now, change.alert.pending_since)
             cause_of(session, config, notice, now, ahead.known, began)
     return ahead

@@ -78,14 +78,14 @@ MAX_PENDING = 1000  # pending rows looked at per round, oldest first
 COUNTS = ("sent", "retry", "failed", "held", "superseded", "expired")
 # The page that explains a metric (the link in the message; the Overview's alert list too).
 PAGES = catalogue.pages()
-SLO_BURN = "slo_burn:"  # alerts/slo.py burn_metric: slo_burn:<slo>:<long window>
 
 
 def view_of(metric: str) -> tuple[str, str]:
     """The page that explains a rule's metric, and the SLO it is about ("" but for an SLO's
     burn rate, which the SLOs page explains)."""
-    if metric.startswith(SLO_BURN):
-        return "slos", metric[len(SLO_BURN) :].rsplit(":", 1)[0]
+    slo = catalogue.burn_slo(metric)
+    if slo is not None:
+        return "slos", slo
     return PAGES.get(metric, "overview"), ""
 
 

@@ -42,6 +42,7 @@ import math
 from dataclasses import asdict, dataclass
 from typing import Any
 
+from kneepoint import catalogue
 from kneepoint.config import Rule, Slo
 from kneepoint.durations import format_duration
 from kneepoint.samples import Histogram
@@ -209,7 +210,8 @@ def burn_rules(slos: list[Slo]) -> list[Rule]:
 
 
 def burn_metric(slo: Slo, window: BurnWindow) -> str:
-    return f"slo_burn:{slo.name}:{window_label(window.long)}"
+    """The metric one SLO's rule for one burn window watches (kneepoint/catalogue.py)."""
+    return catalogue.burn_metric(slo.name, window_label(window.long))
 
 
 def burn_values(

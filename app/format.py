@@ -213,7 +213,7 @@ def metric_unit(metric: str) -> str:
     """The unit an alert rule's metric reads in (kneepoint/catalogue.py): "%" for shares,
     "points" for a drop in a share, "× budget" for SLO burn rates, "×", "s", "$", "/s" for
     rates, or "" for counts."""
-    if metric.startswith("slo_burn:"):
+    if catalogue.burn_slo(metric) is not None:
         return "× budget"
     return catalogue.rule_unit(metric)
 

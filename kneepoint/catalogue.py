@@ -844,3 +844,31 @@ def help_text(name: str) -> str:
     """A number's tooltip on the pages: its help, else its description."""
     number = NUMBER[name]
     return number.help or number.description
+
+
+# --- an SLO's burn rate: the one rule metric that is not a number of NUMBERS ---------------
+
+# Each SLO's burn-rate rules watch `slo_burn:<slo>:<long window>` (alerts/slo.py burn_rules),
+# one metric per SLO and burn window, so no fixed entry in NUMBERS can declare them.
+BURN_PREFIX = "slo_burn:"
+
+
+def burn_metric(slo: str, window: str) -> str:
+    """The metric an SLO's burn-rate rule watches: "chat:ttft", "1h" → "slo_burn:chat:ttft:1h"."""
+    return f"{BURN_PREFIX}{slo}:{window}"
+
+
+def burn_slo(metric: str) -> str | None:
+    """The SLO a burn-rate metric is on (burn_metric's `slo`; an SLO's name may hold ":"),
+    or None for any other metric."""
+    if not metric.startswith(BURN_PREFIX):
+        return None
+    return metric[len(BURN_PREFIX) :].rsplit(":", 1)[0]
+
+
+def burn_window(metric: str) -> str | None:
+    """The long window a burn-rate metric is over, as written ("1h"; burn_metric's `window`),
+    or None for any other metric."""
+    if not metric.startswith(BURN_PREFIX):
+        return None
+    return metric.rsplit(":", 1)[-1]

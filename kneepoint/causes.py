@@ -41,7 +41,7 @@ from typing import Protocol
 
 from sqlalchemy.orm import Session
 
-from kneepoint import timeline
+from kneepoint import catalogue, timeline
 from kneepoint.config import Config
 from kneepoint.durations import parse_duration
 from kneepoint.knee.detect import assess, knee_for_replica
@@ -64,7 +64,6 @@ LOAD, CAPACITY, HARDWARE, SOFTWARE, UPSTREAM, UNKNOWN = (
 ORDER = (UPSTREAM, HARDWARE, SOFTWARE, LOAD, CAPACITY)
 WINDOW = 900.0  # the numbers over the last 15 minutes: a page's `for:` and its onset
 LOOKBACK = 3600.0  # changes "just before": the hour before the onset
-SLO_BURN = "slo_burn:"  # alerts/slo.py burn_metric: slo_burn:<slo>:<long window>
 PREEMPTIONS_PER_SECOND = 0.05  # the `preemptions-sustained` rule's threshold
 SOFTWARE_KINDS = ("restart", "config_change", "upgrade", "engine_change", "annotation")
 HARDWARE_KINDS = ("gpu_xid", "gpu_throttle", "gpu_power_cap", "gpu_gone")
@@ -119,12 +118,13 @@ class Onset:
 
 
 def onset(metric: str, now: float, pending_since: float | None = None) -> Onset:
-    """When an alert's trouble began: an SLO burn rule's (metric slo_burn:<slo>:<window>) at
-    now − its long window, the burn that tripped it averaged over all of it; any other rule's
-    when it went pending; else now."""
-    if metric.startswith(SLO_BURN):
+    """When an alert's trouble began: an SLO burn rule's (its metric catalogue.burn_metric,
+    slo_burn:<slo>:<window>) at now − its long window, the burn that tripped it averaged over
+    all of it; any other rule's when it went pending; else now."""
+    window = catalogue.burn_window(metric)
+    if window is not None:
         try:
-            return Onset(now - parse_duration(metric.rsplit(":", 1)[1]), "the burn began")
+            return Onset(now - parse_duration(window), "the burn began")
         except ValueError:  # not a window label: the pending time still bounds it
             pass
     if pending_since is not None and pending_since <= now:

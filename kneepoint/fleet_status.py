@@ -47,6 +47,7 @@ from __future__ import annotations
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 
+from kneepoint import catalogue
 from kneepoint.records import ReplicaStatus
 
 OK, DEGRADED, PAGING, BURNING, DOWN = "ok", "degraded", "paging", "burning", "down"
@@ -58,7 +59,6 @@ COLOURS = {OK: "green", DEGRADED: "orange", PAGING: "red", BURNING: "violet", DO
 SEVERITY_COLOURS = {"page": "red", "ticket": "orange", "info": "blue"}
 FIRING, PENDING = "firing", "pending"
 RANGE = "1h"  # the time range a reason's link opens
-SLO_BURN = "slo_burn:"  # alerts/slo.py burn_metric: slo_burn:<slo>:<long window>
 # The page rules' metrics that say a replica is not serving (alerts/rules.py).
 REPLICA_METRICS = ("up", "engine_stalled", "stale_targets")
 NAMED = 2  # SLOs or alerts named in one segment of the status line; past it, counted
@@ -213,8 +213,9 @@ def assess(
         if alert.state != FIRING or alert.severity == "info":
             continue
         text = f"{alert.rule} firing on {alert.where} ({alert.severity})"
-        if alert.metric.startswith(SLO_BURN):
-            if burn_slo(alert.metric) in said_burning:
+        burning_slo = catalogue.burn_slo(alert.metric)
+        if burning_slo is not None:
+            if burning_slo in said_burning:
                 continue  # the SLO's own reason says it burns, with its windows
             level, category = BURNING, "burn-alert"
         elif alert.severity != "page":
@@ -245,11 +246,6 @@ def assess(
     level = max((r.level for r in reasons), key=LEVELS.index, default=OK)
     reasons.sort(key=lambda r: -LEVELS.index(r.level))  # stable: the order above within a level
     return FleetStatus(level, tuple(reasons), _notes(alerts), len(known))
-
-
-def burn_slo(metric: str) -> str:
-    """The SLO a burn-rate alert's metric is on: slo_burn:<slo>:<long window> → <slo>."""
-    return metric[len(SLO_BURN) :].rsplit(":", 1)[0]
 
 
 def replica_view(replica: ReplicaState | None) -> dict[str, str]:

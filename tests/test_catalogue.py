@@ -10,13 +10,14 @@ from typing import Any
 import pytest
 
 from alerts.rules import effective_rules
+from alerts.slo import BURN_WINDOWS, burn_rules, window_label
 from alerts.values import replica_values
 from app.format import metric_unit
 from app.registry import PAGES as APP_PAGES
 from collectors.engines import ENGINES, REGISTRY, parse_replica
 from kneepoint import catalogue, runbooks
 from kneepoint.catalogue import NUMBERS, Effect, Number, WeeklyRow
-from kneepoint.config import Config
+from kneepoint.config import Config, Slo
 from kneepoint.whatif.predict import CONTRACT
 from tests.conftest import ROOT
 
@@ -434,3 +435,15 @@ def test_what_no_release_gives_is_what_each_engine_declares() -> None:
         }
         if any(kind in q.sources for q in catalogue.QUANTITIES):
             assert never == set(engine.unavailable), kind
+
+
+def test_a_burn_metric_reads_back_as_its_slo_and_window() -> None:
+    """Every SLO burn rule's metric (alerts/slo.py burn_rules, built by the catalogue) parses
+    back to its SLO and long window, an SLO name with ":" included; other metrics are none."""
+    slo = Slo(name="chat:avail", kind="availability", objective=0.99)
+    for rule, window in zip(burn_rules([slo]), BURN_WINDOWS, strict=True):
+        assert catalogue.burn_slo(rule.metric) == slo.name
+        assert catalogue.burn_window(rule.metric) == window_label(window.long)
+    for metric in catalogue.NUMBER_NAMES:
+        assert catalogue.burn_slo(metric) is None
+        assert catalogue.burn_window(metric) is None
