@@ -43,10 +43,6 @@ WINDOW = 300.0  # rates, ratios and quantiles over the last five minutes
 BASELINE = 3600.0  # what a drop is measured against
 
 
-def load_alerts(session: Session) -> dict[str, Alert]:
-    return {key: _alert(row) for key, row in _alert_rows(session).items()}
-
-
 def _alert_rows(session: Session) -> dict[str, AlertRow]:
     return {row.fingerprint: row for row in session.scalars(select(AlertRow))}
 

@@ -120,7 +120,9 @@ def merge(explicit: list[Target], *found: list[Target]) -> list[Target]:
 
 
 def with_discovered(config: Config) -> Config:
-    """The config with the targets Prometheus scrapes now added (see discovered_targets)."""
+    """The config with the targets Prometheus scrapes now added (see discovered_targets),
+    asked once, uncached. The collector uses `current` (cached, kept through an outage);
+    tests/real/test_discovery.py uses this to read the fleet as Prometheus has it now."""
     if config.discovery is None or config.discovery.prometheus is None:
         return config
     if config.prometheus is None:

@@ -1,6 +1,8 @@
-"""APScheduler jobs: scrape, roll up, and the slots later features plug into; with several
-collectors on one PostgreSQL database, each scrapes its share and one leads the rest
-(collectors/cluster.py)."""
+"""The collector's APScheduler jobs (`standard_jobs`): scrape and the membership beat on every
+collector; roll up, evaluate the alerts, deliver the outbox, the weekly report (on its cron
+line) and the heartbeat (where configured) on the leader only. With several collectors on one
+PostgreSQL database, each scrapes its share and one leads the rest (collectors/cluster.py).
+Every run's outcome is recorded as the job's health (job_health)."""
 
 from __future__ import annotations
 
@@ -44,7 +46,8 @@ log = logging.getLogger(__name__)
 
 @dataclass(frozen=True)
 class Job:
-    """A job for the scheduler: later features (alert evaluation, reports) add their own."""
+    """A job for the scheduler: its id (the job_health row), what it runs, and when: every
+    `every` seconds, or on its `cron` line (the weekly report)."""
 
     id: str
     func: Callable[[], object]
