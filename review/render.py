@@ -25,6 +25,16 @@ th:first-child, td:first-child { text-align: left; }
 .effect { font-style: italic; }
 """
 
+# The summary's fleet rows, in its order; each reads as its weekly row does (ROWS, a
+# projection of kneepoint/catalogue.py), so a label or unit is written only there.
+FLEET_KEYS = (
+    "generation_tokens_per_second",
+    "prefix_cache_hit_rate",
+    "cost_per_million_tokens",
+    "preemptions",
+)
+LABEL_UNIT = {key: (label, unit) for key, label, unit, _ in ROWS}
+
 
 def value(number: Any, unit: str) -> str:
     """A number with its unit, as the pages show it; "–" where there is no data."""
@@ -66,14 +76,9 @@ def markdown(report: WeeklyReport) -> str:
         if rec.effect:
             lines.append(f"  - *What-if:* {rec.effect}")
     lines += ["", "## Fleet", ""]
-    fleet_rows = (
-        ("generation_tokens_per_second", "Throughput", "tok/s"),
-        ("prefix_cache_hit_rate", "Prefix hit rate", "%"),
-        ("cost_per_million_tokens", "True $/1M tokens", "$"),
-        ("preemptions", "Preemptions", ""),
-    )
     lines += ["| | this week | last week |", "|---|---|---|"]
-    for key, label, unit in fleet_rows:
+    for key in FLEET_KEYS:
+        label, unit = LABEL_UNIT[key]
         lines.append(
             f"| {label} | {value(this.fleet.get(key), unit)} | {value(last.fleet.get(key), unit)} |"
         )
