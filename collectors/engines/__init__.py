@@ -6,7 +6,8 @@ Each module of this package but `common` is one engine and ends with `ENGINE = E
 what it cannot give. They are found by scanning the package, in the order they declare, so
 adding an engine is adding a module (docs/adding-an-engine.md); configuration's target kinds
 (kneepoint/config.py ENGINE_KINDS) come from here. A module that fails to import is logged and
-left out: one broken normalizer must not stop the others' collection.
+left out, so one broken normalizer does not stop the other engines' collection; its kind is
+then not among the configuration's target kinds.
 
 This package sits below configuration: it and its modules import only the parser and
 kneepoint.samples, never config, the store, alerts or the app.
@@ -39,7 +40,7 @@ def discover(package: str, paths: list[str]) -> dict[str, Engine]:
         try:
             module = importlib.import_module(name)
         except Exception:  # one broken normalizer must not stop the others' collection
-            log.exception("cannot load the engine module %s; its targets stay down", name)
+            log.exception("cannot load the engine module %s; its kind is left out", name)
             continue
         engine = getattr(module, "ENGINE", None)
         if not isinstance(engine, Engine):

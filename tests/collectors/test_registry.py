@@ -84,3 +84,24 @@ def test_a_module_named_apart_from_its_kind_is_refused(
     finally:
         for name in [n for n in sys.modules if n == "toys" or n.startswith("toys.")]:
             del sys.modules[name]
+
+
+def test_a_module_that_fails_to_import_is_left_out_and_the_others_are_found(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
+) -> None:
+    package = tmp_path / "shaky"
+    package.mkdir()
+    (package / "__init__.py").write_text("")
+    (package / "good.py").write_text(
+        "from collectors.engines.common import Engine\n"
+        "ENGINE = Engine(kind='good', name='Good', order=1, prefixes=('good:',), parse=print)\n"
+    )
+    (package / "broken.py").write_text("raise RuntimeError('a broken normalizer')\n")
+    monkeypatch.syspath_prepend(str(tmp_path))
+    try:
+        found = discover("shaky", [str(package)])
+    finally:
+        for name in [n for n in sys.modules if n == "shaky" or n.startswith("shaky.")]:
+            del sys.modules[name]
+    assert list(found) == ["good"]
+    assert "cannot load the engine module shaky.broken" in caplog.text
