@@ -26,6 +26,7 @@ from pydantic_settings import BaseSettings, SettingsConfigDict
 from collectors.engines import ENGINES
 from kneepoint.auth import Auth, Limits
 from kneepoint.durations import parse_duration
+from kneepoint.gpu_peaks import DEFAULT_DTYPE, DTYPES, GpuPeak, words
 from kneepoint.secrets import HookURL, Secret, SecretURL
 
 Duration = Annotated[float, BeforeValidator(parse_duration)]
@@ -90,6 +91,40 @@ else:  # pydantic checks a Literal of them, and its errors list them
     TargetKind = Literal[(*ENGINE_KINDS, "dcgm")]
 
 
+if TYPE_CHECKING:
+    ComputeDtype = str
+else:  # pydantic checks a Literal of them, and its errors list them
+    ComputeDtype = Literal[DTYPES]
+
+
+class GpuPeakEntry(Strict):
+    """One `gpu_peaks:` entry: a GPU the built-in table lacks, or a figure it overrides
+    (kneepoint/gpu_peaks.py). `match` is words every matching DCGM modelName holds."""
+
+    match: Annotated[str, Field(min_length=1)]
+    tflops: dict[ComputeDtype, Annotated[float, Field(gt=0)]]  # dense, per data type
+    bandwidth_gb_s: Annotated[float, Field(gt=0)]
+
+    @field_validator("match")
+    @classmethod
+    def _has_words(cls, match: str) -> str:
+        if not words(match):
+            raise ValueError("must hold a word of the GPU's name (letters or digits)")
+        return match
+
+    @field_validator("tflops")
+    @classmethod
+    def _some_dtype(cls, tflops: dict[str, float]) -> dict[str, float]:
+        if not tflops:
+            raise ValueError(f"must give a peak for one data type at least ({', '.join(DTYPES)})")
+        return tflops
+
+    def peak(self) -> GpuPeak:
+        return GpuPeak(
+            self.match, words(self.match), dict(self.tflops), self.bandwidth_gb_s, "config"
+        )
+
+
 class Target(Strict):
     name: Annotated[str, Field(min_length=1, pattern=r"^[A-Za-z0-9_.:-]+$")]
     # An inference engine (a module of collectors/engines/: vllm, sglang, llamacpp, tgi,
@@ -109,6 +144,10 @@ class Target(Strict):
     timeout: Duration = 5.0
     max_bytes: Annotated[int, Field(gt=0)] = 8 * 1024 * 1024
     max_series: Annotated[int, Field(gt=0)] = 20_000  # more: the target is down, with why
+    # The data type its MFU is judged at (else the config's compute_dtype), and its GPUs'
+    # model (DCGM's modelName spelling) where no dcgm-exporter reports them.
+    compute_dtype: ComputeDtype | None = None
+    gpu_model: Annotated[str, Field(min_length=1)] | None = None
 
     @field_validator("gpus")
     @classmethod
@@ -512,6 +551,11 @@ class Config(Strict):
     prometheus: PrometheusSource | None = None
     discovery: Discovery | None = None
     pricing: Pricing = Pricing()
+    # GPU peaks beside the built-in table (kneepoint/gpu_peaks.py), tried first, and the data
+    # type FLOPs are judged at: bf16 by default, since vLLM's FLOPs estimate does not say its
+    # dtype and most served models run in bf16 (a target's compute_dtype overrides it).
+    gpu_peaks: list[GpuPeakEntry] = []
+    compute_dtype: ComputeDtype = DEFAULT_DTYPE
     slos: list[Slo] = []
     maintenance: list[Maintenance] = []  # windows excluded from budgets, their alerts muted
     channels: list[Channel] = []
@@ -551,6 +595,11 @@ class Config(Strict):
         for index, target in enumerate(self.targets):
             if target.gpus and target.kind == "dcgm":
                 raise ValueError(f"targets[{index}].gpus is only for engine targets, not dcgm")
+            if target.kind == "dcgm" and (target.gpu_model or target.compute_dtype):
+                raise ValueError(
+                    f"targets[{index}]: gpu_model and compute_dtype are for engine targets, "
+                    "not dcgm"
+                )
             if self.prometheus is not None and target.kind not in ("vllm", "dcgm"):
                 raise ValueError(
                     f"targets[{index}].kind {target.kind} cannot be read through prometheus: "
@@ -573,6 +622,10 @@ class Config(Strict):
 
     def target(self, name: str) -> Target:
         return next(t for t in self.targets if t.name == name)
+
+    def peaks(self) -> tuple[GpuPeak, ...]:
+        """The config's gpu_peaks, in order, as kneepoint.gpu_peaks.find reads them."""
+        return tuple(entry.peak() for entry in self.gpu_peaks)
 
 
 class Settings(BaseSettings):

@@ -65,7 +65,17 @@ class Derived(TypedDict):
     cost_per_million_tokens: float | None
 
 
-class Numbers(Readings, Derived):
+class ModelUtilization(TypedDict):
+    """Model FLOPs and memory-bandwidth utilization over the window (0..1;
+    kneepoint.derived.flops), and why each is null where it is (None when known)."""
+
+    mfu: float | None
+    mbu: float | None
+    mfu_unavailable: str | None
+    mbu_unavailable: str | None
+
+
+class Numbers(Readings, Derived, ModelUtilization):
     """Every number of a replica but its stall: the fleet's block has exactly these keys."""
 
 
@@ -94,6 +104,7 @@ class GpuStatus(TypedDict):
     utilization: float | None
     gr_engine_active: float | None
     sm_active: float | None
+    tensor_active: float | None  # DCGM_FI_PROF_PIPE_TENSOR_ACTIVE
     dram_active: float | None
     power_watts: float | None
     energy_joules: float | None  # the energy counter's increase over the window

@@ -24,10 +24,10 @@ import numpy as np
 import pandas as pd
 from sqlalchemy.orm import Session
 
-from kneepoint import distribution
+from kneepoint import distribution, gpu_peaks
 from kneepoint.config import ENGINE_KINDS, Config
 from kneepoint.counters import increase
-from kneepoint.derived import ratios
+from kneepoint.derived import flops, ratios
 from kneepoint.derived.cost import per_million, window_cost
 from kneepoint.derived.latency import quantiles
 from kneepoint.derived.stall import PROGRESS, STALL_AFTER, Point, stalled_since
@@ -39,6 +39,7 @@ from kneepoint.records import (
     GpuStatus,
     HitRate,
     HitRates,
+    ModelUtilization,
     Numbers,
     Readings,
     ReplicaHitRate,
@@ -100,6 +101,7 @@ def build_status(
         kinds.setdefault(target.name, target.kind)
     replicas: list[ReplicaStatus] = []
     windows, costs = [], []
+    utilizations: list[flops.Utilization] = []
     names = [t.name for t in config.targets if t.kind in ENGINE_KINDS]
     if spans is None:
         spans = frame_windows(samples, layouts, _edge_reader(session, samples))
@@ -133,7 +135,9 @@ def build_status(
         busy_now = _mean(busy_of.get(name, []))
         stale = row is not None and is_stale(row.last_scrape_at, config, now)
         kind = kinds[name]
-        numbers = _replica(name, kind, row, latest, span, mine, cost, busy_now, stale)
+        used = _utilization(config, name, row, latest, span, mine)
+        utilizations.append(used)
+        numbers = _replica(name, kind, row, latest, span, cost, busy_now, stale, used)
         stall = _stall(session, config, row, latest, rows_of, maybe_stuck, stale)
         replicas.append({**numbers, **stall})
         windows.append(span)
@@ -142,7 +146,7 @@ def build_status(
         "generated_at": iso(now),
         "window_seconds": int(window) if float(window).is_integer() else window,
         "replicas": replicas,
-        "fleet": _fleet(replicas, windows, costs),
+        "fleet": _fleet(replicas, windows, costs, utilizations),
         "gpus": gpu_block,
         "gone": gone_targets(rows, config, now, window),
     }
@@ -331,16 +335,55 @@ def _last_rows(frame: pd.DataFrame, key: str = "target_id") -> dict[Any, dict[st
     }
 
 
+def _utilization(
+    config: Config,
+    name: str,
+    row: TargetRow | None,
+    latest: dict[str, Any] | None,
+    window: Window,
+    gpus: list[GpuStatus],
+) -> flops.Utilization:
+    """The replica's MFU and MBU (kneepoint.derived.flops): its GPUs' model, by DCGM or its
+    target's gpu_model, judged at its compute_dtype (else the config's)."""
+    target = config.target(name)
+    model, why = flops.gpu_model([g["model"] for g in gpus], target.gpu_model)
+    peak = None if model is None else gpu_peaks.find(model, config.peaks())
+    d = window.deltas
+    generated, prompt = d.get("generation_tokens"), d.get("prompt_tokens")
+    return flops.utilization(
+        d.get("estimated_flops"),
+        d.get("estimated_read_bytes"),
+        d.get("estimated_write_bytes"),
+        _value(latest, "estimated_flops"),
+        (generated or 0.0) + (prompt or 0.0),
+        window.seconds,
+        row.engines if row else None,
+        model,
+        peak,
+        target.compute_dtype or config.compute_dtype,
+        why or flops.NO_GPU,
+    )
+
+
+def _model_utilization(used: flops.Utilization) -> ModelUtilization:
+    return {
+        "mfu": used.mfu,
+        "mbu": used.mbu,
+        "mfu_unavailable": used.mfu_unavailable,
+        "mbu_unavailable": used.mbu_unavailable,
+    }
+
+
 def _replica(
     name: str,
     kind: str,
     row: TargetRow | None,
     latest: dict[str, Any] | None,
     window: Window,
-    gpus: list[GpuStatus],
     cost: float | None,
     gpu_utilization: float | None,
     stale: bool,
+    used: flops.Utilization,
 ) -> Numbers:
     generation = row.generation if row else None
     # The engine of the stored samples; before the first one, the configured kind says it
@@ -387,6 +430,7 @@ def _replica(
                 _value(latest, "spec_decode_acceptance_rate_gauge"),
             ),
         ),
+        **_model_utilization(used),
     }
     # What the engine cannot give is null with its reason, never a number read elsewhere.
     # The catalogue names the keys at runtime: each is one of the nullable numbers.
@@ -556,7 +600,10 @@ def _gauge_hit_rates(replicas: Sequence[HitRate], windows: list[Window]) -> list
 
 
 def _fleet(
-    replicas: list[ReplicaStatus], windows: list[Window], costs: list[float | None]
+    replicas: list[ReplicaStatus],
+    windows: list[Window],
+    costs: list[float | None],
+    utilizations: Sequence[flops.Utilization] = (),
 ) -> FleetNumbers:
     # Read by key name: each helper reads one key of every replica.
     rows: Sequence[Mapping[str, Any]] = replicas
@@ -623,6 +670,7 @@ def _fleet(
         ),
         "preemption_recompute_is_estimate": any(estimates) if estimates else None,
         "preemption_recompute_tokens": total("preemption_recompute_tokens"),
+        **_model_utilization(flops.fleet(utilizations)),
     }
 
 
@@ -690,6 +738,7 @@ def _gpu(
         "utilization": _value(latest, "utilization"),
         "gr_engine_active": _value(latest, "gr_engine_active"),
         "sm_active": _value(latest, "sm_active"),
+        "tensor_active": _value(latest, "tensor_active"),
         "dram_active": _value(latest, "dram_active"),
         "power_watts": _value(latest, "power_watts"),
         "energy_joules": None if energy is None else energy / 1000.0,
