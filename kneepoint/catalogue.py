@@ -536,6 +536,27 @@ NUMBERS: tuple[Number, ...] = (
         rule="gpu-idle",
         promql="avg by (Hostname) (DCGM_FI_PROF_GR_ENGINE_ACTIVE or DCGM_FI_DEV_GPU_UTIL / 100)",
     ),
+    # Model FLOPs and memory-bandwidth utilization (kneepoint/derived/flops.py).
+    Number(
+        "mfu",
+        "%",
+        BETTER,
+        "model FLOPs utilization: the FLOPs vLLM estimates its GPUs did ÷ their dense peak "
+        "at the compute dtype, over the window (0..1)",
+        help="Δestimated_flops ÷ (Δt × engines × the GPU's dense peak FLOP/s at compute_dtype). "
+        "vLLM's estimate from the tokens it scheduled (recompute after preemption included); "
+        "needs --enable-mfu-metrics (vLLM 0.32+) and a GPU peak (gpu_peaks).",
+    ),
+    Number(
+        "mbu",
+        "%",
+        BETTER,
+        "memory-bandwidth utilization: the bytes vLLM estimates its GPUs read and wrote ÷ "
+        "their peak memory bandwidth, over the window (0..1)",
+        help="Δ(estimated_read_bytes + estimated_write_bytes) ÷ (Δt × engines × the GPU's "
+        "peak bandwidth). vLLM's estimate from the tokens it scheduled; needs "
+        "--enable-mfu-metrics (vLLM 0.32+) and a GPU peak (gpu_peaks).",
+    ),
     Number(
         "cost_per_million_tokens",
         "$",
