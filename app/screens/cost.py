@@ -1,4 +1,5 @@
-"""Cost: true cost per served token, energy, idle GPU-hours."""
+"""Cost: true cost per served token beside model FLOPs utilization (MFU: the cost of idle
+FLOPs), energy, idle GPU-hours."""
 
 from __future__ import annotations
 
@@ -8,13 +9,14 @@ from app import data, filters
 from app import tables as t
 from app.fleet import at_fleet_size, worst_first
 from app.format import GPU_BUSY_VS_LOAD, show, si
+from kneepoint.catalogue import help_text
 
 view_filter = filters.current(data.replica_names())
 st.title("Cost")
 view = data.view(view_filter.range_seconds, data.now())
 config, _ = data.store()
 fleet_numbers = view.status["fleet"]
-a, b = st.columns(2)
+a, b, m = st.columns(3)
 a.metric(
     "Fleet $ / 1M generated tokens",
     show(fleet_numbers["cost_per_million_generated_tokens"], "$"),
@@ -26,6 +28,17 @@ b.metric(
     show(fleet_numbers["cost_per_million_tokens"], "$"),
     help="The same cost ÷ all tokens served (prompt + generated).",
 )
+m.metric(
+    "Fleet MFU",
+    show(fleet_numbers["mfu"], "%"),
+    help=help_text("mfu")
+    + " The rest of the FLOPs paid for were idle."
+    + (
+        f" No figure: {fleet_numbers['mfu_unavailable']}."
+        if fleet_numbers["mfu_unavailable"]
+        else ""
+    ),
+)
 # A fleet: one table, the dearest tokens first and paged; tiles only for the sidebar's replicas.
 fleet = at_fleet_size(len(view.status["replicas"]))
 if fleet:
@@ -36,6 +49,7 @@ if fleet:
                 {
                     "replica": r["name"],
                     "cost_per_million_generated_tokens": r["cost_per_million_generated_tokens"],
+                    "mfu": r["mfu"],
                     **{
                         k: view.rows[r["name"]][k]
                         for k in (
@@ -58,6 +72,7 @@ if fleet:
             "cost_per_million_generated_tokens": t.money(
                 "$ / 1M generated", help="Its GPU cost over the window ÷ its generated tokens."
             ),
+            "mfu": t.percent("MFU", help=help_text("mfu")),
             "idle_gpu_hours": t.number("Idle GPU-hours", "h", digits=2),
             "utilization": t.percent("Load vs knee"),
             "true_over_nominal": t.ratio("True ÷ nominal", digits=2),
@@ -77,11 +92,18 @@ for replica in view.status["replicas"]:
         break  # the table above has them all
     extra = view.rows[replica["name"]]
     st.subheader(replica["name"])
-    c, d, e, f = st.columns(4)
+    c, m, d, e, f = st.columns(5)
     c.metric(
         "$ / 1M generated",
         show(replica["cost_per_million_generated_tokens"], "$"),
         help="This replica's GPU cost over the window ÷ its generated tokens.",
+    )
+    m.metric(
+        "MFU",
+        show(replica["mfu"], "%"),
+        help=help_text("mfu")
+        + " The rest of the FLOPs paid for were idle."
+        + (f" No figure: {replica['mfu_unavailable']}." if replica["mfu_unavailable"] else ""),
     )
     d.metric(
         "Energy",

@@ -1,5 +1,6 @@
-"""GPUs: GPU busy (DCGM GPU_UTIL) against graphics activity, DRAM activity, power, temperature,
-XID."""
+"""GPUs: GPU busy (DCGM GPU_UTIL) against graphics activity, SM and tensor activity beside the
+model FLOPs and memory-bandwidth utilization (MFU, MBU) of the replica on each GPU, DRAM
+activity, power, temperature, XID."""
 
 from __future__ import annotations
 
@@ -12,12 +13,28 @@ from app.fleet import at_fleet_size, worst_first
 from app.format import GPU_BUSY_VS_LOAD, show
 from app.plots import chart
 from dashboards.charts import lines
+from kneepoint.catalogue import help_text
 
 view_filter = filters.current(data.replica_names())
 st.title("GPUs")
 st.caption(GPU_BUSY_VS_LOAD + " Load vs knee is on the Cost page.")
 view = data.view(view_filter.range_seconds, data.now())
 gpus = view.status["gpus"]
+# The replica's MFU and MBU (kneepoint.derived.flops): the same for each GPU of it.
+used = {r["name"]: r for r in view.status["replicas"]}
+
+
+def replica_figure(gpu: dict, key: str) -> float | None:
+    replica = used.get(gpu["replica"] or "")
+    return None if replica is None else replica[key]
+
+
+def why_not(gpu: dict, key: str) -> str:
+    replica = used.get(gpu["replica"] or "")
+    reason = None if replica is None else replica[f"{key}_unavailable"]
+    return f" No figure: {reason}." if reason else ""
+
+
 if not gpus:
     st.info("No dcgm-exporter data in this time range.")
 # A fleet of GPUs: one table, XID errors then the hottest first, paged; tiles and own lines
@@ -35,6 +52,8 @@ if fleet:
                     **g,
                     "gpu": f"{g['host']}/{g['index']}",
                     "has_xid": 0.0 if g["xid_error"] is None else 1.0,
+                    "mfu": replica_figure(g, "mfu"),
+                    "mbu": replica_figure(g, "mbu"),
                 }
                 for g in gpus
             ],
@@ -48,6 +67,10 @@ if fleet:
             "temperature_c": t.number("Temperature", "°C", digits=0),
             "utilization": t.percent("GPU busy", help="DCGM_FI_DEV_GPU_UTIL."),
             "gr_engine_active": t.percent("Graphics active"),
+            "sm_active": t.percent("SM active", help="DCGM_FI_PROF_SM_ACTIVE."),
+            "tensor_active": t.percent("Tensor active", help="DCGM_FI_PROF_PIPE_TENSOR_ACTIVE."),
+            "mfu": t.percent("MFU", help=help_text("mfu")),
+            "mbu": t.percent("MBU", help=help_text("mbu")),
             "dram_active": t.percent("DRAM active"),
             "power_watts": t.number("Power", "W", digits=0),
             "model": t.text("Model"),
@@ -83,6 +106,27 @@ for gpu in [g for g in gpus if f"{g['host']}/{g['index']}" in mine] if fleet els
     )
     d.metric("Power", show(gpu["power_watts"], "W", 0), help="DCGM_FI_DEV_POWER_USAGE.")
     e.metric("Temperature", show(gpu["temperature_c"], "°C", 0), help="DCGM_FI_DEV_GPU_TEMP.")
+    f, g, h, i = st.columns(4)
+    f.metric(
+        "MFU",
+        show(replica_figure(gpu, "mfu"), "%"),
+        help=help_text("mfu") + why_not(gpu, "mfu"),
+    )
+    g.metric(
+        "SM active",
+        show(gpu["sm_active"], "%"),
+        help="DCGM_FI_PROF_SM_ACTIVE: share of time the SMs had work.",
+    )
+    h.metric(
+        "Tensor active",
+        show(gpu["tensor_active"], "%"),
+        help="DCGM_FI_PROF_PIPE_TENSOR_ACTIVE: share of cycles the tensor pipes were busy.",
+    )
+    i.metric(
+        "MBU",
+        show(replica_figure(gpu, "mbu"), "%"),
+        help=help_text("mbu") + why_not(gpu, "mbu"),
+    )
     if gpu["xid_error"] is not None:
         st.error(f"XID error {gpu['xid_error']:.0f} on {gpu['host']}/{gpu['index']}")
 end = data.now()
