@@ -98,8 +98,11 @@ else:  # pydantic checks a Literal of them, and its errors list them
 
 
 class GpuPeakEntry(Strict):
-    """One `gpu_peaks:` entry: a GPU the built-in table lacks, or a figure it overrides
-    (kneepoint/gpu_peaks.py). `match` is words every matching DCGM modelName holds."""
+    """One `gpu_peaks:` entry: a GPU the built-in table lacks, or one whose figures it
+    replaces (kneepoint/gpu_peaks.py). `match`: words every matching DCGM modelName holds
+    (case ignored, whole words); `tflops`: dense (not sparse) peak TFLOPS per data type
+    (TOPS for int8); `bandwidth_gb_s`: peak memory bandwidth in GB/s. Entries are tried in
+    order, before the built-in table; the first that matches is the GPU's peak, whole."""
 
     match: Annotated[str, Field(min_length=1)]
     tflops: dict[ComputeDtype, Annotated[float, Field(gt=0)]]  # dense, per data type
