@@ -4,6 +4,8 @@ activity, power, temperature, XID."""
 
 from __future__ import annotations
 
+from typing import Literal
+
 import plotly.graph_objects as go
 import streamlit as st
 
@@ -14,6 +16,7 @@ from app.format import GPU_BUSY_VS_LOAD, show
 from app.plots import chart
 from dashboards.charts import lines
 from kneepoint.catalogue import help_text
+from kneepoint.records import GpuStatus
 
 view_filter = filters.current(data.replica_names())
 st.title("GPUs")
@@ -24,14 +27,16 @@ gpus = view.status["gpus"]
 used = {r["name"]: r for r in view.status["replicas"]}
 
 
-def replica_figure(gpu: dict, key: str) -> float | None:
+def replica_figure(gpu: GpuStatus, key: Literal["mfu", "mbu"]) -> float | None:
     replica = used.get(gpu["replica"] or "")
     return None if replica is None else replica[key]
 
 
-def why_not(gpu: dict, key: str) -> str:
+def why_not(gpu: GpuStatus, key: Literal["mfu", "mbu"]) -> str:
     replica = used.get(gpu["replica"] or "")
-    reason = None if replica is None else replica[f"{key}_unavailable"]
+    if replica is None:
+        return ""
+    reason = replica["mfu_unavailable"] if key == "mfu" else replica["mbu_unavailable"]
     return f" No figure: {reason}." if reason else ""
 
 
