@@ -279,30 +279,20 @@ def replay(
     ```
     """
     from alerts.evaluate import slo_replay
-    from alerts.slo_replay import replayed_json
+    from alerts.slo_replay import replay_proposal, replayed_json
     from kneepoint.cliutil import moment, positive_duration
-    from kneepoint.config import Slo
 
-    if not 0 < objective < 100:
-        fail("--objective is a percentage between 0 and 100 (99.5)", 2)
-    span = positive_duration("--window", window)
-    fields: dict[str, Any] = {
-        "name": "proposed",
-        "kind": kind,
-        "objective": objective / 100.0,
-        "window": span,
-    }
-    if kind == "latency":
-        if threshold is None:
-            fail("--threshold is required for a latency SLO (450ms)", 2)
-        fields |= {"metric": metric, "threshold": positive_duration("--threshold", threshold)}
-    elif kind == "availability":
-        if threshold is not None:
-            fail("--threshold: an availability SLO has none (it counts failed requests)", 2)
-    else:
+    if kind not in ("latency", "availability"):
         fail(f"--kind: latency or availability, not {kind!r}", 2)
+    if kind == "latency" and threshold is None:
+        fail("--threshold is required for a latency SLO (450ms)", 2)
+    if kind == "availability" and threshold is not None:
+        fail("--threshold: an availability SLO has none (it counts failed requests)", 2)
+    span = positive_duration("--window", window)
+    if threshold is not None:
+        positive_duration("--threshold", threshold)
     try:
-        proposal = Slo.model_validate(fields)
+        proposal = replay_proposal(kind, metric, threshold, objective, window)
     except ValueError as error:
         fail(f"the proposed SLO is not valid: {error}", 2)
     settings = load_settings(config)

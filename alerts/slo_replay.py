@@ -322,3 +322,21 @@ def replayed_json(r: Replayed) -> dict[str, Any]:
         "alerts_replayed": {"from": r.alerts_from, "to": r.alerts_to, "step": STEP},
         "problem": r.problem,
     }
+
+
+def replay_proposal(
+    kind: str, metric: str, threshold: str | None, objective_percent: float, window: str
+) -> Slo:
+    """The proposed SLO the CLI's and the page's fields describe (ValueError: not a valid one);
+    the objective in percent, the threshold and window as durations (450ms, 28d)."""
+    if not 0 < objective_percent < 100:
+        raise ValueError("the objective is a percentage between 0 and 100 (99.5)")
+    fields_: dict[str, Any] = {
+        "name": "proposed",
+        "kind": kind,
+        "objective": objective_percent / 100.0,
+        "window": window,
+    }
+    if kind == "latency":
+        fields_ |= {"metric": metric, "threshold": threshold}
+    return Slo.model_validate(fields_)

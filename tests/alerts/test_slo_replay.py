@@ -13,7 +13,8 @@ from pathlib import Path
 import pytest
 
 from alerts import slo_replay
-from alerts.evaluate import advance_sums, slo_replay as replay_store
+from alerts.evaluate import advance_sums
+from alerts.evaluate import slo_replay as replay_store
 from collectors.engines.vllm import parse_vllm
 from kneepoint.config import Slo, load_config
 from kneepoint.samples import Histogram
@@ -244,3 +245,26 @@ def test_the_cli_prints_the_range_and_labels_the_estimate(
         app, ["slo", "replay", "--config", str(config_file), "--objective", "99.5"]
     )
     assert bad.exit_code == 2 and "--threshold is required" in bad.output
+
+
+def test_the_slos_page_replays_a_proposal(
+    store: tuple[Path, float, float], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from streamlit.testing.v1 import AppTest
+
+    from app.registry import PAGES_DIR
+
+    monkeypatch.setenv("KNEEPOINT_CONFIG", str(store[0]))
+    page = AppTest.from_file(str(PAGES_DIR / "slos.py"), default_timeout=60).run()
+    assert not page.exception, [e.value for e in page.exception]
+    page.text_input[0].set_value("300ms")
+    page.text_input[1].set_value("7h")  # the seeded history, ending a few minutes ago
+    page.button[0].click()
+    page.run()
+    assert not page.exception, [e.value for e in page.exception]
+    shown = {m.label: m.value for m in page.metric}
+    assert shown["Compliance at 0.25 s"] == f"{AT_025 / TOTAL:.3%}"
+    assert shown["Compliance at 0.5 s"] == f"{AT_050 / TOTAL:.3%}"
+    assert "Interpolated estimate" in shown
+    assert any("interpolated estimate" in c.value for c in page.caption)
+    assert any(m.value == "**proposed: proposed**" for m in page.markdown)
