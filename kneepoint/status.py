@@ -122,7 +122,11 @@ def build_status(
         )
     budgets = {t.name: t.max_num_batched_tokens for t in config.targets}
     ids = {rows[name].id: name for name in names if name in rows}
-    saturations = _saturations(session, samples, edges is not None, start, now, layouts, ids)
+    # At fleet size the window is read as its edge rows: no series for a trend.
+    saturations = (
+        {} if edges is not None else _saturations(session, samples, start, now, layouts, ids)
+    )
+    no_series = FLEET_NO_SERIES if edges is not None else None
     for name in names:
         row = rows.get(name)
         latest = latest_rows.get(row.id) if row is not None else None
@@ -143,10 +147,11 @@ def build_status(
         loads = saturations.get(row.id) if row is not None else None
         saturation = verdict(
             loads.points if loads else [],
-            loads.steps if loads else None,
+            span.histograms.get("iteration_tokens"),
             budgets.get(name),
             loads.ttft_parts if loads else (),
             span.deltas.get("admission_rejections"),
+            no_series,
         )
         replicas.append({**numbers, **stall, "saturation": saturation})
         windows.append(span)
@@ -730,18 +735,17 @@ def _edge_reader(
     return lambda keys: queries.replica_rows_at(session, keys)
 
 
-class _Loads:
-    """A replica's inputs to the saturation verdict: its load gauges over the window, the
-    tokens-per-step histogram's increase, and TTFT's over each of SUB_WINDOWS parts."""
+FLEET_NO_SERIES = (
+    "not judged at fleet size: the window is read as each replica's edge rows, no series"
+)
 
-    def __init__(
-        self,
-        points: list[LoadPoint],
-        steps: Any = None,
-        ttft_parts: Sequence[Any] = (),
-    ) -> None:
+
+class _Loads:
+    """A replica's series inputs to the saturation verdict: its load gauges over the window
+    and TTFT's histogram increase over each of SUB_WINDOWS parts."""
+
+    def __init__(self, points: list[LoadPoint], ttft_parts: Sequence[Any] = ()) -> None:
         self.points = points
-        self.steps = steps
         self.ttft_parts = ttft_parts
 
 
@@ -756,17 +760,16 @@ LOAD_COLUMNS = (
 def _saturations(
     session: Session,
     samples: pd.DataFrame,
-    edges_only: bool,
     start: float,
     now: float,
     layouts: dict[int, tuple[float, ...]],
     ids: dict[int, str],
 ) -> dict[int, _Loads]:
-    """Per replica (target id), what kneepoint.derived.saturation.verdict reads: every
-    sample's load gauges (read narrowly when `samples` holds only the window's edge rows)
-    and the histograms at SUB_WINDOWS + 1 evenly spaced rows (whole rows, read once)."""
+    """Per replica (target id), the series kneepoint.derived.saturation.verdict reads: every
+    sample's load gauges, and TTFT's histogram at SUB_WINDOWS + 1 evenly spaced rows (whole
+    rows, read once for all replicas)."""
     frame = samples
-    if edges_only or any(c not in samples for c in LOAD_COLUMNS):
+    if any(c not in samples for c in LOAD_COLUMNS):
         frame = queries.replica_frame(session, start, now, list(ids), columns=LOAD_COLUMNS)
     if frame.empty:
         return {}
@@ -812,8 +815,6 @@ def _saturations(
     for target_id, keys_ in by_target.items():
         rows_ = [found.get(k) for k in keys_]
         ttft = [histogram(r, "ttft") for r in rows_]
-        steps = [histogram(r, "iteration_tokens") for r in rows_]
-        loads[target_id].steps = window_histogram(steps)
         loads[target_id].ttft_parts = [
             window_histogram(ttft[i : i + 2]) for i in range(len(ttft) - 1)
         ]

@@ -92,6 +92,7 @@ def verdict(
     budget: float | None = None,
     ttft_parts: Sequence[Histogram | None] = (),
     rejections: float | None = None,
+    no_series: str | None = None,
 ) -> Saturation:
     """The verdict over a window.
 
@@ -99,14 +100,16 @@ def verdict(
     tokens-per-step histogram; `budget`: the configured per-step token budget (None: inferred
     from the histogram, see `token_budget_full`); `ttft_parts`: the TTFT histogram's increase
     over each of SUB_WINDOWS equal parts of the window, in order; `rejections`: the increase
-    of admission rejections (None: the engine does not count them)."""
+    of admission rejections (None: the engine does not count them); `no_series`: why the
+    caller read no series (then the reasons that need one are not judged, for that reason)."""
     reasons: list[Reason] = []
     unjudged: dict[str, str] = {}
+    series: Judged = (None, no_series)
     judges = (
-        ("kv_full", kv_full(points)),
-        ("queue_growing", queue_growing(points)),
+        ("kv_full", kv_full(points) if no_series is None else series),
+        ("queue_growing", queue_growing(points) if no_series is None else series),
         ("token_budget_full", token_budget_full(steps, budget, points)),
-        ("ttft_rising", ttft_rising(points, ttft_parts)),
+        ("ttft_rising", ttft_rising(points, ttft_parts) if no_series is None else series),
         ("load_shedding", load_shedding(rejections)),
     )
     for name, (found, why) in judges:
