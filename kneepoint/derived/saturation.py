@@ -122,7 +122,7 @@ def verdict(
             "saturated": None,
             "reasons": [],
             "unjudged": unjudged,
-            "unknown": "no reason could be judged: " + "; ".join(unjudged.values()),
+            "unknown": "no reason could be judged: " + "; ".join(dict.fromkeys(unjudged.values())),
         }
     return {"saturated": bool(reasons), "reasons": reasons, "unjudged": unjudged, "unknown": None}
 
