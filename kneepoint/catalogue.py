@@ -617,6 +617,28 @@ NUMBERS: tuple[Number, ...] = (
         page="overview",  # the replica's tile says stalled, its charts show the work
         rule="engine-stalled",
     ),
+    # --- saturation from every side (kneepoint/derived/saturation.py) ---
+    Number(
+        "replica_saturated",
+        "",
+        WORSE,
+        "1 when the replica's saturation verdict over the window says saturated (KV full, "
+        "queue growing, token budget full, TTFT rising with load, or load shed), 0 when not",
+        help="Saturated for any of five reasons, each with its evidence: KV occupancy above "
+        "90 % for a quarter of the window, a standing or growing queue, most engine steps at "
+        "the per-step token budget, TTFT rising with load, requests refused at admission "
+        "(docs/explanation/saturation.md)",
+        alertable=True,
+        page="overview",  # the replica table's Saturated column names the reasons
+        rule="replica-saturated",
+        weekly=WeeklyRow(19, "Saturated", "the week's saturation verdict and its reasons"),
+    ),
+    Number(
+        "saturated_replicas",
+        "",
+        WORSE,
+        "replicas whose saturation verdict over the window says saturated",
+    ),
     Number(
         "xid_errors",
         "",

@@ -109,6 +109,10 @@ class Target(Strict):
     timeout: Duration = 5.0
     max_bytes: Annotated[int, Field(gt=0)] = 8 * 1024 * 1024
     max_series: Annotated[int, Field(gt=0)] = 20_000  # more: the target is down, with why
+    # The engine's per-step token budget (vLLM: --max-num-batched-tokens), which no engine
+    # exports: with it, the saturation verdict's "token budget full" is judged against it;
+    # without it, inferred from the tokens-per-step histogram (docs/explanation/saturation.md).
+    max_num_batched_tokens: Annotated[int, Field(gt=0)] | None = None
 
     @field_validator("gpus")
     @classmethod

@@ -17,6 +17,8 @@ from __future__ import annotations
 
 from typing import TypedDict
 
+from kneepoint.derived.saturation import Saturation
+
 # A histogram's p50, p90 and p99 (kneepoint.derived.latency.quantiles); None: no
 # observation in the window.
 Quantiles = dict[str, float | None]
@@ -69,7 +71,10 @@ class Numbers(Readings, Derived):
     """Every number of a replica but its stall: the fleet's block has exactly these keys."""
 
 
-FleetNumbers = Numbers  # `fleet`: the replicas' numbers aggregated
+class FleetNumbers(Numbers):
+    """`fleet`: the replicas' numbers aggregated, and how many replicas are saturated."""
+
+    saturated_replicas: int | None  # None: no replica's saturation could be judged
 
 
 class Stall(TypedDict):
@@ -80,7 +85,13 @@ class Stall(TypedDict):
     stall_seconds: float | None
 
 
-class ReplicaStatus(Numbers, Stall):
+class Saturated(TypedDict):
+    """A replica's saturation verdict over the window (kneepoint.derived.saturation)."""
+
+    saturation: Saturation
+
+
+class ReplicaStatus(Numbers, Stall, Saturated):
     """One entry of `replicas`."""
 
 

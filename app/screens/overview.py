@@ -28,7 +28,8 @@ from app.format import (
 from app.plots import chart
 from app.registry import PAGES
 from dashboards.overview import WORSE, fleet_replica_lines, replica_lines
-from kneepoint import fleet_status, runbooks
+from kneepoint import catalogue, fleet_status, runbooks
+from kneepoint.derived import saturation
 from kneepoint.fleet_status import SEVERITY_COLOURS, AlertState, ReplicaState, SloState
 from kneepoint.records import ReplicaStatus
 
@@ -194,6 +195,13 @@ def tiles() -> None:
         st.info("No engine targets are configured: add some under `targets:` in kneepoint.yaml.")
         return
     st.subheader("Replicas, last 5 minutes")
+    saturated = report["fleet"]["saturated_replicas"]
+    st.metric(
+        "Saturated replicas",
+        "–" if saturated is None else f"{saturated} of {len(report['replicas'])}",
+        help=catalogue.help_text("replica_saturated"),
+        width="content",
+    )
     if at_fleet_size(len(report["replicas"])):
         # A fleet: one table, those in trouble first and paged; tiles for the sidebar's only.
         fleet_table(report["replicas"])
@@ -238,6 +246,13 @@ def tiles() -> None:
                 help=why(replica, "generation_tokens_per_second", "Generated tokens per second."),
                 width="content",
             )
+            verdict = replica["saturation"]
+            st.caption(
+                f"Saturated: {saturation.labels(verdict) or '–'}",
+                help="; ".join(r["evidence"] for r in verdict["reasons"])
+                or verdict["unknown"]
+                or catalogue.help_text("replica_saturated"),
+            )
             st.caption(
                 f"GPU busy {_fmt(replica.get('gpu_utilization'), '{:.0%}')} · "
                 f"prompt {_fmt(replica['prompt_tokens_per_second'], '{:,.0f}')} tok/s · "
@@ -278,6 +293,7 @@ def fleet_table(replicas: list[ReplicaStatus]) -> None:
             "state": _state(r),
             "rank": _STATE_ORDER.get(_state(r)),
             "engine": engine_label(r),
+            "saturated": saturation.labels(r["saturation"]),
             **{
                 k: r.get(k)
                 for k in (
@@ -297,6 +313,7 @@ def fleet_table(replicas: list[ReplicaStatus]) -> None:
         {
             "replica": t.text("Replica"),
             "state": t.badge("State"),
+            "saturated": t.text("Saturated"),
             "kv_cache_occupancy": t.percent("KV occupancy", digits=0),
             "requests_waiting": t.number("Waiting", digits=0),
             "requests_running": t.number("Running", digits=0),
