@@ -18,6 +18,7 @@ from __future__ import annotations
 from typing import TypedDict
 
 from kneepoint.derived.saturation import Saturation
+from kneepoint.samples import LoraAdapters
 
 # A histogram's p50, p90 and p99 (kneepoint.derived.latency.quantiles); None: no
 # observation in the window.
@@ -65,6 +66,11 @@ class Derived(TypedDict):
     e2e_seconds: Quantiles | None
     cost_per_million_generated_tokens: float | None
     cost_per_million_tokens: float | None
+    # The share of prompt tokens served from each cache tier (kneepoint.derived.tiers.TIERS
+    # -> 0..1, None for a tier the engine does not name); None: no tier counters.
+    prefix_cache_tier_shares: dict[str, float | None] | None
+    external_prefix_cache_hit_rate: float | None
+    corrupted_requests: float | None  # the counter's increase over the window
 
 
 class Numbers(Readings, Derived):
@@ -91,7 +97,15 @@ class Saturated(TypedDict):
     saturation: Saturation
 
 
-class ReplicaStatus(Numbers, Stall, Saturated):
+class EngineState(TypedDict):
+    """A replica's latest engine state beyond the fleet's numbers: its LoRA adapters
+    (None without LoRA) and its CPU offload tier's occupancy (None without one)."""
+
+    lora_adapters: LoraAdapters | None
+    kv_offload_usage: float | None
+
+
+class ReplicaStatus(Numbers, Stall, Saturated, EngineState):
     """One entry of `replicas`."""
 
 
@@ -157,6 +171,12 @@ class WindowNumbers(TypedDict):
     recompute_tokens_per_second: float | None
     recompute_share_of_prefill: float | None
     prefix_cross_check: float | None
+    # Prefix cache, KV offload and multimodal cache (kneepoint.derived.tiers).
+    prefill_computed_tokens_per_request: float | None
+    mean_prompt_tokens: float | None
+    kv_offload_load_bytes_per_second: float | None
+    kv_offload_store_bytes_per_second: float | None
+    mm_cache_hit_rate: float | None
     spec_expected_speedup: float | None
     spec_verdict: str | None
     energy_kwh: float | None

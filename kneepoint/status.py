@@ -27,7 +27,7 @@ from sqlalchemy.orm import Session
 from kneepoint import distribution
 from kneepoint.config import ENGINE_KINDS, Config
 from kneepoint.counters import increase
-from kneepoint.derived import ratios
+from kneepoint.derived import ratios, tiers
 from kneepoint.derived.cost import per_million, window_cost
 from kneepoint.derived.latency import quantiles, window_histogram
 from kneepoint.derived.saturation import SUB_WINDOWS, LoadPoint, Saturation, verdict
@@ -35,6 +35,7 @@ from kneepoint.derived.stall import PROGRESS, STALL_AFTER, Point, stalled_since
 from kneepoint.derived.window import Window, counter_deltas, frame_windows, merge
 from kneepoint.records import (
     Derived,
+    EngineState,
     FleetNumbers,
     GoneTarget,
     GpuStatus,
@@ -153,7 +154,9 @@ def build_status(
             span.deltas.get("admission_rejections"),
             no_series,
         )
-        replicas.append({**numbers, **stall, "saturation": saturation})
+        replicas.append(
+            {**numbers, **stall, "saturation": saturation, **_engine_state(row, latest)}
+        )
         windows.append(span)
         costs.append(cost)
     return {
@@ -164,6 +167,13 @@ def build_status(
         "gpus": gpu_block,
         "gone": gone_targets(rows, config, now, window),
     }
+
+
+def _engine_state(row: TargetRow | None, latest: dict[str, Any] | None) -> EngineState:
+    """The replica's LoRA adapters (TargetRow.lora_adapters, the latest scrape's) and its
+    offload tier's occupancy (its latest sample)."""
+    adapters = json.loads(row.lora_adapters) if row is not None and row.lora_adapters else None
+    return {"lora_adapters": adapters, "kv_offload_usage": _value(latest, "kv_offload_usage")}
 
 
 def gone_targets(
@@ -246,6 +256,9 @@ def derived(
         "e2e_seconds": quantiles(window.histograms.get("e2e")),
         "cost_per_million_generated_tokens": per_million(cost, generated),
         "cost_per_million_tokens": per_million(cost, served),
+        "prefix_cache_tier_shares": tiers.tier_shares(d),
+        "external_prefix_cache_hit_rate": tiers.external_hit_rate(d),
+        "corrupted_requests": d.get("corrupted_requests"),
     }
 
 

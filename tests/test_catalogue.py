@@ -52,6 +52,8 @@ OLD_QUANTITIES = {
         "spec_decode_per_position_acceptance",
         "spec_expected_speedup",
     ),
+    # issue 27's (not in main 8cc7122's tables): prefix-cache hits by tier
+    "prompt_tokens_by_tier": ("prefix_cache_tier_shares",),
 }
 OLD_RULE_METRICS = {
     "kv_cache_occupancy": "KV-cache occupancy, latest scrape, max over engines (0..1)",

@@ -260,6 +260,7 @@ def tiles() -> None:
                 help="GPU busy (DCGM): the share of time the replica's GPUs ran a kernel, mean "
                 "over its GPUs; not load vs knee.",
             )
+            engine_notes(replica)
     st.caption(f"{GPU_BUSY_VS_LOAD} As of {clock(_at(report['generated_at']), now)}.")
     if report.get("gone"):  # discovery no longer finds them (or taken out of targets:)
         st.caption(
@@ -267,6 +268,26 @@ def tiles() -> None:
             + ", ".join(
                 f"{g['name']} since {clock(_at(g['gone_since']), now)}" for g in report["gone"]
             )
+        )
+
+
+def engine_notes(replica: ReplicaStatus) -> None:
+    """The replica's LoRA adapters (running, waiting, the engine's max_lora) and its
+    corrupted requests in the window, in red: shown only where the engine reports them."""
+    adapters = replica.get("lora_adapters")
+    if adapters is not None:
+        running = ", ".join(adapters["running"]) or "none"
+        waiting = ", ".join(adapters["waiting"]) or "none"
+        most = adapters["max_lora"] if adapters["max_lora"] is not None else "?"
+        st.caption(
+            f"LoRA: running {running} · waiting {waiting} · max {most}",
+            help=catalogue.help_text("lora_adapters"),
+        )
+    corrupted = replica.get("corrupted_requests")
+    if corrupted:
+        st.markdown(
+            f":red[● {corrupted:,.0f} corrupted requests] in the last 5 minutes",
+            help=catalogue.help_text("corrupted_requests"),
         )
 
 

@@ -69,6 +69,14 @@ COUNTERS: dict[str, tuple[str, ...]] = {
     "request_generation_tokens_count": (P + "generation_tokens_histogram_count",),
 }
 CACHED_TOKENS = P + "cached_tokens_total"
+# Its `cache_source` label (0.5.10+, "Number of cached prompt tokens by source
+# (device/host/storage)"): the tier of HiCache, SGLang's hierarchical cache, that supplied the
+# tokens: device (the GPU radix cache), host (HiCache's L2 in CPU memory) and storage (its L3
+# storage backend: a file store, Mooncake, 3FS, NIXL... outside the engine's memory, the role
+# a KV connector's store plays for vLLM, so: external). "total" (no per-tier details given)
+# names no tier. Counted per token, incremented per finished request, like vLLM's.
+CACHE_SOURCES = {"device": "device", "host": "host", "storage": "external"}
+TIERS = ("device", "host", "p2p", "disk", "external")
 
 HISTOGRAMS: dict[str, tuple[str, ...]] = {
     "ttft": (P + "time_to_first_token_seconds",),
@@ -196,6 +204,7 @@ def normalize_sglang(parsed: ParsedScrape) -> ReplicaSample:
         # cached tokens, so before the first hit it is absent: no hit yet, i.e. 0.
         counters["prefix_cache_queries"] = counters["prompt_tokens"]
         counters["prefix_cache_hits"] = _sum(parsed.series(CACHED_TOKENS))
+    counters.update(_cached_by_tier(parsed))
     return checked(
         ReplicaSample(
             engine=ENGINE.kind,
@@ -242,8 +251,34 @@ def detect_generation(parsed: ParsedScrape) -> str:
     return "0.4.0"
 
 
+def _cached_by_tier(parsed: ParsedScrape) -> dict[str, float | None]:
+    """Cached prompt tokens per tier (samples' prompt_tokens_cached_<tier>) where the scrape
+    names a tier: a tier's series appears at its first hit, so an absent one is 0 beside the
+    others; SGLang has no p2p or disk tier (None)."""
+    series = parsed.series(CACHED_TOKENS)
+    if not any(labels.get("cache_source") in CACHE_SOURCES for labels, _ in series):
+        return {}
+    tiers: dict[str, float | None] = dict.fromkeys(
+        (f"prompt_tokens_cached_{tier}" for tier in TIERS), None
+    )
+    for named in CACHE_SOURCES.values():
+        tiers[f"prompt_tokens_cached_{named}"] = 0.0
+    for labels, value in series:
+        source = CACHE_SOURCES.get(labels.get("cache_source", ""))
+        if source is not None:
+            key = f"prompt_tokens_cached_{source}"
+            tiers[key] = (tiers[key] or 0.0) + value
+    return tiers
+
+
 def _unavailable(parsed: ParsedScrape, generation: str) -> dict[str, str]:
     out = dict(UNAVAILABLE)
+    if not _cached_by_tier(parsed):
+        out["prompt_tokens_by_tier"] = (
+            "not exposed by SGLang before 0.5.10, nor until a request is served from a named "
+            "tier of its hierarchical cache (cached_tokens_total{cache_source=device|host|"
+            "storage}; cache_source=total names none)"
+        )
     if not parsed.has(RETRACTED_TOTAL) and generation in OLD:
         out["preemptions"] = (
             "not exposed by SGLang before 0.5.10: retractions were only a per-interval "
