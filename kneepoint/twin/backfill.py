@@ -32,7 +32,7 @@ from kneepoint.twin.fleet import Fleet
 from kneepoint.twin.openai_api import chat_prompt, tokenize
 from kneepoint.twin.sglang import SglangMetrics
 from kneepoint.twin.sglang import render as render_sglang
-from kneepoint.twin.simulated_engine import Engine, EngineConfig
+from kneepoint.twin.simulated_engine import Engine, EngineConfig, Rejected
 from kneepoint.twin.stats import Stats
 
 LEVELS = (1, 3, 8, 20, 48)  # concurrent agent sessions measured per replica
@@ -123,7 +123,11 @@ def measure(
             if done:
                 heapq.heappush(due, (at + step.pause_after, number))
 
-        request = engine.add(tokenize(chat_prompt(step.messages)), step.max_tokens, sink)
+        try:
+            request = engine.add(tokenize(chat_prompt(step.messages)), step.max_tokens, sink)
+        except Rejected:  # shed (HTTP 503): the agent goes on after its pause, as live
+            heapq.heappush(due, (engine.now + step.pause_after, number))
+            return
         if metrics is not None:  # agents call without streaming, as the live traffic does
             request.sink = metrics.track(request, sink, stream=False)
 
