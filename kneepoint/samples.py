@@ -4,6 +4,7 @@ produced them."""
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from typing import TypedDict
 
 from kneepoint import catalogue
 
@@ -33,6 +34,9 @@ SATURATION = 0.9
 
 # Histogram families whose buckets are stored, so quantiles work over any window.
 HISTOGRAMS = ("ttft", "itl", "e2e", "queue")
+# Histograms of load, stored like the latency ones but never an SLO's: tokens per engine step
+# (vLLM: iteration_tokens_total), whose top buckets show a full per-step token budget.
+LOAD_HISTOGRAMS = ("iteration_tokens",)
 
 # Monotonic counters of a replica, stored cumulative; windowed values come from their increase.
 REPLICA_COUNTERS = (
@@ -61,6 +65,33 @@ REPLICA_COUNTERS = (
     # The engine's steps (vLLM: the count of the iteration_tokens_total histogram), the
     # stalled-engine signal beside the token counters (kneepoint/derived/stall.py).
     "engine_steps",
+    # vLLM 0.32's (docs/reference/metrics.md): requests refused at admission because a queue
+    # limit (max_num_queued_reqs / max_num_queued_tokens) was reached, all reasons summed.
+    "admission_rejections",
+    # The model's own estimate of its work per GPU (--enable-mfu-metrics), summed over the
+    # replica's engines: FLOPs, and bytes read and written; recompute after a preemption is
+    # included (it is built from the tokens actually scheduled).
+    "estimated_flops",
+    "estimated_read_bytes",
+    "estimated_write_bytes",
+    # Cached prompt tokens by the tier that supplied them (prompt_tokens_cached_by_source).
+    "prompt_tokens_cached_device",
+    "prompt_tokens_cached_host",
+    "prompt_tokens_cached_p2p",
+    "prompt_tokens_cached_disk",
+    "prompt_tokens_cached_external",
+    # A KV connector's (LMCache etc.) prefix-cache lookups and hits, in tokens.
+    "external_prefix_cache_queries",
+    "external_prefix_cache_hits",
+    # Prompt tokens actually computed at each request's first prefill (prompt − cached).
+    "prefill_kv_computed_tokens_sum",
+    "prefill_kv_computed_tokens_count",
+    "mm_cache_queries",
+    "mm_cache_hits",
+    "corrupted_requests",
+    # KV blocks moved between the GPU and the offload tier (CPU), bytes.
+    "kv_offload_load_bytes",
+    "kv_offload_store_bytes",
 )
 
 # Point-in-time values of a replica (the latest scrape is what they mean).
@@ -77,6 +108,14 @@ REPLICA_GAUGES = (
     # (SGLang's spec_accept_length / spec_accept_rate, TensorRT-LLM's acceptance length).
     "spec_decode_acceptance_length_gauge",
     "spec_decode_acceptance_rate_gauge",
+    # vLLM's engine_sleep_state: 0 awake, 1 weights offloaded, 2 everything discarded (the
+    # deepest over the replica's engines); a bucket's mean is the level weighted by time.
+    "sleep_level",
+    # LoRA adapters named running and waiting in vLLM's lora_requests_info.
+    "lora_adapters_running",
+    "lora_adapters_waiting",
+    # The CPU offload tier's occupancy, 0..1 (vllm:kv_offload_cpu_cache_usage_perc).
+    "kv_offload_usage",
 )
 
 # Point-in-time values kept as the last sample's, never averaged (a summary row holds its
@@ -110,6 +149,14 @@ class CacheConfig:
     capacity_tokens: int | None = None
 
 
+class LoraAdapters(TypedDict):
+    """LoRA adapters as the engine names them (vLLM: lora_requests_info's labels)."""
+
+    running: list[str]
+    waiting: list[str]
+    max_lora: int | None
+
+
 @dataclass
 class ReplicaSample:
     """One inference engine's scrape (vLLM, SGLang, llama.cpp, TGI or TensorRT-LLM),
@@ -136,6 +183,7 @@ class ReplicaSample:
     cache: CacheConfig = field(default_factory=CacheConfig)
     engine: str = "vllm"
     unavailable: dict[str, str] = field(default_factory=dict)
+    lora: LoraAdapters | None = None  # None without LoRA
 
 
 @dataclass

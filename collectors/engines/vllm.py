@@ -31,7 +31,7 @@ from collectors.parse import (
     checked,
     parse_exposition,
 )
-from kneepoint.samples import CacheConfig, ReplicaSample
+from kneepoint.samples import CacheConfig, LoraAdapters, ReplicaSample
 
 GAUGES: dict[str, tuple[str, ...]] = {
     "requests_running": ("vllm:num_requests_running",),
@@ -73,6 +73,20 @@ COUNTERS: dict[str, tuple[str, ...]] = {
     # chunk of a longer prefill that samples no token does not move it. A wedged engine
     # moves nothing.
     "engine_steps": ("vllm:iteration_tokens_total_count",),
+    # vLLM 0.32's. Admission rejections carry no `engine` label: one series per reason.
+    "admission_rejections": ("vllm:admission_rejections_total",),
+    "estimated_flops": ("vllm:estimated_flops_per_gpu_total",),
+    "estimated_read_bytes": ("vllm:estimated_read_bytes_per_gpu_total",),
+    "estimated_write_bytes": ("vllm:estimated_write_bytes_per_gpu_total",),
+    "external_prefix_cache_queries": ("vllm:external_prefix_cache_queries_total",),
+    "external_prefix_cache_hits": ("vllm:external_prefix_cache_hits_total",),
+    "prefill_kv_computed_tokens_sum": ("vllm:request_prefill_kv_computed_tokens_sum",),
+    "prefill_kv_computed_tokens_count": ("vllm:request_prefill_kv_computed_tokens_count",),
+    "mm_cache_queries": ("vllm:mm_cache_queries_total",),
+    "mm_cache_hits": ("vllm:mm_cache_hits_total",),
+    "corrupted_requests": ("vllm:corrupted_requests_total",),
+    "kv_offload_load_bytes": ("vllm:kv_offload_load_bytes_total",),
+    "kv_offload_store_bytes": ("vllm:kv_offload_store_bytes_total",),
 }
 # Counters split by a label: canonical name -> (vLLM name, label, label value).
 LABELLED_COUNTERS: dict[str, tuple[str, str, str]] = {
@@ -96,7 +110,30 @@ LABELLED_COUNTERS: dict[str, tuple[str, str, str]] = {
         for reason in ("stop", "length", "abort", "error", "repetition")
     },
     "http_requests_5xx": ("http_requests_total", "status", "5xx"),
+    **{
+        f"prompt_tokens_cached_{tier}": (
+            "vllm:prompt_tokens_cached_by_source_total",
+            "source",
+            source,
+        )
+        for tier, source in (
+            ("device", "device"),
+            ("host", "host"),
+            ("p2p", "p2p"),
+            ("disk", "disk"),
+            ("external", "external_unspecified"),
+        )
+    },
 }
+# The offload transfer counters' deprecated spelling (vLLM 0.32 still exports it beside the
+# flat names): one family with a direction label, read where the flat name is absent.
+OFFLOAD_BYTES_DEPRECATED = "vllm:kv_offload_total_bytes_total"
+OFFLOAD_DIRECTIONS = {"kv_offload_load_bytes": "CPU_to_GPU", "kv_offload_store_bytes": "GPU_to_CPU"}
+OFFLOAD_USAGE = "vllm:kv_offload_cpu_cache_usage_perc"  # a fraction 0..1 despite the name
+SLEEP_STATE = "vllm:engine_sleep_state"
+# Its `sleep_state` label: the level each state means (awake = 1 is level 0).
+SLEEP_LEVELS = {"weights_offloaded": 1, "discard_all": 2}
+LORA_INFO = "vllm:lora_requests_info"
 ACCEPTED_PER_POSITION = "vllm:spec_decode_num_accepted_tokens_per_pos_total"
 # Its `position` label is bounded by parse.MAX_POSITIONS, as every engine's: a larger one is
 # a broken exporter, refused with ScrapeFormatError.
@@ -106,6 +143,8 @@ HISTOGRAMS: dict[str, tuple[str, ...]] = {
     "itl": ("vllm:inter_token_latency_seconds", "vllm:time_per_output_token_seconds"),
     "e2e": ("vllm:e2e_request_latency_seconds",),
     "queue": ("vllm:request_queue_time_seconds", "vllm:time_in_queue_requests"),
+    # samples.LOAD_HISTOGRAMS
+    "iteration_tokens": ("vllm:iteration_tokens_total",),
 }
 CACHE_CONFIG = "vllm:cache_config_info"
 # Families only v0 exposes: they tell v0 apart from the early V1 engine (0.8), which shares
@@ -126,6 +165,10 @@ def _wanted_names() -> frozenset[str]:
         WAITING_BY_REASON,
         CACHE_CONFIG,
         PROCESS_START,
+        OFFLOAD_BYTES_DEPRECATED,
+        OFFLOAD_USAGE,
+        SLEEP_STATE,
+        LORA_INFO,
     }
     names.update(*GAUGES.values(), *COUNTERS.values(), V0_MARKERS)
     names.update(name for name, _, _ in LABELLED_COUNTERS.values())
@@ -168,6 +211,8 @@ def normalize_vllm(parsed: ParsedScrape) -> ReplicaSample:
         "requests_waiting_capacity": sum_where(parsed, WAITING_BY_REASON, "capacity", "reason"),
         "prefix_cache_hit_rate_gauge": mean(parsed.series(V0_PREFIX_HIT_RATE)),
         "process_start_time": maximum(parsed.series(PROCESS_START)),
+        "sleep_level": _sleep_level(parsed.series(SLEEP_STATE)),
+        "kv_offload_usage": maximum(parsed.series(OFFLOAD_USAGE)),
     }
     for field, aliases in GAUGES.items():
         gauges[field] = sum_first(parsed, aliases)
@@ -176,6 +221,14 @@ def normalize_vllm(parsed: ParsedScrape) -> ReplicaSample:
     }
     for field, (name, label, value) in LABELLED_COUNTERS.items():
         counters[field] = sum_where(parsed, name, value, label)
+    for field, direction in OFFLOAD_DIRECTIONS.items():
+        if counters[field] is None:
+            counters[field] = sum_where(
+                parsed, OFFLOAD_BYTES_DEPRECATED, direction, "transfer_type"
+            )
+    lora = _lora(parsed.series(LORA_INFO))
+    gauges["lora_adapters_running"] = None if lora is None else len(lora["running"])
+    gauges["lora_adapters_waiting"] = None if lora is None else len(lora["waiting"])
     if counters["http_requests"] is not None and counters["http_requests_5xx"] is None:
         counters["http_requests_5xx"] = 0.0  # the instrumentator adds a status once seen
     unavailable = {}
@@ -196,6 +249,7 @@ def normalize_vllm(parsed: ParsedScrape) -> ReplicaSample:
             histograms=read_histograms(parsed, HISTOGRAMS, shown=lambda base: f"{base}_bucket"),
             accepted_per_position=by_position(parsed, ACCEPTED_PER_POSITION, "position"),
             cache=_cache_config(parsed.series(CACHE_CONFIG)),
+            lora=lora,
         )
     )
 
@@ -219,6 +273,35 @@ def _per_engine(series: Series) -> dict[str, float]:
     for labels, value in series:
         values[_engine(labels)] += value
     return dict(values)
+
+
+def _sleep_level(series: Series) -> float | None:
+    """The deepest sleep level over the engines (0 awake), or None where not exposed."""
+    levels: dict[str, float] = {}
+    for labels, value in series:
+        engine = _engine(labels)
+        levels.setdefault(engine, 0.0)
+        level = SLEEP_LEVELS.get(labels.get("sleep_state", ""))
+        if level is not None and value >= 1:
+            levels[engine] = max(levels[engine], float(level))
+    return max(levels.values()) if levels else None
+
+
+def _lora(series: Series) -> LoraAdapters | None:
+    """The adapters of `lora_requests_info`'s newest series: its value is the time it was set,
+    and the series of earlier label sets stay exported beside it. None without LoRA."""
+    if not series:
+        return None
+    labels, _ = max(series, key=lambda line: line[1])
+
+    def names(label: str) -> list[str]:
+        return [name for name in labels.get(label, "").split(",") if name]
+
+    return {
+        "running": names("running_lora_adapters"),
+        "waiting": names("waiting_lora_adapters"),
+        "max_lora": _as_int(labels.get("max_lora")),
+    }
 
 
 def _cache_config(series: Series) -> CacheConfig:

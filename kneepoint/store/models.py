@@ -10,7 +10,7 @@ from __future__ import annotations
 from sqlalchemy import Boolean, Float, ForeignKey, Index, Integer, String, Text, UniqueConstraint
 from sqlalchemy.orm import DeclarativeBase, Mapped, mapped_column
 
-from kneepoint.samples import HISTOGRAMS, REPLICA_COUNTERS
+from kneepoint.samples import HISTOGRAMS, LOAD_HISTOGRAMS, REPLICA_COUNTERS
 
 RAW, MINUTE, HOUR = 0, 60, 3600
 
@@ -54,6 +54,8 @@ class TargetRow(Base):
     capacity_tokens: Mapped[int | None] = mapped_column(Integer)
     prefix_caching: Mapped[bool | None] = mapped_column(Boolean)
     gpu_memory_utilization: Mapped[float | None] = mapped_column(Float)
+    # The latest scrape's LoRA adapters, JSON (samples.ReplicaSample.lora); None without LoRA.
+    lora_adapters: Mapped[str | None] = mapped_column(Text)
 
 
 class ScrapeErrorRow(Base):
@@ -97,12 +99,16 @@ class ReplicaSampleRow(Base):
     spec_decode_acceptance_rate_gauge: Mapped[float | None] = mapped_column(Float)
     # samples.REPLICA_LAST_GAUGES: the last sample's in a rollup, never averaged.
     process_start_time: Mapped[float | None] = mapped_column(Float)
+    sleep_level: Mapped[float | None] = mapped_column(Float)
+    lora_adapters_running: Mapped[float | None] = mapped_column(Float)
+    lora_adapters_waiting: Mapped[float | None] = mapped_column(Float)
+    kv_offload_usage: Mapped[float | None] = mapped_column(Float)
     accepted_per_position: Mapped[str | None] = mapped_column(Text)
 
 
 for _counter in REPLICA_COUNTERS:
     setattr(ReplicaSampleRow, _counter, mapped_column(_counter, Float, nullable=True))
-for _histogram in HISTOGRAMS:
+for _histogram in (*HISTOGRAMS, *LOAD_HISTOGRAMS):
     setattr(ReplicaSampleRow, f"hist_{_histogram}", mapped_column(f"hist_{_histogram}", Text))
 
 

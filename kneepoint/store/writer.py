@@ -228,6 +228,7 @@ def record_replica_history(
             "capacity_tokens": cache.capacity_tokens,
             "prefix_caching": cache.enable_prefix_caching,
             "gpu_memory_utilization": cache.gpu_memory_utilization,
+            "lora_adapters": None if last.lora is None else json.dumps(last.lora, sort_keys=True),
         },
     )
     rows = [_replica_row(session, target_id, t, sample) for t, sample in samples]
