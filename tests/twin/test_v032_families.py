@@ -1,6 +1,7 @@
 """The twin speaks vLLM 0.32's new families from what its engine does: load shedding past
 the queue limits, a sleeping engine, the MFU estimates from the tokens computed, and a CPU
-KV offload tier. Each is read back from the twin's /metrics text."""
+KV offload tier. Each is read back from the twin's /metrics text, and through kneepoint's own
+vLLM normalizer under the canonical names (kneepoint/samples.py)."""
 
 from __future__ import annotations
 
@@ -12,6 +13,8 @@ import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
 from collectors.dcgm import parse_dcgm
+from collectors.engines.vllm import parse_vllm
+from kneepoint.samples import ReplicaSample
 from kneepoint.twin.dcgm import GpuNode, GpuState
 from kneepoint.twin.exposition import Snapshot, render
 from kneepoint.twin.profiles import GIB, gpu, model
@@ -41,6 +44,10 @@ def scrape(engine: Engine) -> dict[tuple[str, tuple[tuple[str, str], ...]], floa
     return out
 
 
+def normalized(engine: Engine) -> ReplicaSample:
+    return parse_vllm(render(Snapshot(engine, "Qwen/Qwen3-4B", 1.7e9, 0.9)).decode())
+
+
 def prompt(rng: random.Random, length: int) -> list[int]:
     return [rng.randrange(50_000) for _ in range(length)]
 
@@ -65,6 +72,7 @@ def test_requests_are_refused_only_past_the_queue_limit() -> None:
     assert metrics[("vllm:admission_rejections_total", (("reason", "max_num_queued_reqs"),))] == 3
     assert metrics[("vllm:admission_rejections_total", (("reason", "max_num_queued_tokens"),))] == 0
     assert metrics[("vllm:num_requests_waiting", ())] == 4  # the refused never queued
+    assert normalized(engine).counters["admission_rejections"] == 3
     while not engine.idle:  # once they are done there is room again
         engine.step()
     engine.add(prompt(rng, 100), 20)
@@ -125,6 +133,7 @@ def test_a_sleeping_engine_says_so_and_its_counters_stay_frozen() -> None:
         if name == "vllm:engine_sleep_state"
     }
     assert states == {"awake": 0.0, "weights_offloaded": 1.0, "discard_all": 0.0}
+    assert normalized(engine).gauges["sleep_level"] == 1
     # Requests in flight were aborted (vLLM's default mode) and the KV cache discarded.
     assert asleep[("vllm:request_success_total", (("finished_reason", "abort"),))] == 4
     assert asleep[("vllm:kv_cache_usage_perc", ())] == 0
@@ -144,8 +153,10 @@ def test_a_sleeping_engine_says_so_and_its_counters_stay_frozen() -> None:
     assert (
         woken[("vllm:prefix_cache_hits_total", ())] == later[("vllm:prefix_cache_hits_total", ())]
     )
+    assert normalized(engine).gauges["sleep_level"] == 0
     engine.sleep(2)
     assert scrape(engine)[("vllm:engine_sleep_state", (("sleep_state", "discard_all"),))] == 1
+    assert normalized(engine).gauges["sleep_level"] == 2
 
 
 def test_a_sleeping_replica_s_gpu_is_idle_and_traffic_passes_it_by() -> None:
@@ -206,6 +217,10 @@ def test_flops_and_bytes_follow_vllm_s_formula_for_the_tokens_computed() -> None
     assert read == pytest.approx(outputs * qwen.parameters * 2 + context * kv_per_token)
     written = metrics[("vllm:estimated_write_bytes_per_gpu_total", ())]
     assert written == pytest.approx(tokens * kv_per_token)
+    counters = normalized(engine).counters
+    assert counters["estimated_flops"] == pytest.approx(flops)
+    assert counters["estimated_read_bytes"] == pytest.approx(read)
+    assert counters["estimated_write_bytes"] == pytest.approx(written)
     # Per GPU: two tensor-parallel GPUs each do half.
     split = Engine(replace(cfg, tensor_parallel_size=2))
     split.add(prompt(random.Random(3), length), outputs)
@@ -271,3 +286,10 @@ def test_host_tier_hits_appear_only_with_offload_on() -> None:
     usage = with_tier[("vllm:kv_offload_cpu_cache_usage_perc", ())]
     stored_blocks = with_tier[("vllm:kv_offload_store_bytes_total", ())] / block
     assert usage == pytest.approx(stored_blocks / (2.0 * GIB // block))
+    read_plain, read_tier = normalized(plain), normalized(offload)
+    assert read_plain.counters["prompt_tokens_cached_host"] == 0
+    assert read_plain.counters["kv_offload_load_bytes"] is None  # no tier: not exposed
+    assert read_plain.gauges["kv_offload_usage"] is None
+    assert read_tier.counters["prompt_tokens_cached_host"] == with_tier[host] > 0
+    assert read_tier.counters["external_prefix_cache_hits"] == with_tier[host]
+    assert read_tier.gauges["kv_offload_usage"] == pytest.approx(usage)
