@@ -33,7 +33,7 @@ class _Handler(BaseHTTPRequestHandler):
             self._send(200, b"", "text/plain")
         elif path == "/v1/models" and isinstance(target, Replica):
             self._json(200, openai_api.models(target))
-        elif path == "/is_sleeping" and self._sleep_mode(target):
+        elif path == "/is_sleeping" and isinstance(target, Replica) and self._sleep_mode(target):
             self._json(200, {"is_sleeping": target.sleeping})
         else:
             self._not_found(path)
@@ -86,7 +86,7 @@ class _Handler(BaseHTTPRequestHandler):
             first = next(events)  # submits the request: a queue limit refuses it here
         except Rejected as refused:
             # vLLM's GracefulHTTPError: the status's phrase as the error type.
-            body = {
+            refusal = {
                 "error": {
                     "message": str(refused),
                     "type": "Service Unavailable",
@@ -94,7 +94,7 @@ class _Handler(BaseHTTPRequestHandler):
                     "code": 503,
                 }
             }
-            self._json(503, body)
+            self._json(503, refusal)
             return
         self.send_response(200)
         self.send_header("Content-Type", "text/event-stream")

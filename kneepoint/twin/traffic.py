@@ -68,6 +68,7 @@ class Traffic:
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
         self.sleeping: set[str] = set()  # replica URLs that said they sleep
+        self.draining: set[str] = set()  # replica URLs taken out of the routing by hand
 
     def deploy(self) -> None:
         """A new system prompt and tool schema: every prefix cache is cold for it."""
@@ -128,7 +129,7 @@ class Traffic:
         start = home if group.routing == "sticky" else next(self._round_robin)
         for offset in range(count):
             url = group.urls[(start + offset) % count]
-            if url not in self.sleeping:
+            if url not in self.sleeping and url not in self.draining:
                 return url
         return None
 
