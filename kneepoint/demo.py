@@ -54,8 +54,7 @@ FLEET = {
             "model": "qwen3-4b",
             "node": "gpu-node-2",
             "gpu_memory_utilization": 0.6,
-            "max_num_queued_reqs": 24,  # past 24 unfinished requests: HTTP 503
-            "kv_offload_gib": 16.0,  # vLLM's native CPU offload tier
+            "max_num_queued_reqs": 64,  # past 64 unfinished requests: HTTP 503
         },
         {
             "name": "qwen3-4b-sglang",
