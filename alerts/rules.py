@@ -134,6 +134,20 @@ BUILT_IN = tuple(
             "replica and route traffic away meanwhile.",
         },
         {
+            # The saturation verdict (kneepoint/derived/saturation.py), whatever the KV
+            # gauge says; its reasons are in the status and the page's likely cause.
+            "name": "replica-saturated",
+            "metric": "replica_saturated",
+            "op": "==",
+            "threshold": 1,
+            "for": 5 * MINUTE,
+            # A page: its message carries the likely cause, which names the reasons.
+            "severity": "page",
+            "runbook": "The replica serves all it can: its queue grows, its per-step token "
+            "budget is full, TTFT climbs with load, it sheds requests or its KV cache is full "
+            "(the reasons are on the Overview). Add a replica or route load away.",
+        },
+        {
             # The scrape job stopped, is stuck, or cannot write: every other rule is
             # watching old numbers (kneepoint.status.is_stale).
             "name": "collector-stale",

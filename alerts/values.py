@@ -9,7 +9,15 @@ from sqlalchemy.orm import Session
 from alerts.rules import METRICS
 from kneepoint.config import Config
 from kneepoint.health import check_jobs
-from kneepoint.records import GpuStatus, HitRate, HitRates, Numbers, PageNumbers, Status
+from kneepoint.records import (
+    FleetNumbers,
+    GpuStatus,
+    HitRate,
+    HitRates,
+    Numbers,
+    PageNumbers,
+    Status,
+)
 from kneepoint.samples import unavailable_reason
 from kneepoint.status import stale_targets
 from kneepoint.store.models import NotificationRow
@@ -31,6 +39,15 @@ def _stalled(replica: Numbers) -> float | None:
     if replica.get("stalled") is None:
         return None
     return 1.0 if replica.get("stall_seconds") else 0.0
+
+
+def _saturated(replica: Numbers) -> float | None:
+    """1 when the replica's saturation verdict says saturated, 0 when not, None when it
+    could not be judged (kneepoint.derived.saturation; its reasons are in the status)."""
+    verdict = replica.get("saturation")
+    if not isinstance(verdict, dict) or verdict.get("saturated") is None:
+        return None
+    return 1.0 if verdict["saturated"] else 0.0
 
 
 def _drop(baseline: float | None, now: float | None) -> float | None:
@@ -65,6 +82,7 @@ def replica_values(
         "itl_p99_seconds": _p99(replica["itl_seconds"]),
         "up": None if up is None else float(up),
         "engine_stalled": _stalled(replica),
+        "replica_saturated": _saturated(replica),
         "xid_errors": float(sum(1 for g in gpus if g.get("xid_error")))
         if gpus and any(g.get("xid_error") is not None for g in gpus)
         else None,
@@ -85,11 +103,12 @@ def values(view: View, baseline: HitRates | Status) -> dict[str, dict[str, float
         out[replica["name"]] = replica_values(
             replica, view.rows.get(replica["name"]), gpus, before.get(replica["name"])
         )
-    fleet = view.status["fleet"]
+    fleet: FleetNumbers = {**view.status["fleet"], "up": None}
     shares = [v["recompute_share_of_prefill"] for v in out.values()]
     known_shares = [s for s in shares if s is not None]
     out[FLEET] = {
-        **replica_values({**fleet, "up": None}, None, view.status["gpus"], baseline["fleet"]),
+        **replica_values(fleet, None, view.status["gpus"], baseline["fleet"]),
+        "replica_saturated": None,  # a replica's verdict: the fleet's is saturated_replicas
         "recompute_share_of_prefill": max(known_shares) if known_shares else None,
     }
     return out

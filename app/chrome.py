@@ -61,7 +61,7 @@ def tab_title(title: str, icon: str) -> None:
 
 
 def age(seconds: float | None) -> str:
-    """"12 s", "4 min", "3 h", "2 d"; "unknown" for none."""
+    """ "12 s", "4 min", "3 h", "2 d"; "unknown" for none."""
     if seconds is None:
         return "unknown"
     seconds = max(0.0, seconds)

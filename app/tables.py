@@ -376,7 +376,7 @@ class Page:
     number: int  # the page shown (1-based), clamped to 1..pages
 
     def caption(self, query: str = "") -> str:
-        """"rows 1–50 of 1,000"; with a filter, how many match and how many there are."""
+        """ "rows 1–50 of 1,000"; with a filter, how many match and how many there are."""
         if not self.matched:
             return f"no rows match “{query}” ({self.total:,} in all)"
         shown = f"rows {self.first:,}–{self.last:,} of {self.matched:,}"

@@ -39,7 +39,7 @@ values (the status, the page view, alerts/values.py) use these names as their ke
 
 Units: "%" for a share 0..1 (shown as a percentage), "points" for a difference of two
 shares, "s", "/s" for events per second, "tok/s", "×", "$" (USD), "J", "h", "kWh",
-"tokens", and "" for a count or a verdict.
+"tokens", "B/s" (bytes per second), and "" for a count or a verdict.
 """
 
 from __future__ import annotations
@@ -300,6 +300,32 @@ QUANTITIES: tuple[Quantity, ...] = (
             ),
         },
     ),
+    # Prefix-cache hits by tier (issue 27): cached prompt tokens by the tier that supplied them.
+    Quantity(
+        "prompt_tokens_by_tier",
+        {
+            "vllm": Source(
+                "exact",
+                "prompt_tokens_cached_by_source{device,host,p2p,disk,external_unspecified}; "
+                "unavailable before 0.32",
+                varies=True,
+            ),
+            "sglang": Source(
+                "exact",
+                "cached_tokens_total{cache_source=device,host,storage} (storage as external); "
+                "unavailable before 0.5.10 and until a request is served from a named tier",
+                varies=True,
+            ),
+            "llamacpp": Source("unavailable", "one prompt cache per slot, no tiers"),
+            "tgi": Source("unavailable", "no cached-token metric"),
+            "trtllm": Source(
+                "exact",
+                "prompt_cache_hit_tokens_total{cache_tier=gpu,host,disk}; unavailable before "
+                "PR #12545 (2026-03)",
+                varies=True,
+            ),
+        },
+    ),
 )
 
 QUANTITY = {quantity.name: quantity for quantity in QUANTITIES}
@@ -466,6 +492,76 @@ NUMBERS: tuple[Number, ...] = (
         page="prefix-cache",
         rule="prefix-hit-rate-dropped",
         promql=f"({_ratio(HITS, QUERIES_TOTAL, '1h')}) - ({_ratio(HITS, QUERIES_TOTAL)})",
+    ),
+    # --- prefix cache by tier, KV offload, prefill computed, multimodal cache, corrupted
+    # requests, LoRA (issue 27; kneepoint/derived/tiers.py) ---
+    Number(
+        "prefix_cache_tier_shares",
+        "%",
+        BETTER,
+        "share of prompt tokens served from each cache tier over the window: device, host, "
+        "p2p, disk, external (0..1 each)",
+        help="Δcached prompt tokens of the tier ÷ Δprompt tokens over the window: device = the "
+        "GPU's prefix cache, host = the CPU offload tier, p2p = another instance, disk, "
+        "external = a KV connector's store (LMCache, SGLang's HiCache storage).",
+        quantity="prompt_tokens_by_tier",
+    ),
+    Number(
+        "external_prefix_cache_hit_rate",
+        "%",
+        BETTER,
+        "a KV connector's own hit rate: external hits ÷ queries over the window (0..1)",
+        help="Δexternal_prefix_cache_hits ÷ Δexternal_prefix_cache_queries (tokens); no data "
+        "without a KV connector (no queries).",
+    ),
+    Number(
+        "kv_offload_usage",
+        "%",
+        WORSE,
+        "the CPU offload tier's occupancy, latest scrape, max over engines (0..1)",
+    ),
+    Number(
+        "kv_offload_load_bytes_per_second",
+        "B/s",
+        NEITHER,
+        "KV bytes loaded from the offload tier into the GPU per second over the window",
+    ),
+    Number(
+        "kv_offload_store_bytes_per_second",
+        "B/s",
+        NEITHER,
+        "KV bytes stored from the GPU into the offload tier per second over the window",
+    ),
+    Number(
+        "prefill_computed_tokens_per_request",
+        "tokens",
+        NEITHER,
+        "mean prompt tokens a request computed at its first prefill (its prompt less the "
+        "cached part) over the window",
+    ),
+    Number(
+        "mean_prompt_tokens",
+        "tokens",
+        NEITHER,
+        "mean prompt length of the requests finished in the window",
+    ),
+    Number(
+        "mm_cache_hit_rate",
+        "%",
+        BETTER,
+        "multimodal input cache hits ÷ queries over the window (0..1)",
+    ),
+    Number(
+        "corrupted_requests",
+        "",
+        WORSE,
+        "requests whose output was corrupted (NaN logits) over the window",
+    ),
+    Number(
+        "lora_adapters",
+        "",
+        NEITHER,
+        "LoRA adapters running and waiting, latest scrape, and the engine's max_lora",
     ),
     Number(
         "prompt_tokens_per_second",
@@ -637,6 +733,28 @@ NUMBERS: tuple[Number, ...] = (
         alertable=True,
         page="overview",  # the replica's tile says stalled, its charts show the work
         rule="engine-stalled",
+    ),
+    # --- saturation from every side (kneepoint/derived/saturation.py) ---
+    Number(
+        "replica_saturated",
+        "",
+        WORSE,
+        "1 when the replica's saturation verdict over the window says saturated (KV full, "
+        "queue growing, token budget full, TTFT rising with load, or load shed), 0 when not",
+        help="Saturated for any of five reasons, each with its evidence: KV occupancy above "
+        "90 % for a quarter of the window, a standing or growing queue, most engine steps at "
+        "the per-step token budget, TTFT rising with load, requests refused at admission "
+        "(docs/explanation/saturation.md)",
+        alertable=True,
+        page="overview",  # the replica table's Saturated column names the reasons
+        rule="replica-saturated",
+        weekly=WeeklyRow(19, "Saturated", "the week's saturation verdict and its reasons"),
+    ),
+    Number(
+        "saturated_replicas",
+        "",
+        WORSE,
+        "replicas whose saturation verdict over the window says saturated",
     ),
     Number(
         "xid_errors",

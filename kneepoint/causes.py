@@ -13,7 +13,9 @@ Five classes, each with the numbers that decide it (`classify`, a pure function)
 - **load**: concurrency (requests running + waiting, the scale a sweep's knee is measured
   on) at or past the replica's knee (the stored run kneepoint.knee.detect holds it to).
 - **capacity**: KV cache saturated (peak occupancy above 90 %), sequences waiting for KV
-  capacity, or preemptions above the `preemptions-sustained` threshold.
+  capacity, preemptions above the `preemptions-sustained` threshold, or the replica's
+  saturation verdict (kneepoint/derived/saturation.py) for a reason the KV gauge does not
+  show: its queue growing, its token budget full, TTFT rising with load, load shed.
 - **unknown**: none of these; the evidence says what was looked at.
 
 A cause precedes what it explains. The trouble began at its `Onset` (`onset`): an SLO burn
@@ -102,6 +104,9 @@ class ReplicaSignals:
     stalled_since: float | None = None
     running: float | None = None  # latest, for the stall's evidence
     waiting: float | None = None
+    # The saturation verdict's evidence for its reasons other than a full KV cache (those
+    # the KV peak above says already), from the status over the window.
+    saturation: tuple[str, ...] = ()
 
 
 @dataclass(frozen=True)
@@ -245,6 +250,7 @@ def _capacity(replicas: Sequence[ReplicaSignals]) -> str | None:
             r.preemptions_per_second > PREEMPTIONS_PER_SECOND
         ):
             found.append(f"{r.preemptions_per_second:.2f} preemptions/s")
+        found += r.saturation
         if found:
             parts.append(f"{r.replica}: {', '.join(found)}")
     return _joined(parts) if parts else None
@@ -381,6 +387,11 @@ def gather(
                 _ts(replica.get("stalled_since")),
                 replica.get("requests_running"),
                 replica.get("requests_waiting"),
+                tuple(
+                    f"saturated, {reason['reason'].replace('_', ' ')}: {reason['evidence']}"
+                    for reason in replica["saturation"]["reasons"]
+                    if reason["reason"] != "kv_full"
+                ),
             )
         )
     if events is None:

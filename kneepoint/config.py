@@ -151,6 +151,10 @@ class Target(Strict):
     # model (DCGM's modelName spelling) where no dcgm-exporter reports them.
     compute_dtype: ComputeDtype | None = None
     gpu_model: Annotated[str, Field(min_length=1)] | None = None
+    # The engine's per-step token budget (vLLM: --max-num-batched-tokens), which no engine
+    # exports: with it, the saturation verdict's "token budget full" is judged against it;
+    # without it, inferred from the tokens-per-step histogram (docs/explanation/saturation.md).
+    max_num_batched_tokens: Annotated[int, Field(gt=0)] | None = None
 
     @field_validator("gpus")
     @classmethod

@@ -23,7 +23,7 @@ from kneepoint.config import load_config
 from kneepoint.knee.runs import Run
 from kneepoint.store.db import open_store
 from kneepoint.store.runs import save_run
-from kneepoint.twin.backfill import backfill_week
+from kneepoint.twin.backfill import Overload, Sleep, backfill_week
 from kneepoint.twin.fleet import Fleet, FleetSpec
 from kneepoint.twin.ladder import ladder_run
 from kneepoint.twin.traffic import Group, Traffic
@@ -31,8 +31,10 @@ from kneepoint.webapp import app_process, check_listen
 from kneepoint.webapp import stop as stop_app
 
 # Four replicas on two GPU nodes, of two engines: two vLLM Llama-3.1-8B behind session-sticky
-# routing (one with a speculative drafter), and Qwen3-4B on two L4s, served by vLLM on one (it
-# runs near KV saturation at its peak) and by SGLang on the other (a mixed-engine pool).
+# routing (one with a speculative drafter, put to sleep each night while the other serves),
+# and Qwen3-4B on two L4s, served by vLLM on one (it runs near KV saturation at its peak, with
+# a CPU KV offload tier, and sheds load past its queue limit in its overload episode) and by
+# SGLang on the other (a mixed-engine pool).
 FLEET = {
     "nodes": [
         {"name": "gpu-node-1", "gpus": ["h100-80gb", "h100-80gb"]},
@@ -52,6 +54,7 @@ FLEET = {
             "model": "qwen3-4b",
             "node": "gpu-node-2",
             "gpu_memory_utilization": 0.6,
+            "max_num_queued_reqs": 64,  # past 64 unfinished requests: HTTP 503
         },
         {
             "name": "qwen3-4b-sglang",
@@ -72,6 +75,15 @@ HISTORY_PEAKS = {
 }
 LIVE_PEAKS = {"meta-llama/Llama-3.1-8B-Instruct": 10.0, "Qwen/Qwen3-4B": 12.0}
 LIVE_DAY_SECONDS = 1800.0  # one day of the daily load shape every 30 minutes
+# In the history: llama-8b-b sleeps (vLLM sleep level 1) each night from 01:00 to 05:00 UTC
+# while llama-8b-a takes its agents; the L4's traffic burst a day ago (2.5 × its load for 45
+# minutes) is past its queue limit, so it sheds.
+HISTORY_SLEEPS = {"llama-8b-b": Sleep(start_hour=1.0, hours=4.0, level=1, covered_by="llama-8b-a")}
+HISTORY_OVERLOADS = {"qwen3-4b-l4": Overload(hours_ago=26.0, hours=0.75, factor=2.5)}
+# Live: llama-8b-b sleeps for LIVE_SLEEP[1] seconds from LIVE_SLEEP[0] seconds after the start,
+# and again every LIVE_DAY_SECONDS (the traffic is drained from it first, as an operator would).
+LIVE_SLEEPER = "llama-8b-b"
+LIVE_SLEEP = (600.0, 300.0)
 
 
 def write_config(folder: Path, fleet: Fleet, rules: list[Any] | None = None) -> Path:
@@ -187,7 +199,15 @@ def run_demo(
                 raise KeyboardInterrupt
             say(f"backfill: {step}")
 
-        rows = backfill_week(sessions, fleet, HISTORY_PEAKS, time.time() - 60, progress=progress)
+        rows = backfill_week(
+            sessions,
+            fleet,
+            HISTORY_PEAKS,
+            time.time() - 60,
+            progress=progress,
+            sleeps=HISTORY_SLEEPS,
+            overloads=HISTORY_OVERLOADS,
+        )
         say(f"backfill: a week, {rows} rows, in {time.monotonic() - began:.0f}s")
         runs = sweep_runs(fleet)
         with sessions.begin() as session:
@@ -202,6 +222,13 @@ def run_demo(
             pause_scale=0.5,
             deploy_every=LIVE_DAY_SECONDS,
         ).start()
+        sleeper = threading.Thread(
+            target=sleep_schedule,
+            args=(fleet, traffic, stop, time.monotonic()),
+            name="twin-sleep",
+            daemon=True,
+        )
+        sleeper.start()
         install(scheduler, standard_jobs(config, sessions, time.time), sessions)
         scheduler.start()
         app, private = app_process(config, config_file, host, port, open_browser)
@@ -221,6 +248,35 @@ def run_demo(
             traffic.stop()
         fleet.stop()
     return 0
+
+
+def sleep_schedule(
+    fleet: Fleet,
+    traffic: Traffic,
+    stop: threading.Event,
+    began: float,
+    start: float = LIVE_SLEEP[0],
+    length: float = LIVE_SLEEP[1],
+    every: float = LIVE_DAY_SECONDS,
+    drain: float = 5.0,
+) -> None:
+    """Put LIVE_SLEEPER to sleep for `length` seconds `start` seconds after `began` and every
+    `every` seconds after: its URL is drained from the traffic `drain` seconds before."""
+    replica, url = fleet.replicas[LIVE_SLEEPER], fleet.url(LIVE_SLEEPER)
+    cycle = start
+    while not stop.is_set():
+        if stop.wait(max(0.0, began + cycle - drain - time.monotonic())):
+            return
+        traffic.draining.add(url)
+        if stop.wait(drain):
+            return
+        replica.sleep(1)
+        stopped = stop.wait(length)
+        replica.wake_up()
+        traffic.draining.discard(url)
+        if stopped:
+            return
+        cycle += every
 
 
 def shown_host(host: str) -> str:

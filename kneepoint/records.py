@@ -17,6 +17,9 @@ from __future__ import annotations
 
 from typing import TypedDict
 
+from kneepoint.derived.saturation import Saturation
+from kneepoint.samples import LoraAdapters
+
 # A histogram's p50, p90 and p99 (kneepoint.derived.latency.quantiles); None: no
 # observation in the window.
 Quantiles = dict[str, float | None]
@@ -63,6 +66,11 @@ class Derived(TypedDict):
     e2e_seconds: Quantiles | None
     cost_per_million_generated_tokens: float | None
     cost_per_million_tokens: float | None
+    # The share of prompt tokens served from each cache tier (kneepoint.derived.tiers.TIERS
+    # -> 0..1, None for a tier the engine does not name); None: no tier counters.
+    prefix_cache_tier_shares: dict[str, float | None] | None
+    external_prefix_cache_hit_rate: float | None
+    corrupted_requests: float | None  # the counter's increase over the window
 
 
 class ModelUtilization(TypedDict):
@@ -79,7 +87,10 @@ class Numbers(Readings, Derived, ModelUtilization):
     """Every number of a replica but its stall: the fleet's block has exactly these keys."""
 
 
-FleetNumbers = Numbers  # `fleet`: the replicas' numbers aggregated
+class FleetNumbers(Numbers):
+    """`fleet`: the replicas' numbers aggregated, and how many replicas are saturated."""
+
+    saturated_replicas: int | None  # None: no replica's saturation could be judged
 
 
 class Stall(TypedDict):
@@ -90,7 +101,21 @@ class Stall(TypedDict):
     stall_seconds: float | None
 
 
-class ReplicaStatus(Numbers, Stall):
+class Saturated(TypedDict):
+    """A replica's saturation verdict over the window (kneepoint.derived.saturation)."""
+
+    saturation: Saturation
+
+
+class EngineState(TypedDict):
+    """A replica's latest engine state beyond the fleet's numbers: its LoRA adapters
+    (None without LoRA) and its CPU offload tier's occupancy (None without one)."""
+
+    lora_adapters: LoraAdapters | None
+    kv_offload_usage: float | None
+
+
+class ReplicaStatus(Numbers, Stall, Saturated, EngineState):
     """One entry of `replicas`."""
 
 
@@ -157,6 +182,12 @@ class WindowNumbers(TypedDict):
     recompute_tokens_per_second: float | None
     recompute_share_of_prefill: float | None
     prefix_cross_check: float | None
+    # Prefix cache, KV offload and multimodal cache (kneepoint.derived.tiers).
+    prefill_computed_tokens_per_request: float | None
+    mean_prompt_tokens: float | None
+    kv_offload_load_bytes_per_second: float | None
+    kv_offload_store_bytes_per_second: float | None
+    mm_cache_hit_rate: float | None
     spec_expected_speedup: float | None
     spec_verdict: str | None
     energy_kwh: float | None

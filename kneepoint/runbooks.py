@@ -345,6 +345,45 @@ RUNBOOKS = {
             ),
         ),
         Runbook(
+            "replica-saturated",
+            "The replica's saturation verdict over the evaluation window says saturated, "
+            "for at least one of five reasons, each named with its evidence in the status "
+            "(`saturation.reasons`), on the Overview's Saturated column and in the likely "
+            "cause: the KV cache above 90 % for a quarter of the window; requests waiting in "
+            "most samples without draining, or a queue rising by two requests or more; most "
+            "engine steps at the per-step token budget (`max_num_batched_tokens`); TTFT "
+            "rising with load across the window; requests refused at admission. A replica "
+            "can be saturated with its KV cache at 30 %: a prefill-heavy load fills the "
+            "token budget, not the cache (docs/explanation/saturation.md).",
+            (
+                Step(
+                    "More load than the replica serves (queue growing, TTFT rising)",
+                    "the reasons say queue growing or TTFT rising; concurrency against the "
+                    "knee (Knee points)",
+                    "add a replica, or route load away; a queue that grows never drains by itself",
+                ),
+                Step(
+                    "Prefill-heavy traffic: long prompts fill the per-step token budget",
+                    "the reasons say token budget full while the KV cache is far from full",
+                    "raise `--max-num-batched-tokens` (more prefill per step, longer decode "
+                    "stalls), set the target's `max_num_batched_tokens` so the verdict judges "
+                    "it exactly, or disaggregate prefill",
+                ),
+                Step(
+                    "The KV cache is full",
+                    "the reasons say KV full",
+                    "the `kv-cache-saturated` steps: `--kv-cache-dtype fp8`, a shorter "
+                    "`--max-model-len`, or more replicas",
+                ),
+                Step(
+                    "The engine sheds load at its queue limit",
+                    "the reasons say load shedding (vLLM's admission rejections)",
+                    "add capacity, or raise `--max-num-queued-reqs` only if clients would "
+                    "rather wait than retry",
+                ),
+            ),
+        ),
+        Runbook(
             SLO_BURN,
             "An SLO's error budget burns faster than its alert window allows (SRE workbook "
             "multiwindow burn rates: 1h/5m and 6h/30m page at 14.4× and 6×, 1d/2h and 3d/6h "

@@ -27,13 +27,15 @@ from sqlalchemy.orm import Session
 from kneepoint import distribution, gpu_peaks
 from kneepoint.config import ENGINE_KINDS, Config
 from kneepoint.counters import increase
-from kneepoint.derived import flops, ratios
+from kneepoint.derived import flops, ratios, tiers
 from kneepoint.derived.cost import per_million, window_cost
-from kneepoint.derived.latency import quantiles
+from kneepoint.derived.latency import quantiles, window_histogram
+from kneepoint.derived.saturation import SUB_WINDOWS, LoadPoint, Saturation, verdict
 from kneepoint.derived.stall import PROGRESS, STALL_AFTER, Point, stalled_since
 from kneepoint.derived.window import Window, counter_deltas, frame_windows, merge
 from kneepoint.records import (
     Derived,
+    EngineState,
     FleetNumbers,
     GoneTarget,
     GpuStatus,
@@ -49,6 +51,7 @@ from kneepoint.records import (
 )
 from kneepoint.samples import QUANTITIES
 from kneepoint.store import gpu_windows, queries, window_rows
+from kneepoint.store.codec import decode_histogram
 from kneepoint.store.models import RAW, TargetRow
 
 
@@ -120,6 +123,13 @@ def build_status(
                 session, start, now, suspects, columns=queries.LIGHT_COLUMNS
             )
         )
+    budgets = {t.name: t.max_num_batched_tokens for t in config.targets}
+    ids = {rows[name].id: name for name in names if name in rows}
+    # At fleet size the window is read as its edge rows: no series for a trend.
+    saturations = (
+        {} if edges is not None else _saturations(session, samples, start, now, layouts, ids)
+    )
+    no_series = FLEET_NO_SERIES if edges is not None else None
     for name in names:
         row = rows.get(name)
         latest = latest_rows.get(row.id) if row is not None else None
@@ -139,7 +149,18 @@ def build_status(
         utilizations.append(used)
         numbers = _replica(name, kind, row, latest, span, cost, busy_now, stale, used)
         stall = _stall(session, config, row, latest, rows_of, maybe_stuck, stale)
-        replicas.append({**numbers, **stall})
+        loads = saturations.get(row.id) if row is not None else None
+        saturation = verdict(
+            loads.points if loads else [],
+            span.histograms.get("iteration_tokens"),
+            budgets.get(name),
+            loads.ttft_parts if loads else (),
+            span.deltas.get("admission_rejections"),
+            no_series,
+        )
+        replicas.append(
+            {**numbers, **stall, "saturation": saturation, **_engine_state(row, latest)}
+        )
         windows.append(span)
         costs.append(cost)
     return {
@@ -150,6 +171,13 @@ def build_status(
         "gpus": gpu_block,
         "gone": gone_targets(rows, config, now, window),
     }
+
+
+def _engine_state(row: TargetRow | None, latest: dict[str, Any] | None) -> EngineState:
+    """The replica's LoRA adapters (TargetRow.lora_adapters, the latest scrape's) and its
+    offload tier's occupancy (its latest sample)."""
+    adapters = json.loads(row.lora_adapters) if row is not None and row.lora_adapters else None
+    return {"lora_adapters": adapters, "kv_offload_usage": _value(latest, "kv_offload_usage")}
 
 
 def gone_targets(
@@ -232,6 +260,9 @@ def derived(
         "e2e_seconds": quantiles(window.histograms.get("e2e")),
         "cost_per_million_generated_tokens": per_million(cost, generated),
         "cost_per_million_tokens": per_million(cost, served),
+        "prefix_cache_tier_shares": tiers.tier_shares(d),
+        "external_prefix_cache_hit_rate": tiers.external_hit_rate(d),
+        "corrupted_requests": d.get("corrupted_requests"),
     }
 
 
@@ -671,7 +702,14 @@ def _fleet(
         "preemption_recompute_is_estimate": any(estimates) if estimates else None,
         "preemption_recompute_tokens": total("preemption_recompute_tokens"),
         **_model_utilization(flops.fleet(utilizations)),
+        "saturated_replicas": _saturated_count([r["saturation"] for r in replicas]),
     }
+
+
+def _saturated_count(verdicts: Sequence[Saturation]) -> int | None:
+    """Replicas judged saturated; None when no replica could be judged."""
+    judged = [v["saturated"] for v in verdicts if v["saturated"] is not None]
+    return sum(1 for v in judged if v) if judged else None
 
 
 def _fleet_unavailable(replicas: Sequence[Numbers]) -> dict[str, str]:
@@ -757,6 +795,98 @@ def _edge_reader(
     if "hist_ttft" in samples:
         return None
     return lambda keys: queries.replica_rows_at(session, keys)
+
+
+FLEET_NO_SERIES = (
+    "not judged at fleet size: the window is read as each replica's edge rows, no series"
+)
+
+
+class _Loads:
+    """A replica's series inputs to the saturation verdict: its load gauges over the window
+    and TTFT's histogram increase over each of SUB_WINDOWS parts."""
+
+    def __init__(self, points: list[LoadPoint], ttft_parts: Sequence[Any] = ()) -> None:
+        self.points = points
+        self.ttft_parts = ttft_parts
+
+
+LOAD_COLUMNS = (
+    "kv_cache_usage",
+    "requests_waiting",
+    "requests_waiting_capacity",
+    "requests_running",
+)
+
+
+def _saturations(
+    session: Session,
+    samples: pd.DataFrame,
+    start: float,
+    now: float,
+    layouts: dict[int, tuple[float, ...]],
+    ids: dict[int, str],
+) -> dict[int, _Loads]:
+    """Per replica (target id), the series kneepoint.derived.saturation.verdict reads: every
+    sample's load gauges, and TTFT's histogram at SUB_WINDOWS + 1 evenly spaced rows (whole
+    rows, read once for all replicas)."""
+    frame = samples
+    if any(c not in samples for c in LOAD_COLUMNS):
+        frame = queries.replica_frame(session, start, now, list(ids), columns=LOAD_COLUMNS)
+    if frame.empty:
+        return {}
+    frame = frame[frame.target_id.isin(list(ids))]
+    loads: dict[int, _Loads] = {}
+    picks: list[tuple[int, float]] = []
+    for target_id, rows in frame.groupby("target_id", sort=False):
+        ts = rows.ts.astype(float).tolist()
+        # Waiting for capacity where the engine says why requests wait (vLLM 0.11+), else all.
+        capacity = rows.requests_waiting_capacity
+        waiting = capacity if capacity.notna().any() else rows.requests_waiting
+        points = [
+            LoadPoint(t, _float(kv), _float(w), _float(r))
+            for t, kv, w, r in zip(
+                ts,
+                rows.kv_cache_usage.tolist(),
+                waiting.tolist(),
+                rows.requests_running.tolist(),
+                strict=True,
+            )
+        ]
+        loads[int(target_id)] = _Loads(points)
+        if len(ts) >= 2:
+            grid = np.linspace(ts[0], ts[-1], SUB_WINDOWS + 1)
+            # The last row at or before each grid time (the first row for the first).
+            at = np.searchsorted(np.asarray(ts), grid, side="right") - 1
+            picks += [(int(target_id), ts[max(int(i), 0)]) for i in at]
+    if not picks:
+        return loads
+    keys = pd.DataFrame(sorted(set(picks)), columns=["target_id", "ts"])
+    whole = queries.replica_rows_at(session, keys)
+    found: dict[tuple[int, float], dict[str, Any]] = {
+        (int(r["target_id"]), float(r["ts"])): r for r in whole.to_dict("records")
+    }
+
+    def histogram(row: dict[str, Any] | None, name: str) -> Any:
+        text = None if row is None else row.get(f"hist_{name}")
+        return None if text is None or isinstance(text, float) else decode_histogram(text, layouts)
+
+    by_target: dict[int, list[tuple[int, float]]] = {}
+    for target_id, ts_ in picks:
+        by_target.setdefault(target_id, []).append((target_id, ts_))
+    for target_id, keys_ in by_target.items():
+        rows_ = [found.get(k) for k in keys_]
+        ttft = [histogram(r, "ttft") for r in rows_]
+        loads[target_id].ttft_parts = [
+            window_histogram(ttft[i : i + 2]) for i in range(len(ttft) - 1)
+        ]
+    return loads
+
+
+def _float(value: Any) -> float | None:
+    return (
+        None if value is None or (isinstance(value, float) and math.isnan(value)) else float(value)
+    )
 
 
 def _per_second(window: Window, counter: str) -> float | None:

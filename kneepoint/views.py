@@ -16,7 +16,7 @@ import pandas as pd
 from sqlalchemy.orm import Session
 
 from kneepoint.config import Config
-from kneepoint.derived import cost, details, ratios
+from kneepoint.derived import cost, details, ratios, tiers
 from kneepoint.derived.latency import quantiles
 from kneepoint.derived.window import Window, frame_windows
 from kneepoint.knee.detect import assess, knee_for_replica, knee_throughput
@@ -274,6 +274,15 @@ def _numbers(
         "prefix_cross_check": ratios.ratio(
             window.deltas.get("prompt_tokens_local_cache_hit"), prompt
         ),
+        "prefill_computed_tokens_per_request": tiers.prefill_computed_per_request(window.deltas),
+        "mean_prompt_tokens": tiers.mean_prompt_tokens(window.deltas),
+        "kv_offload_load_bytes_per_second": ratios.ratio(
+            window.deltas.get("kv_offload_load_bytes"), seconds
+        ),
+        "kv_offload_store_bytes_per_second": ratios.ratio(
+            window.deltas.get("kv_offload_store_bytes"), seconds
+        ),
+        "mm_cache_hit_rate": tiers.mm_cache_hit_rate(window.deltas),
         "spec_expected_speedup": spec.expected_speedup,
         "spec_verdict": spec.verdict,
         "energy_kwh": kwh,

@@ -14,7 +14,7 @@ from alerts.evaluate import slo_reports
 from alerts.slo import Report as SloReport
 from kneepoint import catalogue
 from kneepoint.config import Config
-from kneepoint.derived import details
+from kneepoint.derived import details, saturation
 from kneepoint.derived.latency import histogram_quantile, window_histogram
 from kneepoint.forecast import Forecast
 from kneepoint.knee.detect import assess, knee_for_replica
@@ -86,11 +86,17 @@ def period(session: Session, config: Config, end: float, window: float) -> Perio
         )
         numbers["itl_p99_seconds"] = (replica.get("itl_seconds") or {}).get("p99")
         numbers["ttft_p99_seconds"] = (replica.get("ttft_seconds") or {}).get("p99")
+        # The week's saturation verdict in words: its reasons, "no", or None (not judged).
+        numbers["replica_saturated"] = saturation.labels(replica["saturation"])
         replicas[name] = numbers
     rates = {name: numbers["prefix_cache_hit_rate"] for name, numbers in replicas.items()}
     # The fleet's status gives the same numbers the review copies from each replica's.
     fleet = {key: view.status["fleet"].get(key) for key in REPLICA_KEYS}
     fleet["hit_rate_divergence"] = details.divergence(rates)
+    saturated = view.status["fleet"]["saturated_replicas"]
+    fleet["replica_saturated"] = (
+        None if saturated is None else f"{saturated} of {len(view.status['replicas'])} replicas"
+    )
     result = Period(end - window, end, view, replicas, fleet, slo_reports(session, config, end))
     ids = {name: row.id for name, row in targets.items() if name in replicas}
     # One read for every replica (it was one query each: 1,000 a period at fleet size).

@@ -52,6 +52,8 @@ OLD_QUANTITIES = {
         "spec_decode_per_position_acceptance",
         "spec_expected_speedup",
     ),
+    # issue 27's (not in main 8cc7122's tables): prefix-cache hits by tier
+    "prompt_tokens_by_tier": ("prefix_cache_tier_shares",),
 }
 OLD_RULE_METRICS = {
     "kv_cache_occupancy": "KV-cache occupancy, latest scrape, max over engines (0..1)",
@@ -71,6 +73,9 @@ OLD_RULE_METRICS = {
     "engine_stalled": "1 while requests run or wait and no prompt or generation token and no "
     "engine step is counted between scrapes (kneepoint.derived.stall), 0 "
     "otherwise",
+    "replica_saturated": "1 when the replica's saturation verdict over the window says "
+    "saturated (KV full, queue growing, token budget full, TTFT rising with load, or load "
+    "shed), 0 when not",
     "xid_errors": "GPUs of the replica reporting an XID error",
     "stale_targets": "targets (fleet) not scraped for over 2 scrape intervals plus a grace",
     "alert_pipeline_problems": "fleet: alerts or deliver job failing or overdue, plus one if a "
@@ -120,6 +125,7 @@ OLD_PAGES = {
     "up": "health",
     "stale_targets": "health",
     "engine_stalled": "overview",
+    "replica_saturated": "overview",
     "ttft_p99_seconds": "knee",
     "itl_p99_seconds": "knee",
     "alert_pipeline_problems": "alerts",
@@ -143,6 +149,7 @@ OLD_ROWS = (
     ("nominal_cost_per_million_generated_tokens", "Nominal $/1M generated", "$", "at the knee"),
     ("break_even_utilization", "Break-even vs API", "%", "load vs knee below which API is cheaper"),
     ("joules_per_million_tokens", "Energy / 1M tokens", "J", "GPU energy ÷ tokens served"),
+    ("replica_saturated", "Saturated", "", "the week's saturation verdict and its reasons"),
 )
 OLD_REPLICA_KEYS = (
     "prefix_cache_hit_rate",
@@ -189,6 +196,7 @@ OLD_RUNBOOK_SECTIONS = (
     "gpu-xid-error",
     "cost-over-budget",
     "engine-stalled",
+    "replica-saturated",
     "slo-burn",
 )
 OLD_RULE_UNITS = {
@@ -207,6 +215,7 @@ OLD_RULE_UNITS = {
     "itl_p99_seconds": "s",
     "up": "",
     "engine_stalled": "",
+    "replica_saturated": "",
     "xid_errors": "",
     "stale_targets": "",
     "alert_pipeline_problems": "",

@@ -28,7 +28,8 @@ from app.format import (
 from app.plots import chart
 from app.registry import PAGES
 from dashboards.overview import WORSE, fleet_replica_lines, replica_lines
-from kneepoint import fleet_status, runbooks
+from kneepoint import catalogue, fleet_status, runbooks
+from kneepoint.derived import saturation
 from kneepoint.fleet_status import SEVERITY_COLOURS, AlertState, ReplicaState, SloState
 from kneepoint.records import ReplicaStatus
 
@@ -194,6 +195,13 @@ def tiles() -> None:
         st.info("No engine targets are configured: add some under `targets:` in kneepoint.yaml.")
         return
     st.subheader("Replicas, last 5 minutes")
+    saturated = report["fleet"]["saturated_replicas"]
+    st.metric(
+        "Saturated replicas",
+        "–" if saturated is None else f"{saturated} of {len(report['replicas'])}",
+        help=catalogue.help_text("replica_saturated"),
+        width="content",
+    )
     if at_fleet_size(len(report["replicas"])):
         # A fleet: one table, those in trouble first and paged; tiles for the sidebar's only.
         fleet_table(report["replicas"])
@@ -238,6 +246,13 @@ def tiles() -> None:
                 help=why(replica, "generation_tokens_per_second", "Generated tokens per second."),
                 width="content",
             )
+            verdict = replica["saturation"]
+            st.caption(
+                f"Saturated: {saturation.labels(verdict) or '–'}",
+                help="; ".join(r["evidence"] for r in verdict["reasons"])
+                or verdict["unknown"]
+                or catalogue.help_text("replica_saturated"),
+            )
             st.caption(
                 f"GPU busy {_fmt(replica.get('gpu_utilization'), '{:.0%}')} · "
                 f"prompt {_fmt(replica['prompt_tokens_per_second'], '{:,.0f}')} tok/s · "
@@ -245,6 +260,7 @@ def tiles() -> None:
                 help="GPU busy (DCGM): the share of time the replica's GPUs ran a kernel, mean "
                 "over its GPUs; not load vs knee.",
             )
+            engine_notes(replica)
     st.caption(f"{GPU_BUSY_VS_LOAD} As of {clock(_at(report['generated_at']), now)}.")
     if report.get("gone"):  # discovery no longer finds them (or taken out of targets:)
         st.caption(
@@ -252,6 +268,26 @@ def tiles() -> None:
             + ", ".join(
                 f"{g['name']} since {clock(_at(g['gone_since']), now)}" for g in report["gone"]
             )
+        )
+
+
+def engine_notes(replica: ReplicaStatus) -> None:
+    """The replica's LoRA adapters (running, waiting, the engine's max_lora) and its
+    corrupted requests in the window, in red: shown only where the engine reports them."""
+    adapters = replica.get("lora_adapters")
+    if adapters is not None:
+        running = ", ".join(adapters["running"]) or "none"
+        waiting = ", ".join(adapters["waiting"]) or "none"
+        most = adapters["max_lora"] if adapters["max_lora"] is not None else "?"
+        st.caption(
+            f"LoRA: running {running} · waiting {waiting} · max {most}",
+            help=catalogue.help_text("lora_adapters"),
+        )
+    corrupted = replica.get("corrupted_requests")
+    if corrupted:
+        st.markdown(
+            f":red[● {corrupted:,.0f} corrupted requests] in the last 5 minutes",
+            help=catalogue.help_text("corrupted_requests"),
         )
 
 
@@ -278,6 +314,7 @@ def fleet_table(replicas: list[ReplicaStatus]) -> None:
             "state": _state(r),
             "rank": _STATE_ORDER.get(_state(r)),
             "engine": engine_label(r),
+            "saturated": saturation.labels(r["saturation"]),
             **{
                 k: r.get(k)
                 for k in (
@@ -297,6 +334,7 @@ def fleet_table(replicas: list[ReplicaStatus]) -> None:
         {
             "replica": t.text("Replica"),
             "state": t.badge("State"),
+            "saturated": t.text("Saturated"),
             "kv_cache_occupancy": t.percent("KV occupancy", digits=0),
             "requests_waiting": t.number("Waiting", digits=0),
             "requests_running": t.number("Running", digits=0),

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from typing import Any
 
 import pandas as pd
@@ -94,6 +95,85 @@ for replica in view.status["replicas"]:
         show(extra["prefix_cross_check"], "%"),
         help="Δprompt_tokens_by_source{local_cache_hit} ÷ Δprompt_tokens.",
     )
+# Where the cached prompt tokens came from, per replica and for the fleet, beside what the
+# connector, the offload tier and the multimodal cache did (kneepoint/derived/tiers.py).
+TIER_LABELS = {
+    "device": "GPU",
+    "host": "CPU offload",
+    "p2p": "P2P",
+    "disk": "Disk",
+    "external": "External (connector)",
+}
+tier_rows = []
+blocks: list[Mapping[str, Any]] = [*view.status["replicas"], fleet_numbers]
+for block in blocks:
+    if view_filter.replicas and block["name"] not in (*view_filter.replicas, "fleet"):
+        continue
+    shares = block["prefix_cache_tier_shares"] or {}
+    page_row: Mapping[str, Any] = view.rows.get(block["name"]) or {}
+    tier_rows.append(
+        {
+            "replica": block["name"],
+            **{f"tier_{tier}": shares.get(tier) for tier in TIER_LABELS},
+            "external_prefix_cache_hit_rate": block["external_prefix_cache_hit_rate"],
+            "prefill_computed_tokens_per_request": page_row.get(
+                "prefill_computed_tokens_per_request"
+            ),
+            "mean_prompt_tokens": page_row.get("mean_prompt_tokens"),
+            "kv_offload_usage": block.get("kv_offload_usage"),  # a replica's only
+            "kv_offload_load_bytes_per_second": page_row.get("kv_offload_load_bytes_per_second"),
+            "kv_offload_store_bytes_per_second": page_row.get("kv_offload_store_bytes_per_second"),
+            "mm_cache_hit_rate": page_row.get("mm_cache_hit_rate"),
+        }
+    )
+st.subheader("Hit rate by tier")
+st.caption(
+    "The share of prompt tokens each tier served (Δcached tokens of the tier ÷ Δprompt "
+    "tokens); the rest was computed. Empty where the engine does not say the tier "
+    "(docs/reference/engines.md)."
+)
+t.people_table(
+    tier_rows,
+    {
+        "replica": t.text("Replica"),
+        **{
+            f"tier_{tier}": t.percent(label, help=catalogue.help_text("prefix_cache_tier_shares"))
+            for tier, label in TIER_LABELS.items()
+        },
+        "external_prefix_cache_hit_rate": t.percent(
+            "Connector hit rate", help=catalogue.help_text("external_prefix_cache_hit_rate")
+        ),
+        "prefill_computed_tokens_per_request": t.number(
+            "Computed / request",
+            "tokens",
+            help=catalogue.help_text("prefill_computed_tokens_per_request"),
+            digits=0,
+        ),
+        "mean_prompt_tokens": t.number(
+            "Prompt / request", "tokens", help=catalogue.help_text("mean_prompt_tokens"), digits=0
+        ),
+        "kv_offload_usage": t.percent(
+            "Offload tier used", help=catalogue.help_text("kv_offload_usage")
+        ),
+        "kv_offload_load_bytes_per_second": t.number(
+            "Offload loads",
+            "B/s",
+            help=catalogue.help_text("kv_offload_load_bytes_per_second"),
+            compact=True,
+        ),
+        "kv_offload_store_bytes_per_second": t.number(
+            "Offload stores",
+            "B/s",
+            help=catalogue.help_text("kv_offload_store_bytes_per_second"),
+            compact=True,
+        ),
+        "mm_cache_hit_rate": t.percent(
+            "Multimodal hit rate", help=catalogue.help_text("mm_cache_hit_rate")
+        ),
+    },
+    identity="replica",
+    matters=("tier_device",),
+)
 end = data.now()
 start = end - view_filter.range_seconds
 # The page's intervals (views.build_view's `coarse`): hit rates of summed increases.

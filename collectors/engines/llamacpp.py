@@ -89,6 +89,10 @@ UNAVAILABLE: dict[str, str] = {
     "ttft": "not exposed by llama.cpp: its /metrics has no time-to-first-token histogram",
     "itl": "not exposed by llama.cpp: its /metrics has no inter-token latency histogram",
     "e2e": "not exposed by llama.cpp: its /metrics has no request latency histogram",
+    "prompt_tokens_by_tier": (
+        "not exposed by llama.cpp: it has one prompt cache per slot, no tiers, and its "
+        "cached-token counter is not split by where the tokens came from"
+    ),
 }
 NO_KV = "not exposed by llama.cpp since its KV gauges were removed (PR #13660, May 2025)"
 NO_CACHED_COUNTER = (

@@ -69,6 +69,14 @@ COUNTERS: dict[str, tuple[str, ...]] = {
     "request_generation_tokens_count": (P + "generation_tokens_histogram_count",),
 }
 CACHED_TOKENS = P + "cached_tokens_total"
+# Its `cache_source` label (0.5.10+, "Number of cached prompt tokens by source
+# (device/host/storage)"): the tier of HiCache, SGLang's hierarchical cache, that supplied the
+# tokens: device (the GPU radix cache), host (HiCache's L2 in CPU memory) and storage (its L3
+# storage backend: a file store, Mooncake, 3FS, NIXL... outside the engine's memory, the role
+# a KV connector's store plays for vLLM, so: external). "total" (no per-tier details given)
+# names no tier. Counted per token, incremented per finished request, like vLLM's.
+CACHE_SOURCES = {"device": "device", "host": "host", "storage": "external"}
+TIERS = ("device", "host", "p2p", "disk", "external")
 
 HISTOGRAMS: dict[str, tuple[str, ...]] = {
     "ttft": (P + "time_to_first_token_seconds",),
@@ -196,6 +204,7 @@ def normalize_sglang(parsed: ParsedScrape) -> ReplicaSample:
         # cached tokens, so before the first hit it is absent: no hit yet, i.e. 0.
         counters["prefix_cache_queries"] = counters["prompt_tokens"]
         counters["prefix_cache_hits"] = _sum(parsed.series(CACHED_TOKENS))
+    counters.update(_cached_by_tier(parsed, generation))
     return checked(
         ReplicaSample(
             engine=ENGINE.kind,
@@ -242,8 +251,43 @@ def detect_generation(parsed: ParsedScrape) -> str:
     return "0.4.0"
 
 
+def _tiers_known(parsed: ParsedScrape, generation: str) -> bool:
+    """Whether the scrape says which tier cached tokens came from: SGLang 0.5.10 and later,
+    when a named tier's series is present, or no cached_tokens_total series at all (a tier's
+    series appears at its first hit, so none yet means nothing cached from any tier). A scrape
+    with only cache_source="total" names no tier."""
+    if generation in OLD:
+        return False
+    series = parsed.series(CACHED_TOKENS)
+    return not series or any(labels.get("cache_source") in CACHE_SOURCES for labels, _ in series)
+
+
+def _cached_by_tier(parsed: ParsedScrape, generation: str) -> dict[str, float | None]:
+    """Cached prompt tokens per tier (samples' prompt_tokens_cached_<tier>) where the scrape
+    says the tiers (`_tiers_known`): a tier without its series yet is 0 beside the others;
+    SGLang has no p2p or disk tier (None)."""
+    if not _tiers_known(parsed, generation):
+        return {}
+    tiers: dict[str, float | None] = dict.fromkeys(
+        (f"prompt_tokens_cached_{tier}" for tier in TIERS), None
+    )
+    for named in CACHE_SOURCES.values():
+        tiers[f"prompt_tokens_cached_{named}"] = 0.0
+    for labels, value in parsed.series(CACHED_TOKENS):
+        source = CACHE_SOURCES.get(labels.get("cache_source", ""))
+        if source is not None:
+            key = f"prompt_tokens_cached_{source}"
+            tiers[key] = (tiers[key] or 0.0) + value
+    return tiers
+
+
 def _unavailable(parsed: ParsedScrape, generation: str) -> dict[str, str]:
     out = dict(UNAVAILABLE)
+    if not _tiers_known(parsed, generation):
+        out["prompt_tokens_by_tier"] = (
+            "not exposed by SGLang before 0.5.10, nor where it counts cached tokens only as "
+            "cache_source=total (its hierarchical cache's tiers are device, host and storage)"
+        )
     if not parsed.has(RETRACTED_TOTAL) and generation in OLD:
         out["preemptions"] = (
             "not exposed by SGLang before 0.5.10: retractions were only a per-interval "

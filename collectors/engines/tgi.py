@@ -76,6 +76,7 @@ UNAVAILABLE: dict[str, str] = {
     ),
     "preemptions": "not exposed by TGI: it does not preempt requests and has no such metric",
     "prefix_cache_hit_rate": "not exposed by TGI: it reports no prefix-cache queries or hits",
+    "prompt_tokens_by_tier": "not exposed by TGI: it reports no cached prompt tokens",
     "ttft": (
         "not exposed by TGI: it has no time-to-first-token metric (its queue and prefill "
         "durations only approximate one)"

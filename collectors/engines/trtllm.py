@@ -71,6 +71,11 @@ WAITING = "trtllm_num_requests_waiting"
 PROMPT_TOKENS = "trtllm_prompt_tokens_total"
 GENERATION_TOKENS = "trtllm_generation_tokens_total"
 CACHED_TOKENS = "trtllm_prompt_cached_tokens_total"
+# Cached prompt tokens per KV cache level (PR #12545); its `cache_tier` label names the memory
+# backing the level: gpu, host or disk ("pages already prefetched from disk to host count as
+# host"). Levels sharing a tier add up.
+CACHED_BY_LEVEL = "trtllm_prompt_cache_hit_tokens_total"
+CACHE_TIERS = {"gpu": "device", "host": "host", "disk": "disk"}
 REUSED_BLOCKS = "trtllm_kv_cache_reused_blocks_total"
 MISSED_BLOCKS = "trtllm_kv_cache_missed_blocks_total"
 SUCCESS = "trtllm_request_success_total"
@@ -138,6 +143,7 @@ def _wanted_names() -> frozenset[str]:
         PROMPT_TOKENS,
         GENERATION_TOKENS,
         CACHED_TOKENS,
+        CACHED_BY_LEVEL,
         REUSED_BLOCKS,
         MISSED_BLOCKS,
         SUCCESS,
@@ -192,6 +198,7 @@ def normalize_trtllm(parsed: ParsedScrape) -> ReplicaSample:
     counters["prompt_tokens"] = total_or_none(parsed.series(PROMPT_TOKENS))
     counters["generation_tokens"] = total_or_none(parsed.series(GENERATION_TOKENS))
     counters["prefix_cache_queries"], counters["prefix_cache_hits"] = _prefix_cache(parsed)
+    counters.update(_cached_by_tier(parsed))
     for reason in FINISH_REASONS:
         # The merged code labels it finished_reason; PR #5785's sample shows finish_reason.
         counters[f"requests_finished_{reason}"] = sum_where(
@@ -237,6 +244,11 @@ def detect_generation(parsed: ParsedScrape) -> str:
 
 def _unavailable(parsed: ParsedScrape, generation: str) -> dict[str, str]:
     reasons = dict(UNAVAILABLE)
+    if not parsed.has(CACHED_BY_LEVEL):
+        reasons["prompt_tokens_by_tier"] = (
+            "not exposed by this trtllm-serve: cached prompt tokens per cache level "
+            "(prompt_cache_hit_tokens_total) came with PR #12545 (2026-03)"
+        )
     has_kv = parsed.has(UTILIZATION) or (parsed.has(USED_BLOCKS) and parsed.has(MAX_BLOCKS))
     if generation == "trtllm-full":
         iteration = f"not published by this trtllm-serve: {ITER_STATS}"
@@ -265,6 +277,24 @@ def _unavailable(parsed: ParsedScrape, generation: str) -> dict[str, str]:
         reasons[quantity] = f"{BEFORE_FULL} token counters"
     reasons["spec_decode_acceptance"] = f"{BEFORE_FULL} speculative-decoding counters"
     return reasons
+
+
+def _cached_by_tier(parsed: ParsedScrape) -> dict[str, float | None]:
+    """Cached prompt tokens per tier (samples' prompt_tokens_cached_<tier>) from the per-level
+    counter; a tier TensorRT-LLM does not have (p2p, external) stays None."""
+    series = parsed.series(CACHED_BY_LEVEL)
+    if not series:
+        return {}
+    tiers: dict[str, float | None] = {
+        f"prompt_tokens_cached_{tier}": 0.0 for tier in CACHE_TIERS.values()
+    }
+    for labels, value in series:
+        tier = CACHE_TIERS.get(labels.get("cache_tier", ""))
+        if tier is not None:
+            tiers[f"prompt_tokens_cached_{tier}"] = (
+                tiers[f"prompt_tokens_cached_{tier}"] or 0.0
+            ) + value
+    return tiers
 
 
 def _usage(parsed: ParsedScrape) -> list[float]:

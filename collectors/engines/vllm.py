@@ -125,6 +125,7 @@ LABELLED_COUNTERS: dict[str, tuple[str, str, str]] = {
         )
     },
 }
+CACHED_TIERS = ("device", "host", "p2p", "disk", "external")
 # The offload transfer counters' deprecated spelling (vLLM 0.32 still exports it beside the
 # flat names): one family with a direction label, read where the flat name is absent.
 OFFLOAD_BYTES_DEPRECATED = "vllm:kv_offload_total_bytes_total"
@@ -232,6 +233,10 @@ def normalize_vllm(parsed: ParsedScrape) -> ReplicaSample:
     if counters["http_requests"] is not None and counters["http_requests_5xx"] is None:
         counters["http_requests_5xx"] = 0.0  # the instrumentator adds a status once seen
     unavailable = {}
+    if all(counters[f"prompt_tokens_cached_{tier}"] is None for tier in CACHED_TIERS):
+        unavailable["prompt_tokens_by_tier"] = (
+            "not exposed by this vLLM release (prompt_tokens_cached_by_source arrived in 0.32)"
+        )
     if gauges["requests_waiting_capacity"] is None:
         unavailable["requests_waiting_capacity"] = (
             "not exposed by this vLLM release (num_requests_waiting_by_reason is newer)"

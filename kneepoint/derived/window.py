@@ -14,8 +14,12 @@ import pandas as pd
 
 from kneepoint.counters import increase
 from kneepoint.derived.latency import window_histogram
-from kneepoint.samples import HISTOGRAMS, REPLICA_COUNTERS, Histogram
+from kneepoint.samples import HISTOGRAMS, LOAD_HISTOGRAMS, REPLICA_COUNTERS, Histogram
 from kneepoint.store.codec import decode_floats, decode_histogram
+
+# The histograms a window holds: the latency ones and the load ones (tokens per step, read by
+# kneepoint/derived/saturation.py); a frame read without a load histogram's column has none.
+WINDOW_HISTOGRAMS = (*HISTOGRAMS, *LOAD_HISTOGRAMS)
 
 
 @dataclass
@@ -55,7 +59,7 @@ def frame_windows(
         bounds.index.tolist(), bounds["first"].tolist(), bounds["last"].tolist(), strict=True
     ):
         if first == last:
-            windows[int(target_id)] = Window(histograms=dict.fromkeys(HISTOGRAMS))
+            windows[int(target_id)] = Window(histograms=dict.fromkeys(WINDOW_HISTOGRAMS))
             continue
         span = spans[target_id]
         window = Window(seconds=float(span["max"] - span["min"]))
@@ -73,7 +77,11 @@ def frame_windows(
     # Every target's edge rows in time order, each column converted once for all of them.
     edge_rows = edge_rows.sort_values(["target_id", "ts"], kind="stable")
     ids = edge_rows.target_id.tolist()
-    texts = {name: edge_rows[f"hist_{name}"].tolist() for name in HISTOGRAMS}
+    texts = {
+        name: edge_rows[f"hist_{name}"].tolist()
+        for name in WINDOW_HISTOGRAMS
+        if name in HISTOGRAMS or f"hist_{name}" in edge_rows
+    }
     per_position = edge_rows.accepted_per_position.tolist()
     start = 0
     for end in range(1, len(ids) + 1):
@@ -173,7 +181,10 @@ def _fill_from_edges(
 ) -> None:
     """Histograms and per-position counters need only the rows at the ends and around
     resets (given in time order): their increases are exact from those alone."""
-    for name in HISTOGRAMS:
+    for name in WINDOW_HISTOGRAMS:
+        if name not in histograms:
+            window.histograms[name] = None
+            continue
         decoded = [
             None if _missing(text) else decode_histogram(text, layouts) for text in histograms[name]
         ]
@@ -194,7 +205,7 @@ def merge(windows: Sequence[Window]) -> Window:
     for name in REPLICA_COUNTERS:
         known = [w.deltas.get(name) for w in windows if w.deltas.get(name) is not None]
         merged.deltas[name] = sum(v for v in known if v is not None) if known else None
-    for name in HISTOGRAMS:
+    for name in WINDOW_HISTOGRAMS:
         merged.histograms[name] = _add([w.histograms.get(name) for w in windows])
     lists = [w.per_position for w in windows if w.per_position]
     if lists and all(len(p) == len(lists[0]) for p in lists):

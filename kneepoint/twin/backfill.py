@@ -32,7 +32,7 @@ from kneepoint.twin.fleet import Fleet
 from kneepoint.twin.openai_api import chat_prompt, tokenize
 from kneepoint.twin.sglang import SglangMetrics
 from kneepoint.twin.sglang import render as render_sglang
-from kneepoint.twin.simulated_engine import Engine, EngineConfig
+from kneepoint.twin.simulated_engine import Engine, EngineConfig, Rejected
 from kneepoint.twin.stats import Stats
 
 LEVELS = (1, 3, 8, 20, 48)  # concurrent agent sessions measured per replica
@@ -58,9 +58,11 @@ class Level:
     bounds: dict[str, tuple[float, ...]] = field(default_factory=dict)  # finite, if not vLLM's
 
 
-def counters(stats: Stats) -> dict[str, float]:
-    """The canonical counters (kneepoint.samples) of an engine's cumulative stats."""
+def counters(stats: Stats, offload: bool = False) -> dict[str, float]:
+    """The canonical counters (kneepoint.samples) of an engine's cumulative stats; the
+    offload tier's bytes only with `offload` (a replica without one does not expose them)."""
     histos = stats.histograms
+    computed = histos["request_prefill_kv_computed_tokens"]
     values = {
         "preemptions": stats.preemptions,
         "prompt_tokens": stats.prompt_tokens,
@@ -69,12 +71,33 @@ def counters(stats: Stats) -> dict[str, float]:
         "prefix_cache_hits": stats.prefix_cache_hits,
         "prompt_tokens_local_compute": stats.prompt_local_compute,
         "prompt_tokens_local_cache_hit": stats.prompt_cache_hit,
-        "prompt_tokens_external": 0,
+        "prompt_tokens_external": stats.prompt_host_hit,
+        "prompt_tokens_cached_device": stats.prompt_cache_hit,
+        "prompt_tokens_cached_host": stats.prompt_host_hit,
+        "prompt_tokens_cached_p2p": 0,
+        "prompt_tokens_cached_disk": 0,
+        "prompt_tokens_cached_external": 0,
+        "external_prefix_cache_queries": stats.external_prefix_cache_queries,
+        "external_prefix_cache_hits": stats.external_prefix_cache_hits,
+        "admission_rejections": sum(stats.admission_rejections.values()),
+        "estimated_flops": stats.estimated_flops,
+        "estimated_read_bytes": stats.estimated_read_bytes,
+        "estimated_write_bytes": stats.estimated_write_bytes,
+        "prefill_kv_computed_tokens_sum": computed.total,
+        "prefill_kv_computed_tokens_count": sum(computed.counts),
+        "mm_cache_queries": 0,
+        "mm_cache_hits": 0,
+        "engine_steps": sum(histos["iteration_tokens_total"].counts),
         "request_prompt_tokens_sum": histos["request_prompt_tokens"].total,
         "request_prompt_tokens_count": sum(histos["request_prompt_tokens"].counts),
         "request_generation_tokens_sum": histos["request_generation_tokens"].total,
         "request_generation_tokens_count": sum(histos["request_generation_tokens"].counts),
     }
+    if offload:
+        values |= {
+            "kv_offload_load_bytes": stats.kv_offload_load_bytes,
+            "kv_offload_store_bytes": stats.kv_offload_store_bytes,
+        }
     values |= {f"requests_finished_{reason}": n for reason, n in stats.finished.items()}
     if stats.num_speculative_tokens:
         values |= {
@@ -108,6 +131,8 @@ def measure(
         "requests_waiting": 0.0,
         "requests_waiting_capacity": 0.0,
     }
+    if engine.host is not None:
+        gauges["kv_offload_usage"] = 0.0
 
     def start(number: int, at: float) -> None:
         scripts[number] = session(random.Random(rng.random()), 1, number)
@@ -123,7 +148,11 @@ def measure(
             if done:
                 heapq.heappush(due, (at + step.pause_after, number))
 
-        request = engine.add(tokenize(chat_prompt(step.messages)), step.max_tokens, sink)
+        try:
+            request = engine.add(tokenize(chat_prompt(step.messages)), step.max_tokens, sink)
+        except Rejected:  # shed (HTTP 503): the agent goes on after its pause, as live
+            heapq.heappush(due, (engine.now + step.pause_after, number))
+            return
         if metrics is not None:  # agents call without streaming, as the live traffic does
             request.sink = metrics.track(request, sink, stream=False)
 
@@ -146,8 +175,11 @@ def measure(
             gauges["requests_running"] += len(engine.running) * duration
             gauges["requests_waiting"] += len(engine.waiting) * duration
             gauges["requests_waiting_capacity"] += engine.waiting_for_capacity * duration
+            if engine.host is not None:
+                gauges["kv_offload_usage"] += engine.host.usage * duration
     assert before is not None
-    level = _per_second(sessions, before, engine.stats, gauges, seconds)
+    offload = engine.host is not None
+    level = _per_second(sessions, before, engine.stats, gauges, seconds, offload)
     if metrics is None or scraped is None:
         return level
     return _sglang_level(level, scraped, _scrape(metrics), before, engine.stats, seconds)
@@ -200,9 +232,14 @@ def _per_bucket(cumulative: tuple[float, ...]) -> list[float]:
 
 
 def _per_second(
-    sessions: float, before: Stats, after: Stats, gauges: dict[str, float], seconds: float
+    sessions: float,
+    before: Stats,
+    after: Stats,
+    gauges: dict[str, float],
+    seconds: float,
+    offload: bool = False,
 ) -> Level:
-    start, end = counters(before), counters(after)
+    start, end = counters(before, offload), counters(after, offload)
     level = Level(sessions)
     level.rates = {name: (end[name] - start[name]) / seconds for name in end}
     level.gauges = {name: total / seconds for name, total in gauges.items()}
@@ -298,11 +335,14 @@ class History:
     per_position: list[float] = field(default_factory=list)
     # An SGLang replica's scrape shape (engine, generation, cache, unavailable), else None.
     template: ReplicaSample | None = None
+    _offload_usage: float = 0.0
 
     def advance(
-        self, sessions: float, seconds: float, cold_cache: bool = False
+        self, sessions: float, seconds: float, cold_cache: bool = False, sleep_level: int = 0
     ) -> tuple[ReplicaSample, GpuSample]:
-        level = at_load(self.levels, sessions)
+        """One scrape `seconds` after the last at `sessions` agents; with `sleep_level` the
+        engine sleeps: no work, its counters frozen, its GPU idle and nearly empty."""
+        level = at_load(self.levels, 0.0 if sleep_level else sessions)
         rates = dict(level.rates)
         if cold_cache:  # a prompt deploy: every prefix misses, all of it is computed
             if "prompt_tokens_local_cache_hit" in rates:
@@ -324,9 +364,16 @@ class History:
         for index, rate in enumerate(level.per_position):
             self.per_position[index] += rate * seconds
         replica = self._replica(level) if self.template is None else self._sglang(level)
+        if self.template is None:  # vLLM's sleep state (SGLang has none)
+            replica.gauges["sleep_level"] = float(sleep_level)
+            if "kv_offload_usage" in replica.gauges and sleep_level:
+                # The host tier keeps what it holds while the GPU sleeps.
+                replica.gauges["kv_offload_usage"] = self._offload_usage
+            self._offload_usage = replica.gauges.get("kv_offload_usage") or 0.0
         busy, compute, memory = (level.gpu[k] for k in ("busy", "compute", "memory"))
         self.gpu.busy, self.gpu.tensor = min(1.0, busy), min(1.0, 0.85 * compute)
         self.gpu.dram = min(1.0, 0.9 * memory)
+        self.gpu.asleep = bool(sleep_level)
         self.gpu.sample(seconds)
         return replica, self._gpu()
 
@@ -344,7 +391,7 @@ class History:
                 cumulative.append(float(math.floor(running)))
             histograms[name] = Histogram(bounds, tuple(cumulative), self.sums[name])
         gauges: dict[str, float | None] = {
-            k: round(v, 4) if k == "kv_cache_usage" else float(round(v))
+            k: round(v, 4) if k in ("kv_cache_usage", "kv_offload_usage") else float(round(v))
             for k, v in level.gauges.items()
         }
         gauges["kv_cache_usage_mean"] = gauges["kv_cache_usage"]
@@ -409,14 +456,85 @@ class History:
             power_watts=gpu.power,
             energy_mj=gpu.energy_mj,
             temperature_c=round(gpu.temperature),
-            fb_used_mib=round(fb * gpu.memory_fraction),
-            fb_free_mib=round(fb * (1 - gpu.memory_fraction)),
+            fb_used_mib=round(fb * gpu.fb_used_fraction),
+            fb_free_mib=round(fb * (1 - gpu.fb_used_fraction)),
         )
 
 
 def load_at(peak_sessions: float, jitter: random.Random) -> Callable[[float], float]:
     """Sessions at time t over real days: the daily shape with a little noise."""
     return lambda t: peak_sessions * daily_load(t, 86400.0) * jitter.uniform(0.9, 1.1)
+
+
+@dataclass(frozen=True)
+class Sleep:
+    """A replica put to sleep every day from `start_hour` (UTC) for `hours`, at `level`;
+    its agents go to `covered_by` (another replica of its model) meanwhile."""
+
+    start_hour: float
+    hours: float
+    level: int = 1
+    covered_by: str | None = None
+
+    def at(self, t: float) -> int:
+        hour = (t % 86400) / 3600
+        return self.level if (hour - self.start_hour) % 24 < self.hours else 0
+
+
+@dataclass(frozen=True)
+class Overload:
+    """A burst of `factor` times the usual load, `hours_ago` before the end, for `hours`."""
+
+    hours_ago: float
+    hours: float
+    factor: float
+
+
+def _loads(
+    fleet: Fleet,
+    peaks: dict[str, float],
+    now: float,
+    sleeps: dict[str, Sleep],
+    overloads: dict[str, Overload],
+) -> dict[str, Callable[[float], float]]:
+    """Each replica's sessions at time t: its own daily shape, its overload burst, and the
+    agents of a sleeping replica it covers for."""
+    own: dict[str, Callable[[float], float]] = {}
+    for seed, spec in enumerate(fleet.spec.replicas):
+        base = load_at(peaks.get(spec.name, 8.0), random.Random(seed))
+        burst = overloads.get(spec.name)
+        if burst is not None:
+            begins = now - burst.hours_ago * 3600
+            ends = begins + burst.hours * 3600
+
+            def with_burst(
+                t: float,
+                base: Callable[[float], float] = base,
+                burst: Overload = burst,
+                begins: float = begins,
+                ends: float = ends,
+            ) -> float:
+                return base(t) * (burst.factor if begins <= t < ends else 1.0)
+
+            own[spec.name] = with_burst
+        else:
+            own[spec.name] = base
+    loads = dict(own)
+    for name, sleep in sleeps.items():
+        if sleep.covered_by is None:
+            continue
+        helper, sleeper = own[sleep.covered_by], own[name]
+
+        def covering(
+            t: float,
+            helper: Callable[[float], float] = helper,
+            sleeper: Callable[[float], float] = sleeper,
+            sleep: Sleep = sleep,
+        ) -> float:
+            return helper(t) + (sleeper(t) if sleep.at(t) else 0.0)
+
+        loads[sleep.covered_by] = covering
+    return loads
 
 
 def backfill_week(
@@ -426,11 +544,16 @@ def backfill_week(
     now: float,
     days: float = 7.0,
     progress: Callable[[str], None] = lambda _: None,
+    sleeps: dict[str, Sleep] | None = None,
+    overloads: dict[str, Overload] | None = None,
 ) -> int:
     """Write `days` of scrapes for every replica of `fleet` and its GPU, ending at `now`;
     return the number of rows. Rows older than two days are one a minute, newer every 15 s,
     as the collector's rollups would leave them; a prompt deploy each day at 10:00 UTC
-    empties every prefix cache for 20 minutes."""
+    empties every prefix cache for 20 minutes. `sleeps` puts replicas to sleep each day,
+    `overloads` gives one a burst of load (past its queue limits, it sheds)."""
+    sleeps, overloads = sleeps or {}, overloads or {}
+    loads = _loads(fleet, peaks, now, sleeps, overloads)
     start = now - days * 86400
     times = [*_range(start, now - 2 * 86400, 60.0), *_range(now - 2 * 86400, now, 15.0)]
     written = 0
@@ -455,14 +578,18 @@ def backfill_week(
             gpu,
             template=_scrape(replica.sglang) if replica.sglang else None,
         )
-        load = load_at(peaks.get(spec.name, 8.0), random.Random(seed))
+        load = loads[spec.name]
+        sleep = sleeps.get(spec.name)
         replica_rows: list[tuple[float, ReplicaSample]] = []
         gpu_rows: list[tuple[float, GpuSample]] = []
         previous = times[0]
         for ts in times:
             deploy = (ts % 86400) - 10 * 3600
             sample, reading = history.advance(
-                load(ts), ts - previous or 15.0, cold_cache=0 <= deploy < 1200
+                load(ts),
+                ts - previous or 15.0,
+                cold_cache=0 <= deploy < 1200,
+                sleep_level=sleep.at(ts) if sleep else 0,
             )
             reading.host = spec.node
             replica_rows.append((ts, sample))

@@ -2,7 +2,9 @@
 
 Every second a sampler turns the engine's busy, compute and memory time into what DCGM
 reports: GR_ENGINE_ACTIVE (busy), PIPE_TENSOR_ACTIVE (high in prefill), DRAM_ACTIVE (high in
-decode), power from those, and the energy counter integrated from power.
+decode), power from those, and the energy counter integrated from power. A sleeping engine's
+GPU is idle (no activity, idle power) and holds only its CUDA context (SLEEP_RESIDENT_MIB):
+vLLM's sleep mode frees the weights and the KV cache.
 """
 
 from __future__ import annotations
@@ -16,6 +18,7 @@ from kneepoint.twin.profiles import Gpu
 from kneepoint.twin.stats import Stats
 
 DRIVER = "570.124.06"
+SLEEP_RESIDENT_MIB = 600.0  # CUDA context and allocator left on a sleeping engine's GPU
 
 
 @dataclass
@@ -25,6 +28,7 @@ class GpuState:
     index: int
     profile: Gpu
     stats: Callable[[], Stats] | None = None  # the engine's stats, when a replica runs here
+    sleep_level: Callable[[], int] | None = None  # the engine's sleep level (0: awake)
     memory_fraction: float = 0.0  # what vLLM preallocated (gpu_memory_utilization)
     pod: str | None = None
     uuid: str = field(default_factory=lambda: f"GPU-{uuid.uuid4()}")
@@ -38,7 +42,16 @@ class GpuState:
     # (throttle) reasons bitmask; None: not exported (no XID yet; the field not enabled).
     xid: int | None = None
     clock_events: int | None = None
+    asleep: bool = False
     _last: tuple[float, float, float] = (0.0, 0.0, 0.0)
+
+    @property
+    def fb_used_fraction(self) -> float:
+        """Share of the framebuffer in use: what vLLM preallocated, or a sleeping engine's
+        CUDA context."""
+        if self.asleep:
+            return min(self.memory_fraction, SLEEP_RESIDENT_MIB / (self.profile.memory_gib * 1024))
+        return self.memory_fraction
 
     def sample(self, seconds: float, engine_speed: float = 1.0) -> None:
         """Advance by `seconds` of wall time (the engine ran `engine_speed` times faster)."""
@@ -51,6 +64,8 @@ class GpuState:
             self.busy = min(1.0, busy)
             self.tensor = min(1.0, 0.85 * compute)
             self.dram = min(1.0, 0.9 * memory)
+        if self.sleep_level is not None:
+            self.asleep = bool(self.sleep_level())
         gpu = self.profile
         load = 0.3 * self.busy + 0.4 * self.tensor + 0.3 * self.dram
         self.power = gpu.idle_watts + (gpu.tdp_watts - gpu.idle_watts) * load
@@ -117,13 +132,13 @@ FIELDS: tuple[tuple[str, str, str, Callable[[GpuState], float | None]], ...] = (
         "DCGM_FI_DEV_FB_FREE",
         "gauge",
         "Framebuffer memory free (in MiB).",
-        lambda g: float(round(g.profile.memory_gib * 1024 * (1 - g.memory_fraction))),
+        lambda g: float(round(g.profile.memory_gib * 1024 * (1 - g.fb_used_fraction))),
     ),
     (
         "DCGM_FI_DEV_FB_USED",
         "gauge",
         "Framebuffer memory used (in MiB).",
-        lambda g: float(round(g.profile.memory_gib * 1024 * g.memory_fraction)),
+        lambda g: float(round(g.profile.memory_gib * 1024 * g.fb_used_fraction)),
     ),
     ("DCGM_FI_DEV_FB_RESERVED", "gauge", "Framebuffer memory reserved (in MiB).", lambda g: 470.0),
     (

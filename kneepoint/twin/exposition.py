@@ -185,7 +185,7 @@ def _families(snap: Snapshot, version: str) -> Iterator[Metric]:
     )
     if version == "0.32":
         yield from _prompt_sources(snap, labels, values, created)
-        yield from _zero_families(labels, values, created)
+        yield from _v032_families(snap, labels, values, created)
     finished = CounterMetricFamily(
         "vllm:request_success",
         "Count of successfully processed requests.",
@@ -287,6 +287,8 @@ def _cache_config(snap: Snapshot, version: str) -> Iterator[Metric]:
             "kv_cache_max_concurrency": repr(capacity / config.max_model_len),
             "kv_cache_memory_bytes": str(int(capacity * config.kv_bytes_per_token)),
         }
+        if config.kv_offload_gib > 0:
+            info["kv_offloading_size"] = repr(float(config.kv_offload_gib))
     family = GaugeMetricFamily(
         "vllm:cache_config_info", "Information of the LLMEngine CacheConfig", labels=sorted(info)
     )
@@ -306,7 +308,7 @@ def _prompt_sources(
     for source, value in (
         ("local_compute", stats.prompt_local_compute),
         ("local_cache_hit", stats.prompt_cache_hit),
-        ("external_kv_transfer", 0),
+        ("external_kv_transfer", stats.prompt_host_hit),
     ):
         family.add_metric([*values, source], value, created=created)
     yield family
@@ -315,7 +317,7 @@ def _prompt_sources(
         "Number of cached prompt tokens (local + external).",
         labels=labels,
     )
-    cached.add_metric(values, stats.prompt_cache_hit, created=created)
+    cached.add_metric(values, stats.prompt_cache_hit + stats.prompt_host_hit, created=created)
     yield cached
     tiers = CounterMetricFamily(
         "vllm:prompt_tokens_cached_by_source",
@@ -325,10 +327,9 @@ def _prompt_sources(
         "vllm:external_prefix_cache_hits.",
         labels=[*labels, "source"],
     )
+    by_tier = {"device": stats.prompt_cache_hit, "host": stats.prompt_host_hit}
     for tier in ("device", "host", "p2p", "disk", "external_unspecified"):
-        tiers.add_metric(
-            [*values, tier], stats.prompt_cache_hit if tier == "device" else 0, created=created
-        )
+        tiers.add_metric([*values, tier], by_tier.get(tier, 0), created=created)
     yield tiers
 
 
@@ -360,54 +361,98 @@ def _spec_decode(
     yield family
 
 
-def _zero_families(labels: list[str], values: list[str], created: float | None) -> Iterator[Metric]:
-    """0.32 families for features the twin does not model: present, as on a real server."""
+def _v032_families(
+    snap: Snapshot, labels: list[str], values: list[str], created: float | None
+) -> Iterator[Metric]:
+    """The families vLLM 0.32 added: sleep state, the MFU estimates, the offloading
+    connector's hits, the multi-modal cache (always 0: the twin serves text), admission
+    rejections, and with a CPU offload tier its usage and bytes moved."""
+    engine, stats = snap.engine, snap.engine.stats
     sleep = GaugeMetricFamily(
         "vllm:engine_sleep_state",
         "Engine sleep state; awake = 0 means engine is sleeping; awake = 1 means engine is "
         "awake; weights_offloaded = 1 means sleep level 1; discard_all = 1 means sleep level 2.",
         labels=[*labels, "sleep_state"],
     )
-    for state, value in (("awake", 1.0), ("weights_offloaded", 0.0), ("discard_all", 0.0)):
+    level = engine.sleep_level
+    for state, value in (
+        ("awake", float(level == 0)),
+        ("weights_offloaded", float(level == 1)),
+        ("discard_all", float(level == 2)),
+    ):
         sleep.add_metric([*values, state], value)
     yield sleep
-    for name, doc in (
+    for name, doc, value in (
         (
             "estimated_flops_per_gpu",
             "Estimated number of floating point operations per GPU "
             "(for Model Flops Utilization calculations).",
+            stats.estimated_flops,
         ),
         (
             "estimated_read_bytes_per_gpu",
             "Estimated number of bytes read from memory per GPU "
             "(for Model Flops Utilization calculations).",
+            stats.estimated_read_bytes,
         ),
         (
             "estimated_write_bytes_per_gpu",
             "Estimated number of bytes written to memory per GPU "
             "(for Model Flops Utilization calculations).",
+            stats.estimated_write_bytes,
         ),
         (
             "external_prefix_cache_queries",
             "External prefix cache queries from KV connector "
             "cross-instance cache sharing, in terms of number of queried tokens.",
+            stats.external_prefix_cache_queries,
         ),
         (
             "external_prefix_cache_hits",
             "External prefix cache hits from KV connector "
             "cross-instance cache sharing, in terms of number of cached tokens.",
+            stats.external_prefix_cache_hits,
         ),
-        ("mm_cache_queries", "Multi-modal cache queries, in terms of number of queried items."),
-        ("mm_cache_hits", "Multi-modal cache hits, in terms of number of cached items."),
+        (
+            "mm_cache_queries",
+            "Multi-modal cache queries, in terms of number of queried items.",
+            0.0,
+        ),
+        ("mm_cache_hits", "Multi-modal cache hits, in terms of number of cached items.", 0.0),
     ):
         family = CounterMetricFamily(f"vllm:{name}", doc, labels=labels)
-        family.add_metric(values, 0.0, created=created)
+        family.add_metric(values, float(value), created=created)
         yield family
     rejections = CounterMetricFamily(
         "vllm:admission_rejections",
         "Number of admission attempts rejected by a queue limit, by reason.",
         labels=["model_name", "reason"],
     )
-    for reason in ("max_num_queued_reqs", "max_num_queued_tokens"):
-        rejections.add_metric([values[0], reason], 0.0, created=created)
+    for reason, count in stats.admission_rejections.items():
+        rejections.add_metric([values[0], reason], float(count), created=created)
     yield rejections
+    if engine.host is None:
+        return
+    # vllm/v1/kv_offload/cpu/common.py and .../kv_connector/v1/offloading/metrics.py
+    usage = GaugeMetricFamily(
+        "vllm:kv_offload_cpu_cache_usage_perc",
+        "CPU KV cache usage percentage for offloading.",
+        labels=labels,
+    )
+    usage.add_metric(values, engine.host.usage)
+    yield usage
+    for name, doc, value in (
+        (
+            "kv_offload_load_bytes",
+            "Total bytes loaded from offload storage to GPU.",
+            stats.kv_offload_load_bytes,
+        ),
+        (
+            "kv_offload_store_bytes",
+            "Total bytes stored from GPU to offload storage.",
+            stats.kv_offload_store_bytes,
+        ),
+    ):
+        family = CounterMetricFamily(f"vllm:{name}", doc, labels=labels)
+        family.add_metric(values, value, created=created)
+        yield family

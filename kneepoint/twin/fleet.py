@@ -2,7 +2,7 @@
 
 host: 127.0.0.1
 nodes:
-  - {name: gpu-node-1, port: 9401, gpus: [h100-80gb, h100-80gb, l4]}
+  - {name: gpu-node-1, port: 9401, gpus: [h100-80gb, h100-80gb, l4, l4]}
 replicas:
   - {name: qwen3-32b-a, port: 8101, model: qwen3-32b, node: gpu-node-1, gpu_index: 0}
   - name: llama-8b-spec
@@ -14,6 +14,9 @@ replicas:
   # A replica is vLLM (vllm_version, default the newest) or, with engine: sglang, SGLang
   # (sglang_version, default the newest): the same engine model, SGLang's metrics and API.
   - {name: qwen3-4b-sgl, model: qwen3-4b, node: gpu-node-1, gpu_index: 2, engine: sglang}
+  # vLLM 0.32's options: queue limits (load shedding, HTTP 503) and a CPU KV offload tier.
+  - {name: qwen3-4b-c, model: qwen3-4b, node: gpu-node-1, gpu_index: 3,
+     max_num_queued_reqs: 32, kv_offload_gib: 8}
 """
 
 from __future__ import annotations
@@ -68,6 +71,10 @@ class ReplicaSpec(Strict):
     fp8_kv_cache: bool = False
     prefix_caching: bool = True
     speculative: Speculative | None = None
+    # vLLM 0.32's queue limits (None: unlimited): arrivals past them get HTTP 503.
+    max_num_queued_reqs: Annotated[int, Field(ge=1)] | None = None
+    max_num_queued_tokens: Annotated[int, Field(ge=1)] | None = None
+    kv_offload_gib: Annotated[float, Field(ge=0)] = 0.0  # --kv-offloading-size (CPU tier)
     pod: str | None = None
 
 
@@ -116,6 +123,9 @@ def engine_config(spec: ReplicaSpec, gpu_key: str) -> EngineConfig:
         num_speculative_tokens=drafter.tokens if drafter else 0,
         spec_acceptance_rate=drafter.acceptance if drafter else 0.0,
         spec_draft_cost=drafter.draft_cost if drafter else 0.1,
+        max_num_queued_reqs=spec.max_num_queued_reqs,
+        max_num_queued_tokens=spec.max_num_queued_tokens,
+        kv_offload_gib=spec.kv_offload_gib,
     )
 
 
@@ -159,6 +169,7 @@ class Fleet:
             )
             self.replicas[replica.name] = twin
             state.stats = lambda twin=twin: twin.engine.stats  # type: ignore[misc]
+            state.sleep_level = lambda twin=twin: twin.engine.sleep_level  # type: ignore[misc]
             state.memory_fraction = replica.gpu_memory_utilization
             state.pod = replica.pod or f"{replica.name}-0"
 

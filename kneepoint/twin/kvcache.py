@@ -100,3 +100,47 @@ class KvCache:
         if empty <= 0 and self._evictable:
             oldest, _ = self._evictable.popitem(last=False)
             del self._refs[oldest]
+
+
+class HostCache:
+    """vLLM's native CPU offload tier (--kv-offloading-size): named blocks stored to host
+    memory as they are computed, kept least-recently-used up to `num_blocks`; a prefix the
+    device evicted is loaded back from here."""
+
+    def __init__(self, num_blocks: int) -> None:
+        if num_blocks < 1:
+            raise ValueError("a CPU offload tier needs at least one block")
+        self.num_blocks = num_blocks
+        self._blocks: OrderedDict[int, None] = OrderedDict()
+
+    @property
+    def usage(self) -> float:
+        """vllm:kv_offload_cpu_cache_usage_perc: the share of the tier's blocks in use."""
+        return len(self._blocks) / self.num_blocks
+
+    def cached_run(self, hashes: Sequence[int]) -> int:
+        """How many leading blocks of `hashes` the tier holds."""
+        count = 0
+        for block in hashes:
+            if block not in self._blocks:
+                break
+            count += 1
+        return count
+
+    def touch(self, hashes: Sequence[int]) -> None:
+        for block in hashes:
+            self._blocks.move_to_end(block)
+
+    def store(self, hashes: Sequence[int]) -> int:
+        """Store the blocks the tier lacks (evicting the least recently used); return how
+        many were stored."""
+        stored = 0
+        for block in hashes:
+            if block in self._blocks:
+                self._blocks.move_to_end(block)
+                continue
+            if len(self._blocks) >= self.num_blocks:
+                self._blocks.popitem(last=False)
+            self._blocks[block] = None
+            stored += 1
+        return stored

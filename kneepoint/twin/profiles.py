@@ -27,6 +27,7 @@ class Model:
     layers: int
     kv_heads: int
     head_dim: int
+    attention_heads: int = 0  # query heads: the attention term of the FLOPs (0: left out)
 
     def kv_bytes_per_token(self, kv_dtype_bytes: float) -> float:
         """2 (K and V) × layers × KV heads × head dim × bytes per element."""
@@ -44,13 +45,14 @@ GPUS = {
     )
 }
 
-# From the models' published config.json: num_hidden_layers, num_key_value_heads, head_dim.
+# From the models' published config.json: num_hidden_layers, num_key_value_heads, head_dim,
+# num_attention_heads.
 MODELS = {
     model.key: model
     for model in (
-        Model("qwen3-4b", "Qwen/Qwen3-4B", 4.02e9, 36, 8, 128),
-        Model("llama-3.1-8b", "meta-llama/Llama-3.1-8B-Instruct", 8.03e9, 32, 8, 128),
-        Model("qwen3-32b", "Qwen/Qwen3-32B", 32.8e9, 64, 8, 128),
+        Model("qwen3-4b", "Qwen/Qwen3-4B", 4.02e9, 36, 8, 128, 32),
+        Model("llama-3.1-8b", "meta-llama/Llama-3.1-8B-Instruct", 8.03e9, 32, 8, 128, 32),
+        Model("qwen3-32b", "Qwen/Qwen3-32B", 32.8e9, 64, 8, 128, 64),
     )
 }
 

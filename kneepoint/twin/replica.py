@@ -74,6 +74,26 @@ class Replica:
             self._stalled = False
             self._lock.notify_all()
 
+    def sleep(self, level: int = 1) -> None:
+        """vLLM's POST /sleep?level= : requests in flight are aborted (their clients get
+        what they had), the engine steps no more and its counters stay frozen, while
+        /metrics still answers with `vllm:engine_sleep_state` saying so. wake_up() undoes
+        it."""
+        with self._lock:
+            self.engine.sleep(level)
+            delivered, self._pending = self._pending, []
+        for events, tokens in delivered:
+            events.put(tokens)
+
+    def wake_up(self) -> None:
+        with self._lock:
+            self.engine.wake_up()
+            self._lock.notify_all()
+
+    @property
+    def sleeping(self) -> bool:
+        return bool(self.engine.sleep_level)
+
     def fail(self, share: float, reason: str = "error") -> None:
         """End `share` of the requests submitted from now on (evenly: every 1/share-th) after
         their first token with finish reason `reason` ("error" or "abort"), as vLLM counts
@@ -100,7 +120,8 @@ class Replica:
         """Queue a request; its tokens arrive on the returned queue as the engine makes them.
 
         `stop_after` ends it early with finish reason "stop" (the model's end of sequence);
-        `stream` says whether its client streams (SGLang's metrics tell them apart)."""
+        `stream` says whether its client streams (SGLang's metrics tell them apart). Raises
+        `Rejected` when the engine's queue limits refuse it (vLLM answers 503)."""
         events: queue.Queue[Tokens] = queue.Queue()
         limit = min(max_tokens, stop_after) if stop_after else max_tokens
         reason = "stop" if stop_after and stop_after < max_tokens else "length"
@@ -142,7 +163,9 @@ class Replica:
     def _run(self) -> None:
         while True:
             with self._lock:
-                while (self.engine.idle or self._stalled) and not self._stopping:
+                while (
+                    self.engine.idle or self._stalled or self.engine.sleep_level
+                ) and not self._stopping:
                     self._lock.wait()
                 if self._stopping:
                     return

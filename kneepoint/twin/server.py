@@ -2,14 +2,17 @@
 
 from __future__ import annotations
 
+import itertools
 import json
 import threading
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from typing import Any
+from urllib.parse import parse_qs
 
 from kneepoint.twin import openai_api
 from kneepoint.twin.dcgm import GpuNode
 from kneepoint.twin.replica import Replica
+from kneepoint.twin.simulated_engine import Rejected
 
 METRICS_TYPE = "text/plain; version=0.0.4; charset=utf-8"
 
@@ -30,12 +33,32 @@ class _Handler(BaseHTTPRequestHandler):
             self._send(200, b"", "text/plain")
         elif path == "/v1/models" and isinstance(target, Replica):
             self._json(200, openai_api.models(target))
+        elif path == "/is_sleeping" and isinstance(target, Replica) and self._sleep_mode(target):
+            self._json(200, {"is_sleeping": target.sleeping})
         else:
             self._not_found(path)
 
+    def _sleep_mode(self, target: Replica | GpuNode) -> bool:
+        # vLLM's sleep endpoints (served in its dev mode); SGLang has none of them.
+        return isinstance(target, Replica) and target.engine_name == "vllm"
+
     def do_POST(self) -> None:
         target = self.server.target
-        path = self.path.split("?")[0]
+        path, _, query = self.path.partition("?")
+        if path == "/sleep" and self._sleep_mode(target):
+            assert isinstance(target, Replica)
+            level = parse_qs(query).get("level", ["1"])[0]
+            if level not in ("1", "2"):
+                self._json(400, openai_api.error_body("the twin sleeps at level 1 or 2"))
+                return
+            target.sleep(int(level))
+            self._json(200, {"status": "sleeping", "level": int(level)})
+            return
+        if path == "/wake_up" and self._sleep_mode(target):
+            assert isinstance(target, Replica)
+            target.wake_up()
+            self._json(200, {"status": "awake", "tags": None})
+            return
         if not isinstance(target, Replica) or path not in (
             "/v1/completions",
             "/v1/chat/completions",
@@ -55,15 +78,30 @@ class _Handler(BaseHTTPRequestHandler):
             reply = openai_api.error_body(str(error), 400, target.engine_name, error.kind)
             self._json(400, reply)
             return
-        if not call.stream:
-            self._json(200, openai_api.respond(target, call))
+        try:
+            if not call.stream:
+                self._json(200, openai_api.respond(target, call))
+                return
+            events = openai_api.stream(target, call)
+            first = next(events)  # submits the request: a queue limit refuses it here
+        except Rejected as refused:
+            # vLLM's GracefulHTTPError: the status's phrase as the error type.
+            refusal = {
+                "error": {
+                    "message": str(refused),
+                    "type": "Service Unavailable",
+                    "param": None,
+                    "code": 503,
+                }
+            }
+            self._json(503, refusal)
             return
         self.send_response(200)
         self.send_header("Content-Type", "text/event-stream")
         self.send_header("Cache-Control", "no-cache")
         self.end_headers()
         try:
-            for event in openai_api.stream(target, call):
+            for event in itertools.chain((first,), events):
                 self.wfile.write(event)
                 self.wfile.flush()
         except (BrokenPipeError, ConnectionResetError):

@@ -5,6 +5,14 @@ KV blocks allow (chunked prefill); when a running request cannot get a block, th
 recently admitted one is preempted and later recomputed from scratch. The step takes as long
 as its bytes moved and FLOPs need on the GPU: decode reads the weights and every sequence's
 KV cache (memory-bound), prefill does 2 × parameters FLOPs per token (compute-bound).
+
+What vLLM 0.32 adds, each off unless configured: queue limits (`max_num_queued_reqs`,
+`max_num_queued_tokens`): an arrival past them is refused (`Rejected`, HTTP 503) and counted
+by reason; sleep mode (`sleep(level)`: in-flight requests aborted, the prefix cache
+discarded, no step until `wake_up()`); the estimated FLOPs and bytes each step moves
+(`--enable-mfu-metrics`, counted always: see `Engine._estimate`); and a CPU offload tier
+(`kv_offload_gib`): every computed prompt block is stored to host memory, and a prefix the
+device cache evicted is loaded back from there instead of recomputed (`HostCache`).
 """
 
 from __future__ import annotations
@@ -15,7 +23,7 @@ from collections import deque
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 
-from kneepoint.twin.kvcache import KvCache, block_hashes
+from kneepoint.twin.kvcache import HostCache, KvCache, block_hashes
 from kneepoint.twin.profiles import GIB, Gpu, Model
 from kneepoint.twin.stats import Stats
 
@@ -26,6 +34,8 @@ BANDWIDTH_EFFICIENCY = 0.92
 COMPUTE_EFFICIENCY = 0.9
 STEP_OVERHEAD_SECONDS = 0.0015  # scheduling, sampling and kernel launches per step
 ACTIVATION_RESERVE_GIB = 1.0  # activations and CUDA graphs, outside the KV cache
+# Host-to-GPU copies of offloaded KV blocks: a PCIe Gen4 x16 link's effective rate.
+HOST_LINK_BYTES_PER_SECOND = 25e9
 
 TokenSink = Callable[[int, bool, float], None]  # (new tokens, finished, engine time)
 # Called after each step with its work (request, tokens scheduled) and duration.
@@ -53,13 +63,18 @@ class StepCost:
 
     @classmethod
     def of(cls, config: EngineConfig) -> StepCost:
-        """The profile physics of `config` (what the twin has always used)."""
-        bandwidth = config.gpu.bandwidth_gbs * 1e9 * BANDWIDTH_EFFICIENCY
+        """The profile physics of `config` (what the twin has always used); with tensor
+        parallelism the GPUs' bandwidth and FLOPs add up (ideal scaling)."""
+        bandwidth = (
+            config.gpu.bandwidth_gbs * 1e9 * BANDWIDTH_EFFICIENCY * config.tensor_parallel_size
+        )
         weights = config.weight_bytes / bandwidth
         return cls(
             overhead_seconds=STEP_OVERHEAD_SECONDS,
             weight_read_seconds=weights,
-            token_seconds=2 * config.model.parameters / (config.peak_flops * COMPUTE_EFFICIENCY),
+            token_seconds=2
+            * config.model.parameters
+            / (config.peak_flops * config.tensor_parallel_size * COMPUTE_EFFICIENCY),
             context_token_seconds=config.kv_bytes_per_token / bandwidth,
             draft_token_seconds=config.spec_draft_cost * weights,
         )
@@ -98,6 +113,15 @@ class EngineConfig:
     step_cost: StepCost | None = None
     # vLLM's --num-gpu-blocks-override: the KV cache's blocks as measured, not from memory.
     num_gpu_blocks_override: int | None = None
+    # vLLM's scheduler queue limits (None: unlimited): an arrival that would make more than
+    # max_num_queued_reqs unfinished requests, or that finds the prompts still in prefill at
+    # max_num_queued_tokens or more, is refused with HTTP 503.
+    max_num_queued_reqs: int | None = None
+    max_num_queued_tokens: int | None = None
+    # GPUs the model is sharded over: the estimated FLOPs and bytes are per GPU.
+    tensor_parallel_size: int = 1
+    # vLLM's --kv-offloading-size (GiB of host memory for the native CPU offload tier; 0: off).
+    kv_offload_gib: float = 0.0
 
     @property
     def weight_bytes(self) -> float:
@@ -116,6 +140,7 @@ class EngineConfig:
                 raise ValueError("num_gpu_blocks_override must be at least 2")
             return self.num_gpu_blocks_override
         budget = self.gpu.memory_gib * GIB * self.gpu_memory_utilization
+        budget *= self.tensor_parallel_size
         free = budget - self.weight_bytes - ACTIVATION_RESERVE_GIB * GIB
         blocks = int(free // (self.block_size * self.kv_bytes_per_token))
         if blocks < 2:
@@ -124,6 +149,11 @@ class EngineConfig:
                 f"gpu_memory_utilization {self.gpu_memory_utilization}"
             )
         return blocks
+
+    @property
+    def kv_offload_blocks(self) -> int:
+        """Blocks the CPU offload tier holds (0: no offload)."""
+        return int(self.kv_offload_gib * GIB // (self.block_size * self.kv_bytes_per_token))
 
     @property
     def peak_flops(self) -> float:
@@ -146,6 +176,7 @@ class Request:
     first_token: float | None = None
     preemptions: int = 0
     cached: int = 0  # prompt tokens found in the prefix cache when first scheduled
+    host_cached: int = 0  # of them, loaded from the CPU offload tier
 
     @property
     def prompt_len(self) -> int:
@@ -155,6 +186,20 @@ class Request:
     def prefill_target(self) -> int:
         """Tokens whose KV must exist before the next token can be sampled."""
         return self.prompt_len + max(self.generated - 1, 0)
+
+
+class Rejected(Exception):
+    """An arrival refused by a queue limit; `reason` is vLLM's label for it."""
+
+    def __init__(self, reason: str) -> None:
+        super().__init__(
+            "The engine is currently busy and cannot accept new requests. "
+            "Please try again later or on a different instance."
+            if reason == "max_num_queued_reqs"
+            else "The engine has reached its prefill token backlog limit. "
+            "Please try again later or on a different instance."
+        )
+        self.reason = reason
 
 
 class Engine:
@@ -170,6 +215,9 @@ class Engine:
         self.observers: list[StepObserver] = []
         self._rng = random.Random(seed)
         self.cost = config.step_cost or StepCost.of(config)
+        self.host = HostCache(config.kv_offload_blocks) if config.kv_offload_gib > 0 else None
+        self.sleep_level = 0  # 0 awake; 1 weights offloaded; 2 weights and KV discarded
+        self._host_load_bytes = 0.0  # loaded from the CPU tier in the step being scheduled
 
     @property
     def capacity_tokens(self) -> int:
@@ -184,7 +232,9 @@ class Engine:
         max_tokens_param: int | None = None,
     ) -> Request:
         """Queue a request that generates `max_tokens` and then finishes for `finish_reason`;
-        its prompt keeps its last tokens where it would not fit max_model_len."""
+        its prompt keeps its last tokens where it would not fit max_model_len. Raises
+        `Rejected` (and counts it) when a queue limit refuses it."""
+        self._check_admission()
         # A sequence longer than the whole cache could never run: vLLM refuses such a length.
         max_len = min(self.config.max_model_len, self.capacity_tokens - self.config.block_size)
         limit = max_len - max_tokens
@@ -202,13 +252,55 @@ class Engine:
         self.waiting.append(request)
         return request
 
+    def _check_admission(self) -> None:
+        # vllm/v1/engine/async_llm.py check_admission: unfinished requests (waiting and
+        # running) against max_num_queued_reqs, then the prompt tokens of the requests
+        # still in prefill against max_num_queued_tokens.
+        config = self.config
+        reason = None
+        limit = config.max_num_queued_reqs
+        if limit is not None and len(self.waiting) + len(self.running) + 1 > limit:
+            reason = "max_num_queued_reqs"
+        elif config.max_num_queued_tokens is not None:
+            queued = sum(r.prompt_len for r in self.waiting if r.first_token is None)
+            queued += sum(r.prompt_len for r in self.running if r.first_token is None)
+            if queued >= config.max_num_queued_tokens:
+                reason = "max_num_queued_tokens"
+        if reason is not None:
+            self.stats.admission_rejections[reason] += 1
+            raise Rejected(reason)
+
+    def sleep(self, level: int = 1) -> None:
+        """vLLM's POST /sleep?level= (mode abort): requests in flight are aborted, the KV
+        cache (and with it the prefix cache) is discarded, and no step runs until
+        wake_up(); level 1 offloads the weights to the host, level 2 discards them."""
+        if level not in (1, 2):
+            raise ValueError("sleep level must be 1 or 2")
+        for request in [*self.running, *self.waiting]:
+            if request in self.running:
+                self._release(request)
+                self.running.remove(request)
+            request.finish_reason = "abort"
+            self.stats.finished["abort"] += 1
+            if request.sink is not None:
+                request.sink(0, True, self.now)
+        self.waiting.clear()
+        self.waiting_for_capacity = 0
+        config = self.config
+        self.kv = KvCache(self.kv.num_blocks, config.block_size, config.enable_prefix_caching)
+        self.sleep_level = level
+
+    def wake_up(self) -> None:
+        self.sleep_level = 0
+
     @property
     def idle(self) -> bool:
         return not self.running and not self.waiting
 
     def step(self) -> float:
-        """Run one engine step; return its duration in seconds (0 when there is no work)."""
-        if self.idle:
+        """Run one engine step; return its duration in seconds (0 when there is no work or
+        the engine sleeps)."""
+        if self.idle or self.sleep_level:
             return 0.0
         self.admitted = []
         budget = self.config.max_num_batched_tokens
@@ -283,13 +375,14 @@ class Engine:
             request = self.waiting[0]
             first_time = request.first_scheduled is None
             cached = self._cached_blocks(request)
-            hashes = request.hashes[:cached]
+            loaded = self._host_blocks(request, cached)
+            hashes = request.hashes[: cached + loaded]
             if self.kv.cost(hashes, 0) > self.kv.free:
                 self.waiting_for_capacity = len(self.waiting)
                 break
             self.kv.acquire(hashes, 0)
-            request.held_hashes = cached
-            request.computed = cached * self.config.block_size
+            request.held_hashes = cached + loaded
+            request.computed = (cached + loaded) * self.config.block_size
             tokens = min(request.prefill_target - request.computed, budget)
             if not self._grow(request, tokens):
                 self._release(request)
@@ -299,9 +392,35 @@ class Engine:
             self.running.append(request)
             work.append((request, tokens))
             budget -= tokens
+            if loaded:
+                self._load_from_host(request, cached, loaded)
             if first_time:
+                request.host_cached = loaded * self.config.block_size
                 self._count_first_schedule(request)
         return budget
+
+    def _host_blocks(self, request: Request, cached: int) -> int:
+        """Blocks past the device's cached prefix that the CPU offload tier holds."""
+        if self.host is None:
+            return 0
+        limit = (request.prefill_target - 1) // self.config.block_size
+        return self.host.cached_run(request.hashes[cached:limit])
+
+    def _load_from_host(self, request: Request, cached: int, loaded: int) -> None:
+        assert self.host is not None
+        self.host.touch(request.hashes[cached : cached + loaded])
+        self.stats.kv_offload_load_bytes += loaded * self._block_bytes
+        self._host_load_bytes += loaded * self._block_bytes
+
+    @property
+    def _block_bytes(self) -> float:
+        return self.config.block_size * self.config.kv_bytes_per_token
+
+    def _store_to_host(self, request: Request) -> None:
+        """Offload a request's computed prompt blocks (those the tier does not hold yet)."""
+        assert self.host is not None
+        stored = self.host.store(request.hashes)
+        self.stats.kv_offload_store_bytes += stored * self._block_bytes
 
     def _cached_blocks(self, request: Request) -> int:
         # At least one prompt token is always computed, to sample from.
@@ -312,18 +431,25 @@ class Engine:
         stats = self.stats
         request.first_scheduled = self.now
         hit = request.cached = request.computed
+        host = request.host_cached
         self.admitted.append(request)
         stats.prefix_cache_queries += request.prompt_len
-        stats.prefix_cache_hits += hit
-        stats.prompt_cache_hit += hit
+        stats.prefix_cache_hits += hit - host
+        stats.prompt_cache_hit += hit - host
         stats.prompt_local_compute += request.prompt_len - hit
         stats.prompt_tokens += request.prompt_len
+        if self.host is not None:
+            # The offloading connector is asked for what the device did not have.
+            stats.external_prefix_cache_queries += request.prompt_len - (hit - host)
+            stats.external_prefix_cache_hits += host
+            stats.prompt_host_hit += host
         stats.observe("request_queue_time_seconds", self.now - request.arrival)
         stats.observe("request_prompt_tokens", request.prompt_len)
         stats.observe("request_prefill_kv_computed_tokens", request.prompt_len - hit)
 
     def _duration(self, work: list[tuple[Request, int]]) -> float:
         config, cost = self.config, self.cost
+        self._estimate(work)
         tokens = sum(count for _, count in work)
         context = sum(request.computed + count for request, count in work)
         memory = cost.weight_read_seconds + context * cost.context_token_seconds
@@ -344,14 +470,38 @@ class Engine:
         stats.compute_seconds += compute
         stats.prefill_compute_seconds += compute * prefill_tokens / max(tokens, 1)
         duration = cost.overhead_seconds + memory + compute + draft
+        # Blocks loaded from the CPU tier this step cross the host link first.
+        duration += self._host_load_bytes / HOST_LINK_BYTES_PER_SECOND
+        self._host_load_bytes = 0.0
         stats.busy_seconds += duration
         stats.observe("iteration_tokens_total", tokens)
         return duration
+
+    def _estimate(self, work: list[tuple[Request, int]]) -> None:
+        """vLLM's analytic FLOPs and bytes of a step (vllm/v1/metrics/perf.py), simplified:
+        FLOPs = 2 × parameters × tokens (every linear layer, the embedding and LM head
+        counted for every token) + the attention term 4 × layers × query heads × head dim ×
+        Σ tokens × context; bytes read = the weights once + every context token's KV (no
+        activations); bytes written = the new tokens' KV (no activations). Per GPU: divided
+        by the tensor-parallel size."""
+        config, stats = self.config, self.stats
+        model = config.model
+        tokens = sum(count for _, count in work)
+        token_context = sum(count * (request.computed + count) for request, count in work)
+        context = sum(request.computed + count for request, count in work)
+        attention = 4 * model.layers * model.attention_heads * model.head_dim * token_context
+        tp = config.tensor_parallel_size
+        stats.estimated_flops += (2 * model.parameters * tokens + attention) / tp
+        read = config.weight_bytes + context * config.kv_bytes_per_token
+        stats.estimated_read_bytes += read / tp
+        stats.estimated_write_bytes += tokens * config.kv_bytes_per_token / tp
 
     def _finish_step(self, work: list[tuple[Request, int]], duration: float) -> None:
         for request, tokens in work:
             if request.computed < request.prefill_target:
                 request.computed += tokens
+                if request.computed >= request.prompt_len and self.host is not None:
+                    self._store_to_host(request)
                 if request.computed < request.prefill_target:
                     continue  # a chunk of a longer prefill: nothing sampled yet
                 emitted = 1

@@ -117,6 +117,7 @@ class Histo:
 
 
 FINISH_REASONS = ("stop", "length", "abort", "error", "repetition")
+ADMISSION_REASONS = ("max_num_queued_reqs", "max_num_queued_tokens")
 
 
 @dataclass
@@ -133,7 +134,19 @@ class Stats:
     prefix_cache_queries: int = 0
     prefix_cache_hits: int = 0
     prompt_local_compute: int = 0
-    prompt_cache_hit: int = 0
+    prompt_cache_hit: int = 0  # device (GPU) prefix-cache hits
+    prompt_host_hit: int = 0  # prefix hits loaded from the CPU offload tier
+    external_prefix_cache_queries: int = 0
+    external_prefix_cache_hits: int = 0
+    admission_rejections: dict[str, int] = field(
+        default_factory=lambda: dict.fromkeys(ADMISSION_REASONS, 0)
+    )
+    # vLLM's --enable-mfu-metrics estimates, per GPU
+    estimated_flops: float = 0.0
+    estimated_read_bytes: float = 0.0
+    estimated_write_bytes: float = 0.0
+    kv_offload_load_bytes: float = 0.0
+    kv_offload_store_bytes: float = 0.0
     finished: dict[str, int] = field(default_factory=lambda: dict.fromkeys(FINISH_REASONS, 0))
     spec_drafts: int = 0
     spec_draft_tokens: int = 0

@@ -4,7 +4,9 @@ Sessions start so that the number running follows a daily shape (compressed for 
 each session re-sends its transcript step by step. Routing is session-sticky (every step of a
 session goes to the replica holding its cache) or round-robin (each step to the next replica),
 which is what decides the prefix-cache hit rate. deploy() changes the system prompt: every
-session started afterwards misses every cache once.
+session started afterwards misses every cache once. A replica that says it sleeps (vLLM's
+GET /is_sleeping, asked every few seconds) gets no traffic: its sessions go to the next
+awake replica of their group until it wakes.
 """
 
 from __future__ import annotations
@@ -23,6 +25,7 @@ import httpx
 from kneepoint.twin.agents import daily_load, session
 
 Routing = Literal["sticky", "round-robin"]
+SLEEP_CHECK_SECONDS = 3.0
 
 
 @dataclass
@@ -64,6 +67,8 @@ class Traffic:
         self._round_robin = itertools.count()
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
+        self.sleeping: set[str] = set()  # replica URLs that said they sleep
+        self.draining: set[str] = set()  # replica URLs taken out of the routing by hand
 
     def deploy(self) -> None:
         """A new system prompt and tool schema: every prefix cache is cold for it."""
@@ -86,7 +91,11 @@ class Traffic:
         async with httpx.AsyncClient(timeout=300, limits=limits) as client:
             active: dict[str, set[asyncio.Task[None]]] = {g.model: set() for g in self.groups}
             last_deploy = time.monotonic()
+            last_check = 0.0
             while not self._stop.is_set():
+                if time.monotonic() - last_check >= SLEEP_CHECK_SECONDS:
+                    await self._check_sleep(client)
+                    last_check = time.monotonic()
                 if self.deploy_every and time.monotonic() - last_deploy >= self.deploy_every:
                     self.deploy()
                     last_deploy = time.monotonic()
@@ -101,6 +110,29 @@ class Traffic:
                 for task in tasks:
                     task.cancel()
 
+    async def _check_sleep(self, client: httpx.AsyncClient) -> None:
+        async def asleep(url: str) -> bool:
+            try:
+                response = await client.get(f"{url}/is_sleeping", timeout=2)
+                return response.status_code == 200 and bool(response.json().get("is_sleeping"))
+            except (httpx.HTTPError, ValueError, AttributeError):
+                return False  # no such endpoint (or no answer): routed as before
+
+        urls = [url for group in self.groups for url in group.urls]
+        answers = await asyncio.gather(*(asleep(url) for url in urls))
+        self.sleeping = {url for url, sleeps in zip(urls, answers, strict=True) if sleeps}
+
+    def route(self, group: Group, home: int) -> str | None:
+        """The replica for a session's next step: its home (sticky) or the next in turn,
+        passing over sleeping ones; None when every replica of the group sleeps."""
+        count = len(group.urls)
+        start = home if group.routing == "sticky" else next(self._round_robin)
+        for offset in range(count):
+            url = group.urls[(start + offset) % count]
+            if url not in self.sleeping and url not in self.draining:
+                return url
+        return None
+
     async def _session(self, client: httpx.AsyncClient, group: Group) -> None:
         number = next(self._numbers)
         rng = random.Random(self._rng.random())
@@ -108,11 +140,9 @@ class Traffic:
         for step in session(rng, self.version, number):
             if self._stop.is_set():
                 return
-            if group.routing == "sticky":
-                url = group.urls[home]
-            else:
-                url = group.urls[next(self._round_robin) % len(group.urls)]
-            await self._call(client, url, group.model, step.messages, step.max_tokens)
+            url = self.route(group, home)
+            if url is not None:
+                await self._call(client, url, group.model, step.messages, step.max_tokens)
             await asyncio.sleep(step.pause_after * self.pause_scale)
 
     async def _call(

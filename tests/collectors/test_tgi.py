@@ -141,9 +141,9 @@ def test_a_fresh_tgi_3_reads_zero_for_what_it_has_not_recorded_yet() -> None:
     # Before its first request a TGI 3 shows only the capacity its backend set at start-up:
     # metrics-rs registers every other series on first use, so absent means nothing yet.
     text = read(TGI_3)
-    fresh = "\n".join(
-        line for line in text.splitlines() if "tgi_batch_max_total_tokens" in line
-    ) + "\n"
+    fresh = (
+        "\n".join(line for line in text.splitlines() if "tgi_batch_max_total_tokens" in line) + "\n"
+    )
     sample = parse_tgi(fresh)
     assert sample.generation == "tgi-3"
     assert sample.cache.capacity_tokens == value(text, "tgi_batch_max_total_tokens")

@@ -120,9 +120,7 @@ def test_speculative_decoding_counts_and_positions() -> None:
 def test_without_iteration_counters_the_per_position_ones_give_the_totals() -> None:
     text = read(FULL)
     lines = [
-        line
-        for line in text.splitlines()
-        if not line.startswith(("trtllm_spec_decode_num_", "# "))
+        line for line in text.splitlines() if not line.startswith(("trtllm_spec_decode_num_", "# "))
     ]
     sample = parse_trtllm("\n".join(lines) + "\n")
     assert sample.counters["spec_decode_draft_tokens"] == total(

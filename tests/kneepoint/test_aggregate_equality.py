@@ -50,8 +50,9 @@ def _rows(name: str, target_id: int, index: int) -> list[dict[str, Any]]:
     """A replica's samples: every 2 minutes, every 30 s in the newest 26 h; times off the
     grid by multiples of 1/4 s; counters whole, growing at a rate of its own."""
     rows: list[dict[str, Any]] = []
-    ts, counters = NOW - SPAN, dict.fromkeys(
-        ("hits", "queries", "prompt", "generation", "compute", "preemptions"), 0.0
+    ts, counters = (
+        NOW - SPAN,
+        dict.fromkeys(("hits", "queries", "prompt", "generation", "compute", "preemptions"), 0.0),
     )
     step, grid = 0, NOW - SPAN
     while True:
@@ -67,9 +68,7 @@ def _rows(name: str, target_id: int, index: int) -> list[dict[str, Any]]:
             continue
         if name == "b-gaps" and (3 * DAY < age < 3 * DAY + 3 * HOUR or 5 * HOUR < age < 7 * HOUR):
             continue
-        if name == "a-resets" and any(
-            abs(age - at) < 20 for at in (4 * DAY, 12 * HOUR, 1800.0)
-        ):
+        if name == "a-resets" and any(abs(age - at) < 20 for at in (4 * DAY, 12 * HOUR, 1800.0)):
             counters = dict.fromkeys(counters, 0.0)  # a restart: every counter from zero
         stalled = name == "e-stalled" and age < 1200
         queries_ = 0 if stalled else 40 + (step * 7 + index) % 23
@@ -120,9 +119,7 @@ def store(tmp_path_factory: pytest.TempPathFactory) -> tuple[sessionmaker[Sessio
     url = f"sqlite:///{Path(tmp_path_factory.mktemp('aggregate')) / 'store.db'}"
     sessions = open_store(url)
     with sessions.begin() as session:
-        ids = ensure_targets(
-            session, [(n, k, f"http://{n}/metrics") for n, k in REPLICAS.items()]
-        )
+        ids = ensure_targets(session, [(n, k, f"http://{n}/metrics") for n, k in REPLICAS.items()])
         for index, name in enumerate(REPLICAS):
             session.execute(insert(queries.REPLICA_SAMPLES), _rows(name, ids[name], index))
     with sessions.begin() as session:

@@ -108,6 +108,12 @@ def series_gather(
                 _ts(replica.get("stalled_since")),
                 replica.get("requests_running"),
                 replica.get("requests_waiting"),
+                # The verdict's reasons gather's status judges without a series.
+                tuple(
+                    f"saturated, {r['reason'].replace('_', ' ')}: {r['evidence']}"
+                    for r in replica["saturation"]["reasons"]
+                    if r["reason"] in ("token_budget_full", "load_shedding")
+                ),
             )
         )
     if events is None:

@@ -30,8 +30,7 @@ BAD = {
         "targets[0].gpus is only for engine targets, not dcgm",
     ),
     "an SGLang target read through Prometheus": (
-        "prometheus: {url: 'http://p:9090'}\n"
-        "targets: [{name: a, kind: sglang, url: 'http://x/m'}]",
+        "prometheus: {url: 'http://p:9090'}\ntargets: [{name: a, kind: sglang, url: 'http://x/m'}]",
         "targets[0].kind sglang cannot be read through prometheus:",
     ),
     "a rule naming an unknown channel": (

@@ -11,6 +11,7 @@ import pytest
 from collectors.dcgm import parse_dcgm
 from collectors.engines.vllm import parse_vllm
 from kneepoint.config import Config, Target
+from kneepoint.derived.tiers import TIERS
 from kneepoint.status import build_status, stale_after, stale_targets
 from kneepoint.store.db import open_store
 from kneepoint.store.writer import ensure_targets, record_failure, record_gpus, record_replica
@@ -22,7 +23,8 @@ def contract_keys(block: str) -> set[str]:
     contracts = (ROOT / "docs" / "reference" / "json.md").read_text()
     example = contracts.split("## `kneepoint status --json`")[1].split("```")[1]
     section = example.split(f'"{block}": [{{')[1].split("}]")[0]
-    return set(re.findall(r'"([a-z_0-9]+)":', section)) - {"p50", "p90", "p99"}
+    # Keys inside a value: a quantile's, and prefix_cache_tier_shares' tiers.
+    return set(re.findall(r'"([a-z_0-9]+)":', section)) - {"p50", "p90", "p99", *TIERS}
 
 
 @pytest.fixture

@@ -18,6 +18,7 @@ from kneepoint import records
 from kneepoint.config import Config
 from kneepoint.derived.cost import Economics
 from kneepoint.records import (
+    FleetNumbers,
     GoneTarget,
     GpuStatus,
     HitRates,
@@ -83,6 +84,7 @@ def test_every_key_is_required() -> None:
         Status,
         ReplicaStatus,
         Numbers,
+        FleetNumbers,
         GpuStatus,
         GoneTarget,
         HitRates,
@@ -96,7 +98,7 @@ def test_the_status_has_exactly_its_records_keys_and_types(status: dict) -> None
     assert status["replicas"] and status["gpus"]  # the seeded store has both
     for replica in status["replicas"]:
         assert keys_and_types(replica, ReplicaStatus) == [], replica["name"]
-    assert keys_and_types(status["fleet"], Numbers) == []
+    assert keys_and_types(status["fleet"], FleetNumbers) == []
     for gpu in status["gpus"]:
         assert keys_and_types(gpu, GpuStatus) == []
     assert keys_and_types(status, Status) == []

@@ -217,7 +217,10 @@ URLS = {
     ),
     # Teams: an old connector URL and a Workflows (Logic Apps) URL signed with sig=
     "https://contoso.webhook.office.com/webhookb2/0000-aaaa@1111-bbbb/IncomingWebhook/"
-    "c0ffee/2222-cccc": ("https://contoso.webhook.office.com/…", "https://contoso.webhook.office.com/…"),
+    "c0ffee/2222-cccc": (
+        "https://contoso.webhook.office.com/…",
+        "https://contoso.webhook.office.com/…",
+    ),
     "https://prod-42.westeurope.logic.azure.com:443/workflows/abc123/triggers/manual/paths/"
     "invoke?api-version=2016-06-01&sp=%2Ftriggers%2Fmanual%2Frun&sv=1.0&sig=S1GnAtUrE": (
         "https://prod-42.westeurope.logic.azure.com:443/…?api-version=***&sp=***&sv=***&sig=***",
@@ -250,7 +253,10 @@ URLS = {
         "postgresql+psycopg://***@db.internal:5432/kneepoint?sslmode=***",
         "postgresql+psycopg://***@db.internal:5432/…",
     ),
-    "https://t0ken@example.com/x#fragment": ("https://***@example.com/x#…", "https://***@example.com/…"),
+    "https://t0ken@example.com/x#fragment": (
+        "https://***@example.com/x#…",
+        "https://***@example.com/…",
+    ),
     "http://[::1]:9090/metrics": ("http://[::1]:9090/metrics", "http://[::1]:9090/…"),
     "sqlite:///var/lib/kneepoint/kneepoint.db": (
         "sqlite:///var/lib/kneepoint/kneepoint.db",

@@ -28,9 +28,16 @@ def test_the_documented_fleet_file_is_valid(tmp_path: Path) -> None:
     path = tmp_path / "fleet.yaml"
     path.write_text(example())
     spec = load_fleet(path)
-    assert [r.name for r in spec.replicas] == ["qwen3-32b-a", "llama-8b-spec", "qwen3-4b-sgl"]
+    assert [r.name for r in spec.replicas] == [
+        "qwen3-32b-a",
+        "llama-8b-spec",
+        "qwen3-4b-sgl",
+        "qwen3-4b-c",
+    ]
     assert spec.replicas[1].speculative is not None
-    assert [r.engine for r in spec.replicas] == ["vllm", "vllm", "sglang"]
+    assert [r.engine for r in spec.replicas] == ["vllm", "vllm", "sglang", "vllm"]
+    limited = spec.replicas[3]
+    assert (limited.max_num_queued_reqs, limited.kv_offload_gib) == (32, 8)
 
 
 BAD = {
