@@ -422,6 +422,7 @@ def _points(frame: pd.DataFrame) -> list[Point]:
             column("requests_running"),
             column("requests_waiting"),
             *(column(key) for key in PROGRESS),
+            column("sleep_level"),
             strict=True,
         )
     ]
@@ -472,6 +473,8 @@ def _maybe_stuck(frame: pd.DataFrame, max_gap: float) -> set[int] | None:
 
     running, waiting = known("requests_running"), known("requests_waiting")
     queued = np.where(np.isnan(running), 0.0, running) + np.where(np.isnan(waiting), 0.0, waiting)
+    # An asleep engine is not busy (kneepoint.derived.stall.busy).
+    queued = np.where(known("sleep_level") > 0, 0.0, queued)
     busy = (queued[earlier] > 0) & (queued[later] > 0)
     close = ts[later] - ts[earlier] <= max_gap
     compared = np.zeros(len(later), dtype=bool)
@@ -529,7 +532,7 @@ def _stall(
             first - STALL_LOOKBACK,
             first,
             target_ids=[row.id],
-            columns=("requests_running", "requests_waiting", *PROGRESS),
+            columns=("requests_running", "requests_waiting", *PROGRESS, "sleep_level"),
             coarsest=RAW,
         )
         longer = stalled_since(_points(before) + _points(frame), max_gap=gap)
