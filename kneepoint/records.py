@@ -47,6 +47,8 @@ class Readings(TypedDict):
     prompt_tokens_per_second: float | None
     generation_tokens_per_second: float | None
     gpu_utilization: float | None  # mean busy share of its GPUs
+    # Load shedding (vLLM 0.32+): requests refused at admission per second over the window.
+    requests_refused_per_second: float | None
 
 
 class Derived(TypedDict):
@@ -63,6 +65,7 @@ class Derived(TypedDict):
     e2e_seconds: Quantiles | None
     cost_per_million_generated_tokens: float | None
     cost_per_million_tokens: float | None
+    requests_refused_share: float | None  # refused ÷ (finished + refused) over the window
 
 
 class Numbers(Readings, Derived):
@@ -80,7 +83,20 @@ class Stall(TypedDict):
     stall_seconds: float | None
 
 
-class ReplicaStatus(Numbers, Stall):
+class Sleep(TypedDict):
+    """Put to sleep on purpose (vLLM's sleep mode, kneepoint.derived.stall.asleep): never
+    stalled. `sleep_state`: "awake", "weights offloaded" (level 1) or "everything
+    discarded" (level 2); both None where the engine does not say (or the target is stale)."""
+
+    asleep: bool | None
+    sleep_state: str | None
+
+
+class StallSleep(Stall, Sleep):
+    """A replica's stall and sleep, as status._stall gives them."""
+
+
+class ReplicaStatus(Numbers, Stall, Sleep):
     """One entry of `replicas`."""
 
 

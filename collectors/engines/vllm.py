@@ -232,6 +232,10 @@ def normalize_vllm(parsed: ParsedScrape) -> ReplicaSample:
     if counters["http_requests"] is not None and counters["http_requests_5xx"] is None:
         counters["http_requests_5xx"] = 0.0  # the instrumentator adds a status once seen
     unavailable = {}
+    if counters["admission_rejections"] is None:
+        unavailable["admission_rejections"] = (
+            "not exposed by this vLLM release (admission_rejections_total is 0.32's)"
+        )
     if gauges["requests_waiting_capacity"] is None:
         unavailable["requests_waiting_capacity"] = (
             "not exposed by this vLLM release (num_requests_waiting_by_reason is newer)"

@@ -60,8 +60,9 @@ class StallSample(Protocol):
     """What a stored replica sample must have: a time and its queues; its cumulative
     progress counters `prompt_tokens`, `generation_tokens` and (where the engine has a
     step/iteration counter) `engine_steps`, and its `sleep_level`, are read where present
-    (None or missing: unknown). kneepoint.store.models.ReplicaSampleRow rows fit as they are (their counter
-    columns are set at import, out of a type checker's sight); `Point` is a plain one."""
+    (None or missing: unknown). kneepoint.store.models.ReplicaSampleRow rows fit as they
+    are (their counter columns are set at import, out of a type checker's sight); `Point`
+    is a plain one."""
 
     @property
     def ts(self) -> float: ...

@@ -420,14 +420,10 @@ def test_an_asleep_replica_is_never_stalled(tmp_path: Path, seeded: str) -> None
             _, summed = evaluate._summed(session, since, NOW, ids, layouts)
             assert summed.get(target, 0.0) == 0.0
             assert target not in evaluate._stalled_in_store(session, config, ids, since, NOW)
-            frame = queries.replica_frame(
-                session, since, NOW, ids, columns=evaluate.STALL_COLUMNS
-            )
+            frame = queries.replica_frame(session, since, NOW, ids, columns=evaluate.STALL_COLUMNS)
             assert evaluate._stalled_seconds(frame, config, since, NOW).get(target, 0.0) == 0.0
             mine = frame[frame.target_id == target]
-            awake = evaluate._stalled_seconds(
-                mine.assign(sleep_level=0.0), config, since, NOW
-            )
+            awake = evaluate._stalled_seconds(mine.assign(sleep_level=0.0), config, since, NOW)
             # The frozen stretch, were it awake (the hour's window starts inside it).
             assert awake[target] >= (600 if span > 3600 else 60)
     assert runs[target][0] == [] and runs[target][1] == []
