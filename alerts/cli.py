@@ -1,4 +1,4 @@
-"""`kneepoint alerts eval` and `kneepoint alerts list`."""
+"""`kneepoint alerts eval`, `kneepoint alerts list` and the others, and `kneepoint slo replay`."""
 
 from __future__ import annotations
 
@@ -229,5 +229,140 @@ def _not_exposed(session: Any, rules: list[Rule], names: set[str]) -> list[dict[
     return out
 
 
+slo_app = typer.Typer(
+    no_args_is_help=True,
+    rich_markup_mode=MARKUP,
+    help="""Service level objectives: try one out on the stored history.
+
+    The configured SLOs (`slos:` in kneepoint.yaml) are on the SLOs page.""",
+)
+
+
+@slo_app.command("replay")
+def replay(
+    objective: Annotated[
+        float,
+        typer.Option("--objective", help="The objective in percent of requests (99.5).", min=0),
+    ],
+    threshold: Annotated[
+        str | None,
+        typer.Option("--threshold", help="A latency SLO's threshold (450ms, 2s)."),
+    ] = None,
+    window: Annotated[
+        str, typer.Option("--window", help="How far back to replay, ending at --end (28d).")
+    ] = "28d",
+    metric: Annotated[
+        str, typer.Option("--metric", help="A latency SLO's histogram: ttft, itl, e2e or queue.")
+    ] = "ttft",
+    kind: Annotated[
+        str, typer.Option("--kind", help="latency, or availability (no threshold).")
+    ] = "latency",
+    end: Annotated[
+        str | None,
+        typer.Option("--end", help="End of the window: ISO 8601 or Unix seconds; now if unset."),
+    ] = None,
+    config: ConfigOption = None,
+    as_json: Annotated[bool, typer.Option("--json", help="Print JSON.")] = False,
+) -> None:
+    """Would a proposed SLO have been met over the stored history?
+
+    Prints its compliance, the error budget it would have spent and the burn-rate alerts that
+    would have fired (evaluated every 5 minutes), beside each configured SLO of the same kind
+    and metric over the same window. A threshold between two bucket bounds gets a range (the
+    exact compliance at the bound below and above) and an interpolated estimate, labelled as
+    such; its alerts are replayed at both bounds. See docs/how-to/replay-an-slo.md.
+
+    Example:
+
+    ```
+    kneepoint slo replay --objective 99.5 --threshold 450ms --window 28d
+    ```
+    """
+    from alerts.evaluate import slo_replay
+    from alerts.slo_replay import replay_proposal, replayed_json
+    from kneepoint.cliutil import moment, positive_duration
+
+    if kind not in ("latency", "availability"):
+        fail(f"--kind: latency or availability, not {kind!r}", 2)
+    if kind == "latency" and threshold is None:
+        fail("--threshold is required for a latency SLO (450ms)", 2)
+    if kind == "availability" and threshold is not None:
+        fail("--threshold: an availability SLO has none (it counts failed requests)", 2)
+    span = positive_duration("--window", window)
+    if threshold is not None:
+        positive_duration("--threshold", threshold)
+    try:
+        proposal = replay_proposal(kind, metric, threshold, objective, window)
+    except ValueError as error:
+        fail(f"the proposed SLO is not valid: {error}", 2)
+    settings = load_settings(config)
+    until = moment(end, clock.system_clock())
+    with open_sessions(settings)() as session:
+        results = slo_replay(session, settings, proposal, until, span)
+    if as_json:
+        typer.echo(json.dumps({"replays": [replayed_json(r) for r in results]}, indent=2))
+        return
+    for r in results:
+        typer.echo(_replay_text(replayed_json(r)))
+
+
+def _pct(value: float | None) -> str:
+    return "–" if value is None else f"{value:.3%}"
+
+
+def _replay_text(r: dict[str, Any]) -> str:
+    s = r["slo"]
+    goal = (
+        f"availability ≥ {s['objective']:.2%}"
+        if s["kind"] == "availability"
+        else f"{s['metric']} ≤ {s['threshold']:g} s for {s['objective']:.2%}"
+    )
+    label = "proposed" if r["role"] == "proposed" else f"configured {r['name']}"
+    lines = [f"{label}: {goal}, {_when(r['start'])} to {_when(r['end'])}"]
+    c, spent = r["compliance"], r["budget_spent"]
+    if r["problem"]:
+        lines.append(f"  cannot be judged: {r['problem']}")
+    elif c["exact"] is not None:
+        lines.append(f"  compliance {_pct(c['exact'])} (exact count)")
+        lines.append(f"  error budget spent {_pct(spent['exact'])}")
+    else:
+        lines.append(
+            f"  compliance between {_pct(c['at_lower_bound'])} (at {c['lower_bound']:g} s, "
+            f"exact) and {_pct(c['at_upper_bound'])} (at {c['upper_bound']:g} s, exact): "
+            f"the threshold is between two bucket bounds"
+        )
+        lines.append(
+            f"  interpolated estimate {_pct(c['interpolated_estimate'])} (linear within the "
+            "bucket; not a count)"
+        )
+        lines.append(
+            f"  error budget spent between {_pct(spent['at_upper_bound'])} and "
+            f"{_pct(spent['at_lower_bound'])}; interpolated estimate "
+            f"{_pct(spent['interpolated_estimate'])}"
+        )
+    replayed = r["alerts_replayed"]
+    for key, firings in (r["alerts"] or {}).items():
+        where = (
+            ""
+            if key == "exact"
+            else f" at the lower bound ({c['lower_bound']:g} s)"
+            if key == "at_lower_bound"
+            else f" at the upper bound ({c['upper_bound']:g} s)"
+        )
+        if not firings:
+            lines.append(f"  burn-rate alerts{where}: none would have fired")
+        for f in firings:
+            until = _when(f["end"]) if f["end"] is not None else "the end (still firing)"
+            lines.append(
+                f"  burn-rate alert{where}: {f['severity']} {f['long_window']}/"
+                f"{f['short_window']} (> {f['factor']:g}× budget) from {_when(f['start'])} "
+                f"to {until}"
+            )
+    if replayed["from"] is None:
+        lines.append("  burn-rate alerts: not replayed (no running sums in the window)")
+    return "\n".join(lines)
+
+
 def register(app: typer.Typer) -> None:
     app.add_typer(alerts_app, name="alerts")
+    app.add_typer(slo_app, name="slo")

@@ -24,12 +24,13 @@ from sqlalchemy import select
 from sqlalchemy.orm import Session
 
 from alerts import maintenance, slo, slo_prepared
+from alerts import slo_replay as slo_replay_
 from alerts.lifecycle import FIRING, RESOLVED, Alert, Transition, evaluate
 from alerts.messages import enqueue, notice_for, read_ahead
 from alerts.outbox import put
 from alerts.rules import effective_rules
 from alerts.values import FLEET, engine_since, monitor_values, not_exposed, values
-from kneepoint.config import ENGINE_KINDS, Config, Rule
+from kneepoint.config import ENGINE_KINDS, Config, Rule, Slo
 from kneepoint.derived import stall
 from kneepoint.derived.window import EdgeReader, Window, frame_windows, merge
 from kneepoint.samples import HISTOGRAMS, Histogram
@@ -524,6 +525,11 @@ def _window(total: slo_sums.Part, sig: str, layouts: dict[int, tuple[float, ...]
     """A replica's Window as frame_windows gives it, from its summed increases."""
     if total.n < 2:
         return Window(histograms=dict.fromkeys(HISTOGRAMS))
+    return summed_window(total, sig, layouts)
+
+
+def summed_window(total: slo_sums.Part, sig: str, layouts: dict[int, tuple[float, ...]]) -> Window:
+    """A Window of summed increases (`sig`: which counters and layouts they hold)."""
     known, kinds = sig.split("|")
     window = Window(seconds=total.s)
     for name, bit in zip(slo_sums.AVAILABILITY, known, strict=True):
@@ -810,3 +816,59 @@ def _muted_last(session: Session, fingerprint: str) -> bool:
 
 def _iso(ts: float) -> str:
     return datetime.fromtimestamp(ts, UTC).strftime("%Y-%m-%d %H:%M UTC")
+
+
+def replay_series(
+    session: Session, config: Config, since: float, until: float
+) -> list[tuple[float, slo.Measured]]:
+    """The fleet's increases per running-sums bucket (kneepoint/store/slo_sums.py) in
+    [since, until), as (the bucket's end, what each kind of SLO reads): what an SLO replay
+    evaluates its burn-rate alerts on (alerts/slo_replay.py). A replica's bucket that a
+    maintenance window touches is left out, as is one where its counters or layout changed."""
+    size = slo_sums.BUCKET
+    low, high = math.floor(since / size) * size, math.floor(until / size) * size
+    names = {t.name for t in config.targets if t.kind in ENGINE_KINDS}
+    ids = {row.id: name for name, row in queries.targets(session).items() if name in names}
+    layouts = queries.histogram_layouts(session)
+    found = slo_sums.increments(session, sorted(ids), low, high)
+    per_bucket: dict[float, tuple[list[Window], slo.Availability]] = {}
+    for target_id, rows in found.items():
+        cut = maintenance.excluded(config.maintenance, ids[target_id], low, high)
+        for bucket, sig, part in rows:
+            if part is None or any(s < bucket + size and e > bucket for s, e in cut):
+                continue
+            window = summed_window(part, sig, layouts)
+            windows, availability = per_bucket.get(bucket, ([], slo.Availability()))
+            windows.append(window)
+            stalled = part.st or 0.0  # rows summed before the sums kept stalls: none known
+            per_bucket[bucket] = (windows, availability + _availability(window, stalled))
+    series = []
+    for bucket in (low + i * size for i in range(int((high - low) // size))):
+        if bucket not in per_bucket:  # nothing summed: nothing measured
+            series.append((bucket + size, slo.Measured({}, None)))
+            continue
+        windows, availability = per_bucket[bucket]
+        series.append((bucket + size, slo.Measured(merge(windows).histograms, availability)))
+    return series
+
+
+def slo_replay(
+    session: Session, config: Config, proposal: Slo, until: float, span: float
+) -> list[slo_replay_.Replayed]:
+    """The proposed SLO replayed over [until − span, until], then each configured SLO of the
+    same kind (and, for latency, the same metric) over the same span: compliance and budget
+    spent from the fleet's window (`measure`, maintenance left out), burn-rate alerts from the
+    running sums at every bucket (`replay_series`), each SLO's factors from its own window."""
+    since = until - span
+    whole = measure(session, config, since, until)
+    series = replay_series(session, config, since - slo_replay_.REACH, until)
+    same = [
+        s
+        for s in config.slos
+        if s.kind == proposal.kind and (s.kind == "availability" or s.metric == proposal.metric)
+    ]
+    out = []
+    for s, role in [(proposal, "proposed"), *((s, "configured") for s in same)]:
+        steps = [(ts, m.of(s)) for ts, m in series]
+        out.append(slo_replay_.replay(s, role, since, until, whole.of(s), steps))
+    return out

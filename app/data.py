@@ -25,11 +25,12 @@ from alerts.outbox import channel_health, view_of
 from alerts.rules import effective_rules
 from alerts.silences import Silence
 from alerts.slo import BURN_WINDOWS, Report, burn_rules, window_label
+from alerts.slo_replay import replayed_json
 from app import run_version, warm
 from collectors.discovery import current
 from kneepoint import audit, fleet_status, prepared
 from kneepoint.auth import Limits
-from kneepoint.config import ENGINE_KINDS, Config, ConfigError, config_path, load_config
+from kneepoint.config import ENGINE_KINDS, Config, ConfigError, Slo, config_path, load_config
 from kneepoint.knee.detect import Assessment, assess
 from kneepoint.knee.passive import ProductionCurve, replica_curve
 from kneepoint.records import Status
@@ -385,6 +386,15 @@ def _computed_slo_reports(path: str, now: float) -> list[Report]:
     config, sessions = _open(path)
     with sessions() as session:
         return alert_rounds.slo_reports(session, config, now)
+
+
+def slo_replay(proposal: Slo, end: float, span: float) -> list[dict[str, Any]]:
+    """A proposed SLO replayed over [end − span, end] beside the configured ones
+    (alerts/evaluate.py slo_replay), as `kneepoint slo replay --json` gives them."""
+    config, sessions = _open(config_file())
+    with sessions() as session:
+        replays = alert_rounds.slo_replay(session, config, proposal, end, span)
+    return [replayed_json(r) for r in replays]
 
 
 def clear_deliveries() -> None:

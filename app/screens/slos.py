@@ -9,6 +9,7 @@ import streamlit as st
 
 from alerts import maintenance
 from alerts.slo import BURN_WINDOWS, window_label
+from alerts.slo_replay import replay_proposal
 from app import data, filters, insight
 from app import tables as t
 from app.format import clock, show
@@ -152,3 +153,54 @@ if windows:
         identity="window",
         matters=("now", "when"),
     )
+
+
+st.subheader("Replay a proposed SLO")
+st.caption(
+    "Would this SLO have been met over the stored history? Its compliance, the error budget it "
+    "would have spent and the burn-rate alerts that would have fired (every 5 minutes), beside "
+    "each configured SLO of the same kind and metric over the same window. A threshold between "
+    "two bucket bounds gets the exact compliance at both bounds and an interpolated estimate."
+)
+with st.form("replay"):
+    kind = st.selectbox("Kind", ["latency", "availability"])
+    metric = st.selectbox("Metric (latency)", ["ttft", "itl", "e2e", "queue"])
+    threshold = st.text_input("Threshold (latency)", "450ms")
+    objective = st.number_input("Objective (%)", 0.001, 99.999, 99.5, format="%.3f")
+    span = st.text_input("Window", "28d")
+    asked_replay = st.form_submit_button("Replay")
+if asked_replay:
+    try:
+        proposal = replay_proposal(kind, metric, threshold, objective, span)
+    except ValueError as error:
+        st.error(f"Not a valid SLO: {error}")
+    else:
+        for replayed in data.slo_replay(proposal, now, proposal.window):
+            c, spent = replayed["compliance"], replayed["budget_spent"]
+            st.markdown(f"**{replayed['role']}: {replayed['name']}**")
+            if replayed["problem"]:
+                st.warning(f"Cannot be judged: {replayed['problem']}")
+                continue
+            if c["exact"] is not None:
+                a, b = st.columns(2)
+                a.metric("Compliance (exact)", show(c["exact"], "%", 3))
+                b.metric("Error budget spent", show(spent["exact"], "%"))
+            else:
+                a, b, e = st.columns(3)
+                a.metric(f"Compliance at {c['lower_bound']:g} s", show(c["at_lower_bound"], "%", 3))
+                b.metric(f"Compliance at {c['upper_bound']:g} s", show(c["at_upper_bound"], "%", 3))
+                e.metric("Interpolated estimate", show(c["interpolated_estimate"], "%", 3))
+                st.caption(
+                    "The threshold is between two bucket bounds: the two are exact counts, the "
+                    "interpolated estimate (linear within the bucket) is not."
+                )
+            for key, found in (replayed["alerts"] or {}).items():
+                where = "" if key == "exact" else f" ({key.replace('_', ' ')})"
+                fired = [
+                    f"{f['severity']} {f['long_window']}/{f['short_window']} from "
+                    f"{_when(f['start'])} to {_when(f['end']) if f['end'] else 'the end'}"
+                    for f in found
+                ]
+                st.write(
+                    f"Burn-rate alerts{where}: " + ("; ".join(fired) or "none would have fired")
+                )

@@ -1115,3 +1115,37 @@ def _ends(
         chosen, and_(SUMS.c.target_id == chosen.c.target_id, SUMS.c.bucket == chosen.c.b)
     )
     return {int(r["target_id"]): dict(r) for r in session.execute(query).mappings()}
+
+
+def increments(
+    session: Session, ids: Sequence[int], low: float, high: float
+) -> dict[int, list[tuple[float, str, Part | None]]]:
+    """Each target's increases per bucket with low <= bucket < high, oldest first, as (the
+    bucket's start, its `sig`, the increase): from the last sample of the
+    target's row before (its running sums' difference, the step into the bucket included), or,
+    for a first row with none before it kept, the bucket's own increases (`inner`). None where
+    the layout or the counters known changed (a break: not a count)."""
+    if not ids:
+        return {}
+    columns = ("sig", "breaks", "inner_break", "sums", "inner")
+    before = latest(session, ids, low, columns)
+    query = (
+        select(SUMS.c.target_id, SUMS.c.bucket, *(SUMS.c[c] for c in columns))
+        .where(SUMS.c.target_id.in_(list(ids)), SUMS.c.bucket >= low, SUMS.c.bucket < high)
+        .order_by(SUMS.c.target_id, SUMS.c.bucket)
+    )
+    out: dict[int, list[tuple[float, str, Part | None]]] = {}
+    previous: dict[int, dict[str, Any]] = dict(before)
+    for row in session.execute(query).mappings():
+        target_id = int(row["target_id"])
+        prior = previous.get(target_id)
+        increase: Part | None
+        if prior is None:
+            increase = None if row["inner_break"] else Part.from_json(row["inner"])
+        elif prior["breaks"] != row["breaks"]:
+            increase = None
+        else:
+            increase = Part.from_json(row["sums"]).plus(Part.from_json(prior["sums"]), -1.0)
+        out.setdefault(target_id, []).append((float(row["bucket"]), row["sig"], increase))
+        previous[target_id] = dict(row)
+    return out

@@ -147,6 +147,7 @@ def test_the_slos_page_shows_budget_and_burn(
     assert headers == [
         "ttft: ttft ≤ 0.25 s for 99.00% over 30d",
         "odd: ttft ≤ 0.3 s for 99.00% over 30d",
+        "Replay a proposed SLO",  # the form (tests/alerts/test_slo_replay.py)
     ]
     assert "not a bucket bound" in page.error[0].value
     (table,) = [d.value for d in page.dataframe]

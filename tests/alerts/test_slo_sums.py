@@ -94,6 +94,8 @@ def _grow(sample: ReplicaSample, rng: random.Random, reset: bool) -> None:
         more = float(rng.randint(0, 40 if name.endswith("tokens") else 6))
         sample.counters[name] = more if reset else value + more
     for name, h in list(sample.histograms.items()):
+        if name not in HISTOGRAMS:  # the load histograms: no SLO reads them
+            continue
         per_bucket = [rng.choice([0.0, 0.0, 1.0, 2.0]) for _ in h.bounds]
         base = [0.0] * len(h.counts) if reset else list(h.counts)
         counts, running = [], 0.0

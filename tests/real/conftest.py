@@ -18,6 +18,7 @@ from tests.real.vllm_server import (
     ENGINE_BOUND,
     ENGINE_BOUND_SERVERS,
     TINY,
+    TINY_SERVER_ENV,
     TINY_SERVERS,
     Vllm,
     running_together,
@@ -32,9 +33,11 @@ def _group(
     tmp_path_factory: pytest.TempPathFactory,
     servers: dict[str, tuple[str, ...]],
     shape: tuple[int, int],
+    env: dict[str, dict[str, str]] | None = None,
 ) -> dict[str, Vllm]:
     stack = ExitStack()
-    ready = stack.enter_context(running_together(tmp_path_factory.mktemp(name), servers, shape))
+    folder = tmp_path_factory.mktemp(name)
+    ready = stack.enter_context(running_together(folder, servers, shape, env))
     _OPEN[name] = stack
     return ready
 
@@ -42,8 +45,9 @@ def _group(
 @pytest.fixture(scope="session")
 def tiny_servers(tmp_path_factory: pytest.TempPathFactory) -> Iterator[dict[str, Vllm]]:
     """The tiny model's servers (vllm_server.TINY_SERVERS): prefix caching, starved of KV
-    blocks, n-gram speculation, max_num_seqs 2."""
-    yield _group("tiny_servers", tmp_path_factory, TINY_SERVERS, TINY)
+    blocks, n-gram speculation, max_num_seqs 2, and "limits" (queue limits, MFU counters, a
+    small token budget, LoRA)."""
+    yield _group("tiny_servers", tmp_path_factory, TINY_SERVERS, TINY, TINY_SERVER_ENV)
     _OPEN.pop("tiny_servers", ExitStack()).close()  # unless stopped after its last test
 
 

@@ -23,6 +23,7 @@ VLLM_PYTHON = (
     / "python"
 )
 MAKE_MODEL = Path(__file__).resolve().parent / "make_tiny_model.py"
+MAKE_LORA = Path(__file__).resolve().parent / "make_tiny_lora.py"
 # The models, kept between runs (tiny_model says why).
 MODELS = Path(
     os.environ.get("KNEEPOINT_VLLM_MODELS", Path.home() / ".cache" / "kneepoint" / "vllm-models")
@@ -45,6 +46,33 @@ TINY, ENGINE_BOUND = (2, 2), (4, 8)  # (layers, attention heads of 64)
 # The servers the tests use, by configuration; each is started once per session, together
 # with the others of its model (tests/real/conftest.py): a start is mostly importing vLLM and
 # compiling, which several starts share the machine's cores for better than one after another.
+# "limits": the newer families a CPU build can turn on (docs/reference/metrics.md says which
+# could not). MFU counters; 2 running + at most 4 in flight (the 5th concurrent request gets
+# HTTP 503, counted in vllm:admission_rejections_total); a per-step token budget of 256 that
+# a ~900-token prompt fills (chunked prefill) while KV usage stays low (1 GiB of KV space
+# holds about two million of this model's tokens), so a prefill-heavy load fills the budget
+# with KV usage low; a LoRA adapter (LORA_NAME, built
+# beside the model by make_tiny_lora.py; LoRA makes the CPU build skip torch.compile); and
+# the NaN check behind vllm:corrupted_requests (an environment variable, LIMITS_ENV).
+LORA_NAME = "tiny-lora"
+MAX_SEQS_LIMITS, MAX_QUEUED_LIMITS, BATCHED_TOKENS_LIMITS = 2, 4, 256
+LIMITS_FLAGS = (
+    "--enable-mfu-metrics",
+    "--max-num-seqs",
+    str(MAX_SEQS_LIMITS),
+    "--max-num-queued-reqs",
+    str(MAX_QUEUED_LIMITS),
+    "--max-num-batched-tokens",
+    str(BATCHED_TOKENS_LIMITS),
+    "--enable-lora",
+    "--max-loras",
+    "1",
+    "--max-lora-rank",
+    "8",
+    "--lora-modules",
+    f"{LORA_NAME}={{model}}/lora",  # {model}: the model's folder (running_vllm)
+)
+LIMITS_ENV = {"VLLM_COMPUTE_NANS_IN_LOGITS": "1"}
 NGRAM = '{"method":"ngram","num_speculative_tokens":3,"prompt_lookup_max":3,"prompt_lookup_min":1}'
 TINY_SERVERS: dict[str, tuple[str, ...]] = {
     "prefix": ("--enable-prefix-caching",),  # test_vllm_collect.py
@@ -52,7 +80,10 @@ TINY_SERVERS: dict[str, tuple[str, ...]] = {
     "starved": ("--num-gpu-blocks-override", "12", "--enable-prefix-caching"),
     "ngram": ("--speculative-config", NGRAM),  # n-gram speculative decoding (scenarios)
     "two_seqs": ("--max-num-seqs", "2"),  # requests run and wait (test_vllm_stalled.py)
+    "limits": LIMITS_FLAGS,  # vLLM 0.32's newer families (test_vllm_032_families.py)
 }
+# Environment beside the flags, by server name (running_together).
+TINY_SERVER_ENV: dict[str, dict[str, str]] = {"limits": LIMITS_ENV}
 # The engine-bound model's configurations of the what-if test (test_vllm_whatif.py says why
 # these): A, and B and C changed from it; the sweep test (test_vllm_sweep.py) loads A.
 BLOCKS_A, BLOCKS_B = 96, 48  # vLLM keeps one block aside: 95 and 47 usable
@@ -87,7 +118,9 @@ def tiny_model(shape: tuple[int, int], flags: tuple[str, ...]) -> Path:
     folder's name holds a hash of that script. One folder per configuration, so servers
     started together never write one cache entry (vLLM saves an entry whole, by rename, and
     compiles again if it cannot load one)."""
-    key = hashlib.sha256(MAKE_MODEL.read_bytes() + json.dumps([shape, flags]).encode())
+    lora = "--enable-lora" in flags
+    script = MAKE_MODEL.read_bytes() + (MAKE_LORA.read_bytes() if lora else b"")
+    key = hashlib.sha256(script + json.dumps([shape, flags]).encode())
     model = MODELS / "{}x{}-{}".format(*shape, key.hexdigest()[:16])
     if (model / "config.json").exists():
         return model
@@ -100,6 +133,13 @@ def tiny_model(shape: tuple[int, int], flags: tuple[str, ...]) -> Path:
             capture_output=True,
             timeout=300,
         )
+        if lora:  # the adapter beside it, in the same folder: built and kept with it
+            subprocess.run(
+                [str(VLLM_PYTHON), str(MAKE_LORA), str(partial), str(partial / "lora")],
+                check=True,
+                capture_output=True,
+                timeout=300,
+            )
         partial.rename(model)  # whole or not at all; fails if another run got there first
     except OSError:
         if not (model / "config.json").exists():
@@ -111,10 +151,15 @@ def tiny_model(shape: tuple[int, int], flags: tuple[str, ...]) -> Path:
 
 @contextmanager
 def running_vllm(
-    workdir: Path, *flags: str, shape: tuple[int, int] = TINY, startup: float = STARTUP_SECONDS
+    workdir: Path,
+    *flags: str,
+    shape: tuple[int, int] = TINY,
+    startup: float = STARTUP_SECONDS,
+    env: dict[str, str] | None = None,
 ) -> Iterator[Vllm]:
-    """A vLLM server started with `flags` on a model of `shape` (healthy within `startup`
-    seconds); stopped afterwards."""
+    """A vLLM server started with `flags` (each "{model}" in them replaced by the model's
+    folder) and `env` added to its environment, on a model of `shape` (healthy within
+    `startup` seconds); stopped afterwards."""
     if not VLLM_PYTHON.exists():
         require_real(
             f"no vLLM CPU environment at {VLLM_PYTHON.parent.parent} (run scripts/setup-vllm)"
@@ -122,7 +167,12 @@ def running_vllm(
     model = tiny_model(shape, flags)
     port = free_port()
     log_path = workdir / f"vllm-{port}.log"
-    env = {**os.environ, "VLLM_CPU_KVCACHE_SPACE": "1", "VLLM_LOGGING_LEVEL": "WARNING"}
+    environment = {
+        **os.environ,
+        "VLLM_CPU_KVCACHE_SPACE": "1",
+        "VLLM_LOGGING_LEVEL": "WARNING",
+        **(env or {}),
+    }
     command = [
         str(VLLM_PYTHON),
         "-m",
@@ -139,10 +189,10 @@ def running_vllm(
         "1024",
         "--dtype",
         "bfloat16",
-        *flags,
+        *(flag.replace("{model}", str(model)) for flag in flags),
     ]
     with log_path.open("w") as log:
-        process = subprocess.Popen(command, env=env, stdout=log, stderr=subprocess.STDOUT)
+        process = subprocess.Popen(command, env=environment, stdout=log, stderr=subprocess.STDOUT)
     url = f"http://127.0.0.1:{port}"
     try:
         wait_until_healthy(
@@ -160,10 +210,14 @@ def running_vllm(
 
 @contextmanager
 def running_together(
-    folder: Path, servers: dict[str, tuple[str, ...]], shape: tuple[int, int] = TINY
+    folder: Path,
+    servers: dict[str, tuple[str, ...]],
+    shape: tuple[int, int] = TINY,
+    env: dict[str, dict[str, str]] | None = None,
 ) -> Iterator[dict[str, Vllm]]:
-    """One server per entry of `servers` (name: flags), started at the same time, each in its
-    own folder under `folder`; all stopped afterwards (and the started ones if one fails).
+    """One server per entry of `servers` (name: flags; `env`: environment added, by name),
+    started at the same time, each in its own folder under `folder`; all stopped afterwards
+    (and the started ones if one fails).
     They share the cores while starting, so each may take what the starts one after another
     were given in all (STARTUP_SECONDS each): four at once took 364 s here under load 8-10,
     and 440 s with three more starting beside them, past a single start's 420 s."""
@@ -175,7 +229,13 @@ def running_together(
             started = {
                 name: pool.submit(
                     stack.enter_context,
-                    running_vllm(folder / name, *flags, shape=shape, startup=startup),
+                    running_vllm(
+                        folder / name,
+                        *flags,
+                        shape=shape,
+                        startup=startup,
+                        env=(env or {}).get(name),
+                    ),
                 )
                 for name, flags in servers.items()
             }
