@@ -86,8 +86,7 @@ OLD_EXPRESSIONS = {
     "requests_waiting_capacity": "sum by (instance) "
     '(vllm:num_requests_waiting_by_reason{reason="capacity"})',
     "preemptions_per_second": "sum by (instance) (rate(vllm:num_preemptions_total[5m]))",
-    "requests_refused_per_second": "sum by (instance) "
-    "(rate(vllm:admission_rejections_total[5m]))",
+    "requests_refused_per_second": "sum by (instance) (rate(vllm:admission_rejections_total[5m]))",
     "prefix_cache_hit_rate": "sum by (instance) (rate(vllm:prefix_cache_hits_total[5m])) / sum "
     "by (instance) (rate(vllm:prefix_cache_queries_total[5m]))",
     "prefix_cache_hit_rate_drop": "(sum by (instance) (rate(vllm:prefix_cache_hits_total[1h])) / "
