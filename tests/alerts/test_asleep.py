@@ -9,14 +9,14 @@ from __future__ import annotations
 import copy
 from pathlib import Path
 
-from sqlalchemy import select
+from sqlalchemy import select, update
 
 from alerts.evaluate import evaluate_once, measure
 from kneepoint.config import Config, load_config
 from kneepoint.samples import ReplicaSample
 from kneepoint.status import build_status
 from kneepoint.store.db import open_store
-from kneepoint.store.models import AlertRow
+from kneepoint.store.models import AlertRow, TargetRow
 from kneepoint.store.writer import ensure_targets, record_replica
 from tests.alerts.test_stalled_store import LONG, STEP, busy_scrapes
 from tests.conftest import migrated
@@ -76,8 +76,9 @@ def test_an_asleep_replica_is_asleep_not_stalled_and_fires_nothing(tmp_path: Pat
         assert 0 < counted.stalled <= times[-1] - times[0]
     # Alert rounds over the stretch: engine-stalled fires for the awake one alone, and no
     # rule pends or fires on the asleep one.
-    with sessions.begin() as session:
-        for k in range(4):
+    for k in range(4):
+        with sessions.begin() as session:  # scraped just now: neither stale nor down
+            session.execute(update(TargetRow).values(last_scrape_at=now + 30 * k, up=True))
             evaluate_once(session, config, now + 30 * k)
     with sessions() as session:
         alerts = session.scalars(select(AlertRow)).all()
