@@ -209,7 +209,9 @@ def measure(
             for target_id, window in spans.items():
                 availability += _availability(window, stalled.get(target_id, 0.0))
     merged = merge(windows)
-    return slo.Measured(merged.histograms, availability if windows else None)
+    # The latency histograms an SLO reads (the windows also carry the load histograms).
+    latency = {name: merged.histograms.get(name) for name in HISTOGRAMS}
+    return slo.Measured(latency, availability if windows else None)
 
 
 Catalog = tuple[dict[str, int], dict[int, tuple[float, ...]]]
