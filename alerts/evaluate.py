@@ -209,7 +209,9 @@ def measure(
             for target_id, window in spans.items():
                 availability += _availability(window, stalled.get(target_id, 0.0))
     merged = merge(windows)
-    return slo.Measured(merged.histograms, availability if windows else None)
+    # The latency histograms an SLO reads (the windows also carry the load histograms).
+    latency = {name: merged.histograms.get(name) for name in HISTOGRAMS}
+    return slo.Measured(latency, availability if windows else None)
 
 
 Catalog = tuple[dict[str, int], dict[int, tuple[float, ...]]]
@@ -563,12 +565,13 @@ def _availability(window: Window, stalled: float) -> slo.Availability:
         http_failed=total(["http_requests_5xx"]),
         seconds=window.seconds or 0.0,
         stalled=stalled,
+        refused=total(["admission_rejections"]),
     )
 
 
 # What stall detection reads, in stall.Point's order: the queues, then every progress counter
-# (prompt and generation tokens, the engine's step counter).
-STALL_COLUMNS = ("requests_running", "requests_waiting", *stall.PROGRESS)
+# (prompt and generation tokens, the engine's step counter), then the sleep level.
+STALL_COLUMNS = ("requests_running", "requests_waiting", *stall.PROGRESS, "sleep_level")
 
 
 def _stalled_seconds(
@@ -577,10 +580,14 @@ def _stalled_seconds(
     """Seconds of [start, end] each replica in the frame was stalled (kneepoint/derived/
     stall.py). Replicas with no stuck pair of samples at all are skipped before the
     per-sample reading, in one vectorized pass."""
-    if frame.empty or any(c not in frame for c in STALL_COLUMNS):
+    if frame.empty or any(c not in frame for c in STALL_COLUMNS[:-1]):
         return {}
+    if "sleep_level" not in frame:
+        frame = frame.assign(sleep_level=float("nan"))
     groups = frame.groupby("target_id", sort=False)
-    work = frame.requests_running.fillna(0) + frame.requests_waiting.fillna(0) > 0
+    work = (frame.requests_running.fillna(0) + frame.requests_waiting.fillna(0) > 0) & ~(
+        frame.sleep_level.astype(float) > 0
+    )  # an asleep engine is not busy (stall.busy)
     # As stall.stuck: no progress counter moved (unknown at either sample: not read), and
     # at least one is known at both.
     moved = [groups[c].diff() for c in stall.PROGRESS]

@@ -51,6 +51,19 @@ BUILT_IN = tuple(
             "max_num_seqs or add KV capacity.",
         },
         {
+            # Load shedding (vLLM 0.32+): the engine refuses requests with a 503 because its
+            # queue limits are reached. The availability SLO counts them as failed too.
+            "name": "requests-refused",
+            "metric": "requests_refused_per_second",
+            "op": ">",
+            "threshold": 0,
+            "for": 5 * MINUTE,
+            "severity": "ticket",
+            "runbook": "The engine refuses requests (HTTP 503): its queue limits "
+            "(max_num_queued_reqs, max_num_queued_tokens) are reached. Add capacity or "
+            "route the overflow elsewhere.",
+        },
+        {
             "name": "recompute-share-high",
             "metric": "recompute_share_of_prefill",
             "op": ">",

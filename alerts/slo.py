@@ -16,12 +16,24 @@ window is
     1 − (1 − failed requests' share) × (1 − stalled share)
 
 - The failed requests' share is the larger of two shares, each over the fleet: the engine's
-  (vLLM's finished requests whose `finished_reason` is `error` or `abort`, over all finished
-  requests: stop, length, abort, error, repetition) and the API server's (`http_requests_total`
-  with status 5xx over all its requests, where the server exposes it). Both count the same
-  requests at two layers, so they are not added: a request that failed in the engine and
-  answered 500 would count twice. The larger one also catches what only one layer sees (a
-  500 before the engine, a request aborted mid-stream after its 200).
+  and the API server's (`http_requests_total` with status 5xx over all its requests, where
+  the server exposes it). The engine's is
+
+      (failed + refused) ÷ (finished + refused)
+
+  where finished is vLLM's finished requests (any `finished_reason`: stop, length, abort,
+  error, repetition), failed those of them whose reason is `error` or `abort`, and refused
+  the requests it turned away at admission with a 503 because a queue limit was reached
+  (load shedding, `vllm:admission_rejections_total`, vLLM 0.32 and later; 0 where the engine
+  does not count them). A refused request never finishes, so it is added to both sides:
+  the denominator is every request offered to the engine, finished or refused.
+  Both shares count the same requests at two layers, so they are not added: a request that
+  failed in the engine and answered 500 would count twice, and so would a refused one, as
+  the API server counts the 503 it answered among its 5xx (and the request among its
+  requests). Taking the larger still holds with refusals: each layer's share is complete
+  for what it sees, so the larger one is at least each; it also catches what only one layer
+  sees (a 500 before the engine, a request aborted mid-stream after its 200, a refusal
+  where the API server's counter is not exposed).
 - The stalled share is the replica-seconds a replica was stalled (kneepoint/derived/stall.py:
   work present, token counters frozen for 60 s or more) over the replica-seconds observed
   (first to last sample of each replica). A stalled engine finishes nothing, so its failure
@@ -80,6 +92,7 @@ class Availability:
     http_failed: float = 0.0  # of them: status 5xx
     seconds: float = 0.0  # replica-seconds observed
     stalled: float = 0.0  # replica-seconds stalled
+    refused: float = 0.0  # requests refused at admission (load shedding), never finished
 
     def __add__(self, other: Availability) -> Availability:
         return Availability(
@@ -89,11 +102,14 @@ class Availability:
             self.http_failed + other.http_failed,
             self.seconds + other.seconds,
             self.stalled + other.stalled,
+            self.refused + other.refused,
         )
 
     def request_share(self) -> float:
-        """The larger of the engine's and the API server's failed shares (0: none known)."""
-        engine = self.failed / self.finished if self.finished > 0 else 0.0
+        """The larger of the engine's failed share, (failed + refused) ÷ (finished +
+        refused), and the API server's (0: none known)."""
+        offered = self.finished + self.refused
+        engine = (self.failed + self.refused) / offered if offered > 0 else 0.0
         server = self.http_failed / self.http if self.http > 0 else 0.0
         return max(engine, server)
 
@@ -141,7 +157,12 @@ def bad_share(slo: Slo, window: Histogram | Availability | None) -> float | None
     if window is None:
         return None
     if isinstance(window, Availability):
-        if window.finished <= 0 and window.http <= 0 and window.stalled <= 0:
+        if (
+            window.finished <= 0
+            and window.refused <= 0
+            and window.http <= 0
+            and window.stalled <= 0
+        ):
             return None
         return 1.0 - (1.0 - window.request_share()) * (1.0 - window.stalled_share())
     check_threshold(slo, window.bounds)  # even with no requests yet: the SLO is wrong now

@@ -68,6 +68,7 @@ def replica_values(
         "requests_waiting": replica["requests_waiting"],
         "requests_waiting_capacity": replica["requests_waiting_capacity"],
         "preemptions_per_second": replica["preemptions_per_second"],
+        "requests_refused_per_second": replica["requests_refused_per_second"],
         "recompute_share_of_prefill": extra["recompute_share_of_prefill"] if extra else None,
         "prefix_cache_hit_rate": replica["prefix_cache_hit_rate"],
         "prefix_cache_hit_rate_drop": _drop(
@@ -117,7 +118,13 @@ def values(view: View, baseline: HitRates | Status) -> dict[str, dict[str, float
 def not_exposed(status: Status) -> dict[str, dict[str, str]]:
     """Per replica ("" for the fleet): each rule metric its engine does not expose, and why
     (from the replica's `unavailable` in the status; the fleet's lists what no replica
-    exposes)."""
+    exposes).
+
+    An asleep replica (vLLM's sleep mode: `asleep` in the status) exposes none: it was put
+    to sleep on purpose, so no rule applies to it while it sleeps (kneepoint.derived.stall:
+    never stalled). Through alerts.lifecycle.evaluate that means no rule pends or fires on
+    it, and an alert pending or firing when it goes to sleep ends, resolved, with the reason
+    (`asleep`); the fleet's rules still count it as they did."""
     blocks = [(r["name"], r.get("unavailable") or {}) for r in status["replicas"]]
     blocks.append((FLEET, status["fleet"].get("unavailable") or {}))
     out: dict[str, dict[str, str]] = {}
@@ -129,7 +136,16 @@ def not_exposed(status: Status) -> dict[str, dict[str, str]]:
         }
         if reasons:
             out[name] = reasons
+    for replica in status["replicas"]:
+        if replica.get("asleep"):
+            reason = asleep(replica.get("sleep_state"))
+            out[replica["name"]] = dict.fromkeys(METRICS, reason)
     return out
+
+
+def asleep(state: str | None) -> str:
+    """Why no rule applies to an asleep replica (the note of an alert it ends)."""
+    return f"the replica is asleep ({state or 'sleep mode'}): put to sleep on purpose"
 
 
 def engine_since(status: Status, stored: dict[str, float | None]) -> dict[str, float]:

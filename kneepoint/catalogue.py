@@ -287,6 +287,20 @@ QUANTITIES: tuple[Quantity, ...] = (
         },
     ),
     Quantity(
+        "admission_rejections",
+        {
+            "vllm": Source(
+                "exact",
+                "admission_rejections_total (all reasons), vLLM 0.32 and later; unavailable before",
+                varies=True,
+            ),
+            "sglang": UNAVAILABLE,
+            "llamacpp": UNAVAILABLE,
+            "tgi": UNAVAILABLE,
+            "trtllm": UNAVAILABLE,
+        },
+    ),
+    Quantity(
         "spec_decode_acceptance",
         {
             "vllm": EXACT,
@@ -447,6 +461,31 @@ NUMBERS: tuple[Number, ...] = (
         rule="preemptions-sustained",
         promql=_rate("vllm:num_preemptions_total"),
     ),
+    # --- load shedding (helper G, issue 27) ---
+    Number(
+        "requests_refused_per_second",
+        "/s",
+        WORSE,
+        "requests refused at admission (HTTP 503, a queue limit reached) per second over "
+        "the window",
+        quantity="admission_rejections",
+        alertable=True,
+        page="overview",
+        rule="requests-refused",
+        promql=_rate("vllm:admission_rejections_total"),
+    ),
+    Number(
+        "requests_refused_share",
+        "%",
+        WORSE,
+        "refused ÷ (finished + refused) requests over the window: load shedding's share",
+        help="Requests refused at admission (HTTP 503: max_num_queued_reqs or "
+        "max_num_queued_tokens reached) over every request offered: finished for any "
+        "reason plus refused. The availability SLO counts them as failed.",
+        quantity="admission_rejections",
+        page="overview",
+    ),
+    # --- end load shedding ---
     Number(
         "preemption_recompute_tokens",
         "tokens",

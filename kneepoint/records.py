@@ -50,6 +50,8 @@ class Readings(TypedDict):
     prompt_tokens_per_second: float | None
     generation_tokens_per_second: float | None
     gpu_utilization: float | None  # mean busy share of its GPUs
+    # Load shedding (vLLM 0.32+): requests refused at admission per second over the window.
+    requests_refused_per_second: float | None
 
 
 class Derived(TypedDict):
@@ -71,6 +73,7 @@ class Derived(TypedDict):
     prefix_cache_tier_shares: dict[str, float | None] | None
     external_prefix_cache_hit_rate: float | None
     corrupted_requests: float | None  # the counter's increase over the window
+    requests_refused_share: float | None  # refused ÷ (finished + refused) over the window
 
 
 class ModelUtilization(TypedDict):
@@ -115,7 +118,20 @@ class EngineState(TypedDict):
     kv_offload_usage: float | None
 
 
-class ReplicaStatus(Numbers, Stall, Saturated, EngineState):
+class Sleep(TypedDict):
+    """Put to sleep on purpose (vLLM's sleep mode, kneepoint.derived.stall.asleep): never
+    stalled. `sleep_state`: "awake", "weights offloaded" (level 1) or "everything
+    discarded" (level 2); both None where the engine does not say (or the target is stale)."""
+
+    asleep: bool | None
+    sleep_state: str | None
+
+
+class StallSleep(Stall, Sleep):
+    """A replica's stall and sleep, as status._stall gives them."""
+
+
+class ReplicaStatus(Numbers, Stall, Sleep, Saturated, EngineState):
     """One entry of `replicas`."""
 
 

@@ -107,6 +107,32 @@ RUNBOOKS = {
             ),
         ),
         Runbook(
+            "requests-refused",
+            "The engine refused requests at admission for 5 minutes: vLLM answers HTTP 503 "
+            "when its waiting queue reaches `--max-num-queued-reqs` or "
+            "`--max-num-queued-tokens` (vllm:admission_rejections_total). Every refused "
+            "request is a failed one in the availability SLO; the Overview shows the "
+            "refused share per replica.",
+            (
+                Step(
+                    "More load than the replica serves",
+                    "requests waiting at the queue limit, KV occupancy or the token budget "
+                    "full on the same replica",
+                    "scale out, or route the overflow to another replica or a hosted API",
+                ),
+                Step(
+                    "Queue limits set below what the replica holds",
+                    "refusals while KV occupancy is low and TTFT within the SLO",
+                    "raise `--max-num-queued-reqs` / `--max-num-queued-tokens`",
+                ),
+                Step(
+                    "Uneven routing",
+                    "one replica refuses while others have room",
+                    "check the router's balancing (least-loaded or queue-aware)",
+                ),
+            ),
+        ),
+        Runbook(
             "recompute-share-high",
             "Over a fifth of the prefill work in 10 minutes redid preempted sequences' "
             "prompts (Capacity: recompute share; an estimate on V1 engines). That compute is "

@@ -46,7 +46,8 @@ from kneepoint.records import (
     Readings,
     ReplicaHitRate,
     ReplicaStatus,
-    Stall,
+    Sleep,
+    StallSleep,
     Status,
 )
 from kneepoint.samples import QUANTITIES
@@ -263,7 +264,18 @@ def derived(
         "prefix_cache_tier_shares": tiers.tier_shares(d),
         "external_prefix_cache_hit_rate": tiers.external_hit_rate(d),
         "corrupted_requests": d.get("corrupted_requests"),
+        "requests_refused_share": ratios.refused_share(d.get("admission_rejections"), _finished(d)),
     }
+
+
+# Every reason a request finishes for (vLLM's finished_reason; store/slo_sums.py FINISHED).
+FINISHED_REASONS = ("stop", "length", "abort", "error", "repetition")
+
+
+def _finished(deltas: dict[str, float | None]) -> float | None:
+    """Requests finished for any reason over the window (None: no reason counted)."""
+    known = [v for r in FINISHED_REASONS if (v := deltas.get(f"requests_finished_{r}")) is not None]
+    return sum(known) if known else None
 
 
 def _hit_rate(
@@ -444,6 +456,7 @@ def _replica(
         "prompt_tokens_per_second": _per_second(window, "prompt_tokens"),
         "generation_tokens_per_second": _per_second(window, "generation_tokens"),
         "gpu_utilization": gpu_utilization,
+        "requests_refused_per_second": _per_second(window, "admission_rejections"),
     }
     result: Numbers = {
         **readings,
@@ -473,6 +486,10 @@ def _replica(
     return result
 
 
+# vLLM's sleep levels (vllm:engine_sleep_state) as the status names them.
+SLEEP_STATES = {0: "awake", 1: "weights offloaded", 2: "everything discarded"}
+
+
 # How far back `stalled_since` looks for the start of a stall that fills the whole window.
 STALL_LOOKBACK = 86400.0
 STALL_RULE = "engine-stalled"
@@ -497,6 +514,7 @@ def _points(frame: pd.DataFrame) -> list[Point]:
             column("requests_running"),
             column("requests_waiting"),
             *(column(key) for key in PROGRESS),
+            column("sleep_level"),
             strict=True,
         )
     ]
@@ -547,6 +565,8 @@ def _maybe_stuck(frame: pd.DataFrame, max_gap: float) -> set[int] | None:
 
     running, waiting = known("requests_running"), known("requests_waiting")
     queued = np.where(np.isnan(running), 0.0, running) + np.where(np.isnan(waiting), 0.0, waiting)
+    # An asleep engine is not busy (kneepoint.derived.stall.busy).
+    queued = np.where(known("sleep_level") > 0, 0.0, queued)
     busy = (queued[earlier] > 0) & (queued[later] > 0)
     close = ts[later] - ts[earlier] <= max_gap
     compared = np.zeros(len(later), dtype=bool)
@@ -569,22 +589,28 @@ def _stall(
     rows_of: _Rows,
     maybe_stuck: set[int] | None,
     stale: bool,
-) -> Stall:
+) -> StallSleep:
     """The replica's stall (kneepoint.derived.stall): `stall_seconds`, how long work has sat
     with frozen counters up to the latest sample (0: the counters moved or nothing is
     queued), `stalled` once that reaches stall_after, and `stalled_since`, when it began.
     No data (null) without samples, for a stale target, or when the engine has no token
     counters; a target whose last scrape failed is down, not stalled (`target-down`)."""
-    none: Stall = {"stalled": None, "stalled_since": None, "stall_seconds": None}
+    level = _value(latest, "sleep_level") if not stale else None
+    sleep: Sleep = {
+        "asleep": None if level is None else level > 0,
+        "sleep_state": None if level is None else SLEEP_STATES.get(int(level), "asleep"),
+    }
+    none: StallSleep = {"stalled": None, "stalled_since": None, "stall_seconds": None, **sleep}
     if row is None or latest is None or stale:
         return none
     if row.up is False:
         return {**none, "stalled": False}
     if all(_value(latest, key) is None for key in PROGRESS):
         return none
-    if maybe_stuck is not None and row.id not in maybe_stuck:
-        # Its last two samples are not stuck: no stall goes on (stalled_since is None).
-        return {"stalled": False, "stalled_since": None, "stall_seconds": 0.0}
+    if sleep["asleep"] or (maybe_stuck is not None and row.id not in maybe_stuck):
+        # Asleep (its counters frozen on purpose: kneepoint.derived.stall), or its last two
+        # samples are not stuck: no stall goes on (stalled_since is None).
+        return {"stalled": False, "stalled_since": None, "stall_seconds": 0.0, **sleep}
     frame = rows_of.of(row.id)
     gap = stale_after(config)
     # The stall can only be in the latest rows: read back from the end, and before the
@@ -604,7 +630,7 @@ def _stall(
             first - STALL_LOOKBACK,
             first,
             target_ids=[row.id],
-            columns=("requests_running", "requests_waiting", *PROGRESS),
+            columns=("requests_running", "requests_waiting", *PROGRESS, "sleep_level"),
             coarsest=RAW,
         )
         longer = stalled_since(_points(before) + _points(frame), max_gap=gap)
@@ -615,6 +641,7 @@ def _stall(
         "stalled": stalled,
         "stalled_since": iso(since) if stalled and since is not None else None,
         "stall_seconds": lasted,
+        **sleep,
     }
 
 
@@ -680,6 +707,7 @@ def _fleet(
         "preemptions_per_second": total("preemptions_per_second"),
         "prompt_tokens_per_second": total("prompt_tokens_per_second"),
         "generation_tokens_per_second": total("generation_tokens_per_second"),
+        "requests_refused_per_second": total("requests_refused_per_second"),
     }
     known_costs = [c for c in costs if c is not None]
     only_vllm = engine == "vllm"

@@ -46,6 +46,7 @@ OLD_QUANTITIES = {
     "ttft": ("ttft_seconds", "ttft_p99_seconds"),
     "itl": ("itl_seconds", "itl_p99_seconds"),
     "e2e": ("e2e_seconds",),
+    "admission_rejections": ("requests_refused_per_second", "requests_refused_share"),
     "spec_decode_acceptance": (
         "spec_decode_acceptance_rate",
         "spec_decode_mean_acceptance_length",
@@ -60,6 +61,8 @@ OLD_RULE_METRICS = {
     "requests_waiting": "sequences waiting, latest scrape",
     "requests_waiting_capacity": "sequences waiting for KV capacity, latest scrape",
     "preemptions_per_second": "preemptions per second over the window",
+    "requests_refused_per_second": "requests refused at admission (HTTP 503, a queue limit "
+    "reached) per second over the window",
     "recompute_share_of_prefill": "recomputed prefill tokens ÷ all prefill work (0..1)",
     "prefix_cache_hit_rate": "prefix-cache hits ÷ queries over the window (0..1)",
     "prefix_cache_hit_rate_drop": "the last hour's hit rate minus the window's (points, 0..1)",
@@ -88,6 +91,7 @@ OLD_EXPRESSIONS = {
     "requests_waiting_capacity": "sum by (instance) "
     '(vllm:num_requests_waiting_by_reason{reason="capacity"})',
     "preemptions_per_second": "sum by (instance) (rate(vllm:num_preemptions_total[5m]))",
+    "requests_refused_per_second": "sum by (instance) (rate(vllm:admission_rejections_total[5m]))",
     "prefix_cache_hit_rate": "sum by (instance) (rate(vllm:prefix_cache_hits_total[5m])) / sum "
     "by (instance) (rate(vllm:prefix_cache_queries_total[5m]))",
     "prefix_cache_hit_rate_drop": "(sum by (instance) (rate(vllm:prefix_cache_hits_total[1h])) / "
@@ -114,6 +118,8 @@ OLD_PAGES = {
     "requests_waiting": "capacity",
     "requests_waiting_capacity": "capacity",
     "preemptions_per_second": "capacity",
+    "requests_refused_per_second": "overview",
+    "requests_refused_share": "overview",
     "recompute_share_of_prefill": "capacity",
     "prefix_cache_hit_rate": "prefix-cache",
     "prefix_cache_hit_rate_drop": "prefix-cache",
@@ -184,6 +190,7 @@ OLD_RUNBOOK_SECTIONS = (
     "kv-cache-saturated",
     "waiting-for-kv-capacity",
     "preemptions-sustained",
+    "requests-refused",
     "recompute-share-high",
     "prefix-hit-rate-low",
     "prefix-hit-rate-dropped",
@@ -204,6 +211,7 @@ OLD_RULE_UNITS = {
     "requests_waiting": "",
     "requests_waiting_capacity": "",
     "preemptions_per_second": "/s",
+    "requests_refused_per_second": "/s",
     "recompute_share_of_prefill": "%",
     "prefix_cache_hit_rate": "%",
     "prefix_cache_hit_rate_drop": "points",

@@ -74,6 +74,9 @@ WANTED = frozenset(
 
 # Quantities no llama.cpp build exposes.
 UNAVAILABLE: dict[str, str] = {
+    "admission_rejections": (
+        "not exposed by llama.cpp: it counts no requests refused at admission"
+    ),
     "kv_cache_capacity_tokens": (
         "not exposed by llama.cpp: its context size (the KV capacity) is only in /props and "
         "/slots, not in /metrics"

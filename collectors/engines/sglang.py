@@ -90,6 +90,7 @@ HISTOGRAMS: dict[str, tuple[str, ...]] = {
 UNAVAILABLE: dict[str, str] = {
     "requests_waiting_capacity": "not exposed by SGLang: its waiting queue "
     "(num_queue_reqs) is not split by reason",
+    "admission_rejections": "not exposed by SGLang: it counts no requests refused at admission",
 }
 
 # Families and labels that name a generation, newest first: the first one present decides.

@@ -67,6 +67,7 @@ HISTOGRAMS: dict[str, tuple[str, ...]] = {
 }
 
 UNAVAILABLE: dict[str, str] = {
+    "admission_rejections": "not exposed by TGI: it counts no requests refused at admission",
     "kv_cache_occupancy": (
         "not exposed by TGI: it reports only the token budget its running batch reserves "
         "(tgi_batch_current_max_tokens), not KV-cache occupancy"

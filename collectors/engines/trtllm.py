@@ -116,6 +116,9 @@ ITER_STATS = "needs enable_iter_perf_stats: true in trtllm-serve's config"
 BEFORE_FULL = "not exposed by trtllm-serve before PR #12545 (2026-03), which added its"
 # Quantities no trtllm-serve exposes.
 UNAVAILABLE: dict[str, str] = {
+    "admission_rejections": (
+        "not exposed by TensorRT-LLM: it counts no requests refused at admission"
+    ),
     "preemptions": (
         "not exposed by TensorRT-LLM: it counts no preemptions "
         "(trtllm_num_paused_requests is only a gauge of paused requests)"

@@ -237,6 +237,10 @@ def normalize_vllm(parsed: ParsedScrape) -> ReplicaSample:
         unavailable["prompt_tokens_by_tier"] = (
             "not exposed by this vLLM release (prompt_tokens_cached_by_source arrived in 0.32)"
         )
+    if counters["admission_rejections"] is None:
+        unavailable["admission_rejections"] = (
+            "not exposed by this vLLM release (admission_rejections_total is 0.32's)"
+        )
     if gauges["requests_waiting_capacity"] is None:
         unavailable["requests_waiting_capacity"] = (
             "not exposed by this vLLM release (num_requests_waiting_by_reason is newer)"

@@ -24,6 +24,16 @@ def ratio(part: float | None, whole: float | None) -> float | None:
     return part / whole
 
 
+def refused_share(refused: float | None, finished: float | None) -> float | None:
+    """Load shedding's share of the requests offered: Δrefused ÷ (Δfinished + Δrefused),
+    where refused are the requests turned away at admission (HTTP 503, a queue limit
+    reached) and finished every request finished for any reason. None where the engine
+    does not count refusals, or nothing was offered."""
+    if refused is None:
+        return None
+    return ratio(refused, (finished or 0.0) + refused)
+
+
 def hit_rate(hits: float | None, queries: float | None) -> float | None:
     """Token-weighted prefix-cache hit rate: Δhits ÷ Δqueries (null with no queries)."""
     return ratio(hits, queries)

@@ -10,6 +10,11 @@ tokens, and the engine's step counter where one is given), and none went down.
   step, so unmoving counters say nothing.
 - A counter that goes down was reset (a restart): that is movement, not a stall; the run
   starts again from the sample after the reset.
+- An asleep replica (vLLM's sleep mode, `sleep_level` > 0: the engine was put to sleep on
+  purpose to free GPU memory, `vllm:engine_sleep_state`) is never stalled: its counters are
+  frozen by design, and a request that reaches it waits for the wake-up, not for a wedged
+  engine. A sample asleep counts as no work present, like an idle one; stored summary rows
+  keep the level's mean, so a summary row asleep for any part of it counts as asleep.
 - A missing sample (a failed scrape, a stale target) is `target-down`'s and
   `collector-stale`'s business: two samples further apart than `max_gap` are not read as
   one stuck stretch.
@@ -37,6 +42,7 @@ the `engine_stalled` metric (alerts/values.py), and `kneepoint status --json` sh
 from __future__ import annotations
 
 import itertools
+import math
 from collections.abc import Iterable
 from dataclasses import dataclass
 from typing import Protocol
@@ -53,9 +59,10 @@ PROGRESS = ("prompt_tokens", "generation_tokens", "engine_steps")
 class StallSample(Protocol):
     """What a stored replica sample must have: a time and its queues; its cumulative
     progress counters `prompt_tokens`, `generation_tokens` and (where the engine has a
-    step/iteration counter) `engine_steps` are read where present (None or missing:
-    unknown). kneepoint.store.models.ReplicaSampleRow rows fit as they are (their counter
-    columns are set at import, out of a type checker's sight); `Point` is a plain one."""
+    step/iteration counter) `engine_steps`, and its `sleep_level`, are read where present
+    (None or missing: unknown). kneepoint.store.models.ReplicaSampleRow rows fit as they
+    are (their counter columns are set at import, out of a type checker's sight); `Point`
+    is a plain one."""
 
     @property
     def ts(self) -> float: ...
@@ -77,10 +84,20 @@ class Point:
     prompt_tokens: float | None
     generation_tokens: float | None
     engine_steps: float | None = None
+    sleep_level: float | None = None  # 0 awake, 1 or 2 asleep (None: not known, awake)
+
+
+def asleep(sample: StallSample) -> bool:
+    """The engine was put to sleep (its `sleep_level` known and above 0)."""
+    level = getattr(sample, "sleep_level", None)
+    return level is not None and not math.isnan(level) and level > 0
 
 
 def busy(sample: StallSample) -> bool:
-    """Requests running or waiting at this sample (unknown queues: not busy)."""
+    """Requests running or waiting at this sample (unknown queues: not busy), the engine
+    awake (an asleep one is never busy: module docstring)."""
+    if asleep(sample):
+        return False
     queued = [q for q in (sample.requests_running, sample.requests_waiting) if q is not None]
     return sum(queued) > 0
 

@@ -95,6 +95,7 @@ AVAILABILITY = (
     *(f"requests_finished_{r}" for r in FINISHED),
     "http_requests",
     "http_requests_5xx",
+    "admission_rejections",  # refused at admission: failed requests (alerts/slo.py)
 )
 SAMPLES = cast(Table, ReplicaSampleRow.__table__)
 SUMS = cast(Table, SloSumRow.__table__)
@@ -104,8 +105,8 @@ COLUMNS = tuple(dict.fromkeys((*REPLICA_COUNTERS, *AVAILABILITY)))
 HIST_COLUMNS = tuple(f"hist_{name}" for name in HISTOGRAMS)
 # What stall detection reads besides the progress counters (in COLUMNS): stall.Point's order.
 QUEUES = ("requests_running", "requests_waiting")
-STALL = (*QUEUES, *stall.PROGRESS)
-READ = (*COLUMNS, *QUEUES, *HIST_COLUMNS)
+STALL = (*QUEUES, *stall.PROGRESS, "sleep_level")
+READ = (*COLUMNS, *QUEUES, "sleep_level", *HIST_COLUMNS)
 
 Values = dict[str, Any]  # {"c": {counter: float | None}, "h": {histogram: [counts…, total] | None}}
 
@@ -165,7 +166,7 @@ class Run:
     def from_json(data: list[Any] | None) -> Run | None:
         if data is None:
             return None
-        return Run(float(data[0]), tuple(data[1]), data[2], bool(data[3]))
+        return Run(float(data[0]), _padded(tuple(data[1])), data[2], bool(data[3]))
 
 
 @dataclass(frozen=True)
@@ -295,6 +296,9 @@ def _stuck_pairs(frame: pd.DataFrame, known: list[str], groups: list[Any]) -> li
     before = values.groupby(groups).shift(1)  # NaN at a group's first row: no pair
     work = values[queues].fillna(0.0).sum(axis=1) > 0
     worked = before[queues].fillna(0.0).sum(axis=1) > 0
+    if "sleep_level" in known:  # an asleep engine is not busy (stall.busy)
+        work &= ~(values["sleep_level"] > 0)
+        worked &= ~(before["sleep_level"] > 0)
     both = values[progress].notna() & before[progress].notna()
     same = (~both | (values[progress] == before[progress])).all(axis=1)
     return (work & worked & both.any(axis=1) & same).tolist()
@@ -533,17 +537,26 @@ def _plain_heads(
     runs = [entering.get(key) for key in group_keys]
     with_run = np.array([run is not None for run in runs], dtype=bool)
     if with_run.any():
+        # A state kept before the sums read the sleep level has none: unknown (awake).
         before = np.array(
-            [[np.nan if v is None else v for v in run.point] for run in runs if run is not None],
+            [
+                [np.nan if v is None else v for v in _padded(run.point)]
+                for run in runs
+                if run is not None
+            ],
             dtype=float,
         ).reshape(-1, len(STALL))
         after = stall_values[firsts[with_run]]
-        queues = len(QUEUES)
-        busy = (np.nan_to_num(before[:, :queues]).sum(axis=1) > 0) & (
-            np.nan_to_num(after[:, :queues]).sum(axis=1) > 0
+        queues, last = len(QUEUES), len(QUEUES) + len(stall.PROGRESS)
+        # Asleep at either end: not busy, as stall.busy reads it.
+        busy = (
+            (np.nan_to_num(before[:, :queues]).sum(axis=1) > 0)
+            & (np.nan_to_num(after[:, :queues]).sum(axis=1) > 0)
+            & ~(before[:, last] > 0)
+            & ~(after[:, last] > 0)
         )
-        both = ~np.isnan(before[:, queues:]) & ~np.isnan(after[:, queues:])
-        same = (~both | (before[:, queues:] == after[:, queues:])).all(axis=1)
+        both = ~np.isnan(before[:, queues:last]) & ~np.isnan(after[:, queues:last])
+        same = (~both | (before[:, queues:last] == after[:, queues:last])).all(axis=1)
         walk_group[with_run] |= busy & both.any(axis=1) & same
     walk_group &= found
     plain = np.flatnonzero(found & ~walk_group)
@@ -694,6 +707,12 @@ def _entry(
         if not decoded:
             last_values["h"][name] = earlier_h
     return entry
+
+
+def _padded(point: tuple[float | None, ...]) -> tuple[float | None, ...]:
+    """A stall state's point with every STALL column (one kept before the sleep level was
+    read has none: unknown)."""
+    return (*point, *([None] * (len(STALL) - len(point))))
 
 
 def _point(values: np.ndarray) -> tuple[float | None, ...]:

@@ -5,7 +5,8 @@ its windows (alerts/evaluate.py `_stalled_in_store`).
 
 A pair of consecutive rows of a target (by time, in the frame replica_frame gives) is a
 candidate when kneepoint/derived/stall.py `stuck` would call it stuck without its gap test:
-work present at both (running + waiting > 0, unknown queues count as none), at least one
+work present at both (running + waiting > 0, unknown queues count as none) and the engine
+awake at both (sleep_level unknown or 0), at least one
 progress counter known at both, and none known at both that differs. The gap test needs the
 replica's median step over the window (evaluate's max_gap), so it is left to `stuck` itself,
 which reads the rows this returns; `steps` gives that median for the few targets where it
@@ -40,7 +41,7 @@ from kneepoint.store import queries, slo_sums
 from kneepoint.store.models import RAW
 
 QUEUES = ("requests_running", "requests_waiting")
-COLUMNS = (*QUEUES, *PROGRESS)  # evaluate.STALL_COLUMNS: stall.Point's order
+COLUMNS = (*QUEUES, *PROGRESS, "sleep_level")  # evaluate.STALL_COLUMNS: stall.Point's order
 
 
 def frame_rows(session: Session, ids: Sequence[int], start: float, end: float) -> Subquery:
@@ -130,8 +131,12 @@ def _headed(session: Session, ids: Sequence[int], piece: queries.Piece) -> bool:
     return found == len(set(ids))
 
 
-def _busy(running: Any, waiting: Any) -> ColumnElement[bool]:
-    return func.coalesce(running, 0.0) + func.coalesce(waiting, 0.0) > 0
+def _busy(running: Any, waiting: Any, sleep_level: Any) -> ColumnElement[bool]:
+    """Work present and the engine awake (stall.busy: an asleep engine is never busy)."""
+    return and_(
+        func.coalesce(running, 0.0) + func.coalesce(waiting, 0.0) > 0,
+        func.coalesce(sleep_level, 0.0) <= 0,
+    )
 
 
 def candidates(session: Session, ids: Sequence[int], start: float, end: float) -> pd.DataFrame:
@@ -159,8 +164,8 @@ def candidates(session: Session, ids: Sequence[int], start: float, end: float) -
     both = [and_(now[c].is_not(None), before[c].is_not(None)) for c in PROGRESS]
     same = [or_(now[c].is_(None), before[c].is_(None), now[c] == before[c]) for c in PROGRESS]
     stuck = and_(
-        _busy(now.requests_running, now.requests_waiting),
-        _busy(before["requests_running"], before["requests_waiting"]),
+        _busy(now.requests_running, now.requests_waiting, now.sleep_level),
+        _busy(before["requests_running"], before["requests_waiting"], before["sleep_level"]),
         or_(*both),
         *same,
     )

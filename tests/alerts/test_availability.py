@@ -214,6 +214,19 @@ SHARES = {
     ),
     "stalled all along with nothing finished is all bad": (A(seconds=600, stalled=600), 1.0),
     "nothing finished and no stall: nothing to judge": (A(seconds=600), None),
+    "a refused request is a failed one, offered = finished + refused": (
+        A(finished=90, failed=0, refused=10, seconds=600),
+        10 / 100,
+    ),
+    "refused and failed add up over every request offered": (
+        A(finished=95, failed=5, refused=5, seconds=600),
+        (5 + 5) / (95 + 5),
+    ),
+    "the API server's 503s already count the refusals: the larger share, not the sum": (
+        A(finished=90, failed=0, refused=10, http=100, http_failed=10, seconds=600),
+        0.1,
+    ),
+    "everything refused, nothing finished: all bad": (A(refused=8, seconds=600), 1.0),
 }
 
 

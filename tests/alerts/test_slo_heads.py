@@ -120,7 +120,8 @@ def test_histograms_decoded_together_as_one_by_one(tmp_path: Path, seeded: str) 
 
 def _random_case(rng: random.Random) -> tuple[Any, ...]:
     """A frame of whole buckets as `_heads` reads them (several targets and buckets, in
-    target and time order), with resets, unknown values, stuck stretches, histograms that
+    target and time order), with resets, unknown values, stuck stretches, asleep samples
+    (sleep_level 1 or 2: never stuck), histograms that
     change layout or go missing; each bucket's window start, the stall state entering it
     (none, unknown, or a run that the first sample may continue) and its sums row's last
     values."""
@@ -153,6 +154,8 @@ def _random_case(rng: random.Random) -> tuple[Any, ...]:
                     row[c] = float("nan") if rng.random() < 0.08 else v
                 row["requests_running"] = float(rng.choice([0, 2, 2, 3]))
                 row["requests_waiting"] = rng.choice([float("nan"), 0.0, 1.0])
+                # Asleep now and then (never busy, so never stuck), unknown, or awake.
+                row["sleep_level"] = rng.choice([float("nan"), 0.0, 0.0, 0.0, 1.0, 2.0])
                 for h in slo_sums.HIST_COLUMNS:
                     width = len(layouts[layout])
                     counts[h] = [c + rng.choice([0.0, 0.0, 1.0, 2.0]) for c in counts[h]]

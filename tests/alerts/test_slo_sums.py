@@ -54,7 +54,10 @@ FINISHED = [f"requests_finished_{r}" for r in slo_sums.FINISHED]
 # A second stall, still going at NOW: longer than the 5-minute, 30-minute and hour windows,
 # it covers them whole and crosses many bucket edges (not aligned to any).
 WEDGED = NOW - 75 * 60 - 41.9
-NAMES = ["steady", "restarts", "stale", "stalled", "gaps", "sglang", "wedged"]
+# An engine put to sleep (vLLM's sleep mode) with requests waiting: its counters frozen on
+# purpose for 20 minutes, crossing bucket edges and the hour's window start. Never stalled.
+ASLEEP = FROZEN
+NAMES = ["steady", "restarts", "stale", "stalled", "gaps", "sglang", "wedged", "asleep"]
 
 
 def _config(tmp_path: Path, maintenance: str = "", database: str | None = None) -> Config:
@@ -79,6 +82,11 @@ slos:
 
 def _grow(sample: ReplicaSample, rng: random.Random, reset: bool) -> None:
     """Requests served since the last scrape (or, after a restart, since the restart)."""
+    refused = sample.counters.get("admission_rejections")  # vLLM 0.32's load shedding
+    if refused is not None:  # (its own generator: the other counters' draws as before)
+        sample.counters["admission_rejections"] = (0.0 if reset else refused) + SHED.choice(
+            [0.0, 0.0, 0.0, 1.0, 4.0]
+        )
     for name in [*FINISHED, "prompt_tokens", "generation_tokens", "http_requests"]:
         value = sample.counters.get(name)
         if value is None:
@@ -98,7 +106,11 @@ def _grow(sample: ReplicaSample, rng: random.Random, reset: bool) -> None:
         sample.histograms[name] = Histogram(h.bounds, tuple(counts), total)
 
 
+SHED = random.Random(3)
+
+
 def _seed(config: Config) -> None:
+    SHED.seed(3)
     rng = random.Random(7)
     vllm = parse_vllm(read(VLLM_032))
     sglang = parse_sglang(read(OWN_FIXTURES / "sglang-0.4.6.prom"))
@@ -116,12 +128,17 @@ def _seed(config: Config) -> None:
                 index += 1
                 gap = name == "gaps" and (index in GAP or 200 <= index < 203)
                 restart = name == "restarts" and index % 70 == 0
-                frozen = (name == "stalled" and index in FROZEN) or (
-                    name == "wedged" and ts >= WEDGED
+                sleeping = name == "asleep" and index in ASLEEP
+                frozen = (
+                    (name == "stalled" and index in FROZEN)
+                    or (name == "wedged" and ts >= WEDGED)
+                    or sleeping
                 )
                 if not frozen:
                     _grow(sample, rng, restart)
                 sample.gauges["requests_running"] = 3.0 if frozen else float(rng.randint(0, 2))
+                asleep = 1.0 if sleeping else 0.0
+                sample.gauges["sleep_level"] = None if name == "sglang" else asleep
                 if not gap:  # a snapshot: _grow changes the dicts, never a Histogram
                     kept.append(
                         (
@@ -181,7 +198,7 @@ def _compare(config: Config, now: float, rates: bool = False) -> None:
         if any(s.kind == "availability" for s in config.slos):
             spans = sorted({*slo.windows_needed(), *(s.window for s in config.slos)})
             shared = evaluate._shared(config, now, spans)
-            counted = set()
+            counted, refused = set(), set()
             for span in spans:
                 mine = evaluate.measure(session, config, now - span, now, False, shared)
                 theirs = evaluate.measure(session, config, now - span, now, True)
@@ -193,8 +210,10 @@ def _compare(config: Config, now: float, rates: bool = False) -> None:
                 other.pop("stalled")
                 _same(fields, other)
                 counted.add(fields["finished"])
+                refused.add(fields["refused"])
             # Not all the same: the windows differ, so the comparison compares something.
             assert len(counted - {0.0}) > 2
+            assert len(refused - {0.0}) > 2  # load shedding summed as the samples give it
     assert [r.rates for r in summed]  # something was judged
     for a, b in zip(summed, direct, strict=True):
         _same(a.rates, b.rates)
@@ -238,6 +257,7 @@ def _stall_runs(config: Config) -> dict[int, Runs]:
                     r.requests_running,
                     r.requests_waiting,
                     *(getattr(r, c) for c in stall.PROGRESS),
+                    r.sleep_level,
                 )
                 for r in rows
             ]
@@ -385,6 +405,30 @@ def test_stalled_seconds_from_the_sums(tmp_path: Path, seeded: str) -> None:
     # Both cases were met: stalls the sums count as the direct computation does, and ones
     # cut or coarsened by it.
     assert equal and differ
+
+
+def test_an_asleep_replica_is_never_stalled(tmp_path: Path, seeded: str) -> None:
+    """The asleep replica's 20 minutes of work present and frozen counters are no stall:
+    not in the sums, not in the direct computation, not in the candidate rows; the same
+    samples read without their sleep level are one."""
+    config = _config(tmp_path, database=seeded)
+    runs = _stall_runs(config)
+    with open_store(config.database)() as session:
+        target = queries.targets(session)["asleep"].id
+        ids = sorted(runs)
+        layouts = queries.histogram_layouts(session)
+        for span in (3600.0, 7200.0):
+            since = NOW - span
+            _, summed = evaluate._summed(session, since, NOW, ids, layouts)
+            assert summed.get(target, 0.0) == 0.0
+            assert target not in evaluate._stalled_in_store(session, config, ids, since, NOW)
+            frame = queries.replica_frame(session, since, NOW, ids, columns=evaluate.STALL_COLUMNS)
+            assert evaluate._stalled_seconds(frame, config, since, NOW).get(target, 0.0) == 0.0
+            mine = frame[frame.target_id == target]
+            awake = evaluate._stalled_seconds(mine.assign(sleep_level=0.0), config, since, NOW)
+            # The frozen stretch, were it awake (the hour's window starts inside it).
+            assert awake[target] >= (600 if span > 3600 else 60)
+    assert runs[target][0] == [] and runs[target][1] == []
 
 
 def test_stalled_seconds_come_from_the_candidate_rows(tmp_path: Path, seeded: str) -> None:

@@ -70,7 +70,11 @@ def test_it_reads_the_full_stage() -> None:
     assert sample.cache.block_size == per_block
     assert sample.cache.capacity_tokens == blocks * per_block
     # Only what TensorRT-LLM never exposes is unavailable here.
-    assert set(sample.unavailable) == {"preemptions", "requests_waiting_capacity"}
+    assert set(sample.unavailable) == {
+        "preemptions",
+        "requests_waiting_capacity",
+        "admission_rejections",
+    }
     assert sample.counters["preemptions"] is None
 
 
