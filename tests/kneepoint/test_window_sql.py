@@ -265,6 +265,33 @@ def test_the_status_and_evaluations_view_from_the_databases_rows_are_the_rows_pa
     same(fleet.__dict__, fleet_rows.__dict__, "fleet window")
 
 
+@pytest.mark.parametrize(("now", "window"), WINDOWS)
+def test_the_saturation_verdict_from_the_databases_sums_is_the_rows_one(
+    store: tuple[sessionmaker[Session], Config], now: float, window: float
+) -> None:
+    """At fleet size the database reduces each replica's series to the verdict's statistics
+    (store/saturation_sql.py): the same verdicts, reasons, evidence and values as the
+    statistics of the rows themselves, over samples and summary tiers alike."""
+    sessions, config = store
+    with sessions() as session:
+        expected = build_status(session, config, now, window, aggregate=False)
+        got = build_status(session, config, now, window, aggregate=True)
+
+    def verdicts(status: Any) -> dict[str, Any]:
+        return {r["name"]: r["saturation"] for r in status["replicas"]}
+
+    assert verdicts(got) == verdicts(expected)
+    # The series reasons are judged at fleet size, not left out.
+    judged = [v for v in verdicts(got).values() if v["saturated"] is not None]
+    assert judged and all("queue_growing" not in v["unjudged"] for v in judged)
+    assert all("kv_full" not in v["unjudged"] for v in judged)
+    reasons = {r["reason"] for v in judged for r in v["reasons"]}
+    if window >= DAY:  # the seeded queues stand over the long windows
+        assert "queue_growing" in reasons
+    if window == 300.0:  # and TTFT climbs with the load in the last minutes
+        assert "ttft_rising" in reasons
+
+
 @pytest.fixture
 def reads(monkeypatch: pytest.MonkeyPatch) -> Iterator[tuple[list[int], list[Any]]]:
     """The sizes of every result read into Python through the one read path (on SQLite
