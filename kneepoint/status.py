@@ -785,7 +785,7 @@ def _saturations(
 ) -> dict[int, _Loads]:
     """Per replica (target id), the series kneepoint.derived.saturation.verdict reads: every
     sample's load gauges reduced to LoadStats, and TTFT's histogram at SUB_WINDOWS + 1
-    evenly spaced rows (whole rows, read once for all replicas)."""
+    evenly spaced rows (read once for all replicas)."""
     frame = samples
     if any(c not in samples for c in LOAD_COLUMNS):
         frame = queries.replica_frame(session, start, now, list(ids), columns=LOAD_COLUMNS)
@@ -841,14 +841,15 @@ def _saturations_sql(
 def _ttft_parts(
     session: Session, grids: dict[int, list[float]], layouts: dict[int, tuple[float, ...]]
 ) -> dict[int, list[Any]]:
-    """Per target, TTFT's histogram increase between consecutive rows of its grid."""
+    """Per target, TTFT's histogram increase between consecutive rows of its grid (its rows'
+    TTFT column only, read once for all targets)."""
     picks = [(target, ts) for target, grid in grids.items() for ts in grid]
     if not picks:
         return {}
     keys = pd.DataFrame(sorted(set(picks)), columns=["target_id", "ts"])
-    whole = queries.replica_rows_at(session, keys)
+    rows = queries.replica_rows_at(session, keys, columns=("hist_ttft",))
     found: dict[tuple[int, float], dict[str, Any]] = {
-        (int(r["target_id"]), float(r["ts"])): r for r in whole.to_dict("records")
+        (int(r["target_id"]), float(r["ts"])): r for r in rows.to_dict("records")
     }
 
     def histogram(row: dict[str, Any] | None) -> Any:
