@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import math
 from collections.abc import Callable, Iterator
+from dataclasses import asdict
 from typing import Any
 
 import pandas as pd
@@ -22,7 +23,7 @@ import pytest
 from sqlalchemy import insert, update
 from sqlalchemy.orm import Session, sessionmaker
 
-from kneepoint import distribution
+from kneepoint import distribution, status
 from kneepoint.config import Config, Retention
 from kneepoint.derived.saturation import SUB_WINDOWS
 from kneepoint.samples import Histogram
@@ -282,6 +283,19 @@ def test_the_saturation_verdict_from_the_databases_sums_is_the_rows_one(
         return {r["name"]: r["saturation"] for r in status["replicas"]}
 
     assert verdicts(got) == verdicts(expected)
+    # Beneath the verdicts, the statistics themselves: the same from either source.
+    with sessions() as session:
+        ids = {row.id: name for name, row in queries.targets(session).items()}
+        layouts = queries.histogram_layouts(session)
+        frame = queries.replica_frame(session, now - window, now, columns=queries.LIGHT_COLUMNS)
+        rows = status._saturations(session, frame, now - window, now, layouts, ids)
+        sql = status._saturations_sql(session, now - window, now, layouts, ids)
+    assert rows.keys() == sql.keys() and rows
+    for target, loads in rows.items():
+        for name, value in asdict(loads.stats).items():
+            other = getattr(sql[target].stats, name)
+            assert value == pytest.approx(other, rel=1e-12, abs=1e-9), (ids[target], name)
+        assert loads.ttft_parts == sql[target].ttft_parts, ids[target]
     # The series reasons are judged at fleet size, not left out.
     judged = [v for v in verdicts(got).values() if v["saturated"] is not None]
     assert judged and all("queue_growing" not in v["unjudged"] for v in judged)
