@@ -94,9 +94,9 @@ class LoadPoint:
 @dataclass(frozen=True)
 class LoadStats:
     """A replica's load series over a window reduced to what the verdict reads: counts, sums
-    and a few times. Two sources give it, the same numbers for the same rows: `of` over the
-    samples in Python (a small fleet's rows are read whole), and the database's GROUP BY at
-    fleet size (kneepoint/store/saturation_sql.py).
+    and a few times. Two sources give it, the same numbers (to rounding) for the same rows:
+    `of` over the samples in Python (a small fleet's rows are read whole), and the
+    database's GROUP BY at fleet size (kneepoint/store/saturation_sql.py).
 
     A sample's weight is half the time to its neighbours (the window's ends count half).
     `waiting` is the series queue_growing reads; its least-squares fit is kept as the sums
@@ -171,7 +171,6 @@ def verdict(
     budget: float | None = None,
     ttft_parts: Sequence[Histogram | None] = (),
     rejections: float | None = None,
-    no_series: str | None = None,
 ) -> Saturation:
     """The verdict over a window.
 
@@ -180,17 +179,15 @@ def verdict(
     (None: inferred from the histogram, see `token_budget_full`); `ttft_parts`: the TTFT
     histogram's increase over each of SUB_WINDOWS equal parts of the window, in order;
     `rejections`: the increase of admission rejections (None: the engine does not count
-    them); `no_series`: why the caller read no series (then the reasons that need one are
-    not judged, for that reason)."""
+    them)."""
     stats = loads if isinstance(loads, LoadStats) else LoadStats.of(loads)
     reasons: list[Reason] = []
     unjudged: dict[str, str] = {}
-    series: Judged = (None, no_series)
     judges = (
-        ("kv_full", kv_full(stats) if no_series is None else series),
-        ("queue_growing", queue_growing(stats) if no_series is None else series),
+        ("kv_full", kv_full(stats)),
+        ("queue_growing", queue_growing(stats)),
         ("token_budget_full", token_budget_full(steps, budget, stats)),
-        ("ttft_rising", ttft_rising(stats, ttft_parts) if no_series is None else series),
+        ("ttft_rising", ttft_rising(stats, ttft_parts)),
         ("load_shedding", load_shedding(rejections)),
     )
     for name, (found, why) in judges:

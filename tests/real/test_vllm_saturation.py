@@ -31,7 +31,7 @@ from tests.real.vllm_server import BATCHED_TOKENS_LIMITS, MAX_QUEUED_LIMITS, MAX
 pytestmark = [pytest.mark.real, pytest.mark.timeout(900)]
 
 NAME = "vllm-limits"
-RUN_SECONDS = 40.0  # each run's length; the collector scrapes once a second
+RUN_SECONDS = 30.0  # each run's length; the collector scrapes once a second
 PROMPT_TOKENS = 1000  # the model's max-model-len is 1024
 CLIENTS = 2 * (MAX_SEQS_LIMITS + MAX_QUEUED_LIMITS)  # more than the server admits at once
 
@@ -82,8 +82,9 @@ def _judged_run(
     server: Vllm, folder: Path, clients: int, tokens: int, output: int
 ) -> tuple[dict[str, Any], float | None, list[int]]:
     """Run the load while kneepoint's collector scrapes the server once a second into a store
-    of its own; return the replica's status over the run's window, the highest KV occupancy
-    stored, and the HTTP status of every request."""
+    of its own; return the replica's status over the run's window (from the scrape before
+    the load to the moment its clients stop sending: the requests still in flight then
+    drain after it), the highest KV occupancy stored, and the HTTP status of every request."""
     folder.mkdir()
     path = folder / "kneepoint.yaml"
     path.write_text(
@@ -98,18 +99,19 @@ def _judged_run(
     started = time.time()
     assert collect_once(config, sessions)[0].ok  # the window's first sample: before the load
     load = threading.Thread(target=_load, args=(server, clients, tokens, output, answers))
+    stopped = time.time() + RUN_SECONDS  # when _load's clients stop sending
     load.start()
     while load.is_alive():
         time.sleep(config.scrape_interval)  # the collector's own cadence
         assert collect_once(config, sessions)[0].ok
     load.join()
-    assert collect_once(config, sessions)[0].ok
-    now = time.time()
     with sessions() as session:
-        (replica,) = build_status(session, config, now, now - started + 1.0)["replicas"]
+        (replica,) = build_status(session, config, stopped, stopped - started)["replicas"]
         peak_kv = session.scalar(select(func.max(ReplicaSampleRow.kv_cache_usage)))
         queue = session.execute(
-            select(ReplicaSampleRow.requests_running, ReplicaSampleRow.requests_waiting)
+            select(ReplicaSampleRow.requests_running, ReplicaSampleRow.requests_waiting).where(
+                ReplicaSampleRow.ts <= stopped
+            )
         ).all()
     print(f"{folder.name}: (running, waiting) at each scrape: {[tuple(q) for q in queue]}")
     return replica, peak_kv, answers
