@@ -853,7 +853,7 @@ NUMBERS: tuple[Number, ...] = (
         "%",
         WORSE,
         "share of the window with KV occupancy above the saturation line (0..1)",
-        weekly=WeeklyRow(3, "Time saturated", "share of time with KV above 90 %"),
+        weekly=WeeklyRow(3, "Time KV full", "share of time with KV above 90 %"),
         weekly_source="view",
     ),
     Number(

@@ -39,7 +39,7 @@ RUNBOOKS = {
             "stayed above 90 % for 5 minutes; it resolves below 85 %. The next agent's "
             "sequence waits for blocks or evicts a running one (a preemption, recomputed "
             "later). Capacity page: occupancy, sequence slots left at the live mean context, "
-            "time saturated.",
+            "time KV full.",
             (
                 Step(
                     "KV cache in 16-bit",

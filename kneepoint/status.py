@@ -30,7 +30,13 @@ from kneepoint.counters import increase
 from kneepoint.derived import flops, ratios, tiers
 from kneepoint.derived.cost import per_million, window_cost
 from kneepoint.derived.latency import quantiles, window_histogram
-from kneepoint.derived.saturation import SUB_WINDOWS, LoadPoint, Saturation, verdict
+from kneepoint.derived.saturation import (
+    SUB_WINDOWS,
+    LoadPoint,
+    LoadStats,
+    Saturation,
+    verdict,
+)
 from kneepoint.derived.stall import PROGRESS, STALL_AFTER, Point, stalled_since
 from kneepoint.derived.window import Window, counter_deltas, frame_windows, merge
 from kneepoint.records import (
@@ -51,7 +57,7 @@ from kneepoint.records import (
     Status,
 )
 from kneepoint.samples import QUANTITIES
-from kneepoint.store import gpu_windows, queries, window_rows
+from kneepoint.store import gpu_windows, queries, saturation_sql, window_rows
 from kneepoint.store.codec import decode_histogram
 from kneepoint.store.models import RAW, TargetRow
 
@@ -126,11 +132,12 @@ def build_status(
         )
     budgets = {t.name: t.max_num_batched_tokens for t in config.targets}
     ids = {rows[name].id: name for name in names if name in rows}
-    # At fleet size the window is read as its edge rows: no series for a trend.
+    # At fleet size the window is read as its edge rows: the database reduces the series.
     saturations = (
-        {} if edges is not None else _saturations(session, samples, start, now, layouts, ids)
+        _saturations_sql(session, start, now, layouts, ids)
+        if edges is not None
+        else _saturations(session, samples, start, now, layouts, ids)
     )
-    no_series = FLEET_NO_SERIES if edges is not None else None
     for name in names:
         row = rows.get(name)
         latest = latest_rows.get(row.id) if row is not None else None
@@ -152,12 +159,11 @@ def build_status(
         stall = _stall(session, config, row, latest, rows_of, maybe_stuck, stale)
         loads = saturations.get(row.id) if row is not None else None
         saturation = verdict(
-            loads.points if loads else [],
+            loads.stats if loads else LoadStats(),
             span.histograms.get("iteration_tokens"),
             budgets.get(name),
             loads.ttft_parts if loads else (),
             span.deltas.get("admission_rejections"),
-            no_series,
         )
         replicas.append(
             {**numbers, **stall, "saturation": saturation, **_engine_state(row, latest)}
@@ -825,26 +831,25 @@ def _edge_reader(
     return lambda keys: queries.replica_rows_at(session, keys)
 
 
-FLEET_NO_SERIES = (
-    "not judged at fleet size: the window is read as each replica's edge rows, no series"
-)
-
-
 class _Loads:
     """A replica's series inputs to the saturation verdict: its load gauges over the window
-    and TTFT's histogram increase over each of SUB_WINDOWS parts."""
+    as LoadStats, and TTFT's histogram increase over each of SUB_WINDOWS parts."""
 
-    def __init__(self, points: list[LoadPoint], ttft_parts: Sequence[Any] = ()) -> None:
-        self.points = points
+    def __init__(self, stats: LoadStats, ttft_parts: Sequence[Any] = ()) -> None:
+        self.stats = stats
         self.ttft_parts = ttft_parts
 
 
-LOAD_COLUMNS = (
-    "kv_cache_usage",
-    "requests_waiting",
-    "requests_waiting_capacity",
-    "requests_running",
-)
+LOAD_COLUMNS = saturation_sql.COLUMNS
+
+
+def _grid(stats: LoadStats) -> list[float]:
+    """The SUB_WINDOWS + 1 boundaries of the window's sub-windows, as LoadStats.of and the
+    database (kneepoint/store/saturation_sql.py) compute them."""
+    if stats.start is None or stats.end is None:
+        return []
+    step = (stats.end - stats.start) / SUB_WINDOWS
+    return [stats.start + k * step for k in range(SUB_WINDOWS)] + [stats.end]
 
 
 def _saturations(
@@ -856,8 +861,8 @@ def _saturations(
     ids: dict[int, str],
 ) -> dict[int, _Loads]:
     """Per replica (target id), the series kneepoint.derived.saturation.verdict reads: every
-    sample's load gauges, and TTFT's histogram at SUB_WINDOWS + 1 evenly spaced rows (whole
-    rows, read once for all replicas)."""
+    sample's load gauges reduced to LoadStats, and TTFT's histogram at SUB_WINDOWS + 1
+    evenly spaced rows (read once for all replicas)."""
     frame = samples
     if any(c not in samples for c in LOAD_COLUMNS):
         frame = queries.replica_frame(session, start, now, list(ids), columns=LOAD_COLUMNS)
@@ -865,7 +870,7 @@ def _saturations(
         return {}
     frame = frame[frame.target_id.isin(list(ids))]
     loads: dict[int, _Loads] = {}
-    picks: list[tuple[int, float]] = []
+    grids: dict[int, list[float]] = {}
     for target_id, rows in frame.groupby("target_id", sort=False):
         ts = rows.ts.astype(float).tolist()
         # Waiting for capacity where the engine says why requests wait (vLLM 0.11+), else all.
@@ -881,34 +886,58 @@ def _saturations(
                 strict=True,
             )
         ]
-        loads[int(target_id)] = _Loads(points)
+        stats = LoadStats.of(points)
+        loads[int(target_id)] = _Loads(stats)
         if len(ts) >= 2:
-            grid = np.linspace(ts[0], ts[-1], SUB_WINDOWS + 1)
-            # The last row at or before each grid time (the first row for the first).
-            at = np.searchsorted(np.asarray(ts), grid, side="right") - 1
-            picks += [(int(target_id), ts[max(int(i), 0)]) for i in at]
+            # The last row at or before each boundary.
+            at = np.searchsorted(np.asarray(ts), _grid(stats), side="right") - 1
+            grids[int(target_id)] = [ts[max(int(i), 0)] for i in at]
+    for target_id, parts in _ttft_parts(session, grids, layouts).items():
+        loads[target_id].ttft_parts = parts
+    return loads
+
+
+def _saturations_sql(
+    session: Session,
+    start: float,
+    now: float,
+    layouts: dict[int, tuple[float, ...]],
+    ids: dict[int, str],
+) -> dict[int, _Loads]:
+    """_saturations at fleet size: the database reduces each replica's rows to LoadStats and
+    its grid rows' times in one statement (kneepoint/store/saturation_sql.py); TTFT's
+    histogram is read at those rows, for all replicas at once."""
+    found = saturation_sql.read(session, start, now, list(ids), SUB_WINDOWS)
+    loads = {target: _Loads(LoadStats(**stats)) for target, (stats, _) in found.items()}
+    grids = {target: grid for target, (_, grid) in found.items() if grid}
+    for target_id, parts in _ttft_parts(session, grids, layouts).items():
+        loads[target_id].ttft_parts = parts
+    return loads
+
+
+def _ttft_parts(
+    session: Session, grids: dict[int, list[float]], layouts: dict[int, tuple[float, ...]]
+) -> dict[int, list[Any]]:
+    """Per target, TTFT's histogram increase between consecutive rows of its grid (its rows'
+    TTFT column only, read once for all targets)."""
+    picks = [(target, ts) for target, grid in grids.items() for ts in grid]
     if not picks:
-        return loads
+        return {}
     keys = pd.DataFrame(sorted(set(picks)), columns=["target_id", "ts"])
-    whole = queries.replica_rows_at(session, keys)
+    rows = queries.replica_rows_at(session, keys, columns=("hist_ttft",))
     found: dict[tuple[int, float], dict[str, Any]] = {
-        (int(r["target_id"]), float(r["ts"])): r for r in whole.to_dict("records")
+        (int(r["target_id"]), float(r["ts"])): r for r in rows.to_dict("records")
     }
 
-    def histogram(row: dict[str, Any] | None, name: str) -> Any:
-        text = None if row is None else row.get(f"hist_{name}")
+    def histogram(row: dict[str, Any] | None) -> Any:
+        text = None if row is None else row.get("hist_ttft")
         return None if text is None or isinstance(text, float) else decode_histogram(text, layouts)
 
-    by_target: dict[int, list[tuple[int, float]]] = {}
-    for target_id, ts_ in picks:
-        by_target.setdefault(target_id, []).append((target_id, ts_))
-    for target_id, keys_ in by_target.items():
-        rows_ = [found.get(k) for k in keys_]
-        ttft = [histogram(r, "ttft") for r in rows_]
-        loads[target_id].ttft_parts = [
-            window_histogram(ttft[i : i + 2]) for i in range(len(ttft) - 1)
-        ]
-    return loads
+    parts: dict[int, list[Any]] = {}
+    for target, grid in grids.items():
+        ttft = [histogram(found.get((target, ts))) for ts in grid]
+        parts[target] = [window_histogram(ttft[i : i + 2]) for i in range(len(ttft) - 1)]
+    return parts
 
 
 def _float(value: Any) -> float | None:

@@ -139,7 +139,7 @@ OLD_PAGES = {
 OLD_ROWS = (
     ("peak_kv_occupancy", "Peak KV occupancy", "%", "highest KV-cache use seen"),
     ("p95_kv_occupancy", "p95 KV occupancy", "%", "95th percentile of the chart's points"),
-    ("time_saturated", "Time saturated", "%", "share of time with KV above 90 %"),
+    ("time_saturated", "Time KV full", "%", "share of time with KV above 90 %"),
     ("queue_p99_seconds", "Waiting time p99", "s", "queue time before a slot, p99"),
     ("preemptions", "Preemptions", "", "sequences evicted and recomputed"),
     ("recompute_share_of_prefill", "Recompute share", "%", "prefill work redone after eviction"),

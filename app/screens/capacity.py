@@ -58,7 +58,7 @@ if fleet:
         {
             "replica": t.text("Replica"),
             "time_saturated": t.percent(
-                "Time saturated",
+                "Time KV full",
                 help=f"Share of the window with KV occupancy above {SATURATION:.0%}.",
             ),
             "kv_cache_occupancy": t.percent("KV occupancy", help="Latest KV-cache usage."),
@@ -98,7 +98,7 @@ for replica in tiled:
         help="How many more agents fit: KV capacity ÷ live mean context − running.",
     )
     c.metric(
-        "Time saturated",
+        "Time KV full",
         show(extra["time_saturated"], "%"),
         help=f"Share of the window with KV occupancy above {SATURATION:.0%}.",
     )

@@ -259,7 +259,7 @@ EXTRA: dict[str, tuple[str, str, float]] = {
     "prompt_tokens_per_second": ("prompt throughput", "tok/s", 1.0),
     "recomputed_prefill_tokens": ("recomputed prefill", "tokens", 1.0),
     "prefix_cache_hit_rate": ("prefix hit rate", "%", 1.0),
-    "saturated_seconds": ("time saturated", "h", 1 / 3600),
+    "saturated_seconds": ("time KV full", "h", 1 / 3600),
     "waiting_mean": ("waiting (mean)", "seqs", 1.0),
     "ttft_p50_seconds": ("TTFT p50", "s", 1.0),
     "itl_p50_seconds": ("ITL p50", "s", 1.0),

@@ -5,7 +5,8 @@ A replica is saturated when any of five things holds over the window, each with 
 evidence in numbers:
 
 * `kv_full`: KV-cache occupancy above samples.SATURATION for a meaningful share of it;
-* `queue_growing`: requests wait in most of its samples and the queue does not drain, or
+* `queue_growing`: requests wait in most of its samples and the queue does not drain (its
+  fitted trend falls by less than a whole request), or
   the queue's fitted trend rises by whole requests over it (not a single spike);
 * `token_budget_full`: most engine steps carry a full per-step token budget
   (`max_num_batched_tokens`; vLLM's `iteration_tokens_total` histogram);
@@ -36,9 +37,13 @@ MIN_POINTS = 3
 # moment; a quarter of the window is a regime a user of that replica felt.
 KV_FULL_SHARE = 0.25
 # Queue standing: requests wait in at least half of the samples, and the fitted trend does
-# not fall. A queue present most of the time that is not draining means arrivals keep up
-# with or outrun service: the definition of a saturated server (queueing theory's ρ >= 1).
+# not fall by a whole request (QUEUE_DRAIN) or more over the window. A queue present most of
+# the time that is not draining means arrivals keep up with or outrun service: the
+# definition of a saturated server (queueing theory's ρ >= 1). A queue standing at 2-3
+# requests fits a line whose slope has either sign (on a real vLLM: -0.3 requests over 40 s
+# with requests waiting in 93 % of the scrapes); a draining queue falls by whole requests.
 QUEUE_STANDING_SHARE = 0.5
+QUEUE_DRAIN = 1.0
 # Queue growing: the least-squares line through the waiting requests rises by at least two
 # whole requests over the window, with requests waiting in at least a quarter of the
 # samples: a queue building up late in the window, which one outlier cannot make.
@@ -86,30 +91,103 @@ class LoadPoint:
     running: float | None
 
 
+@dataclass(frozen=True)
+class LoadStats:
+    """A replica's load series over a window reduced to what the verdict reads: counts, sums
+    and a few times. Two sources give it, the same numbers (to rounding) for the same rows:
+    `of` over the samples in Python (a small fleet's rows are read whole), and the
+    database's GROUP BY at fleet size (kneepoint/store/saturation_sql.py).
+
+    A sample's weight is half the time to its neighbours (the window's ends count half).
+    `waiting` is the series queue_growing reads; its least-squares fit is kept as the sums
+    of the centred products (t̄, w̄: the means over the samples that know waiting), as the
+    fit is computed from them. `part_load`/`part_samples`: over each of SUB_WINDOWS equal
+    parts [start + k·step, start + (k + 1)·step] of [start, end] (both ends inclusive, as a
+    sample on a boundary belongs to both), Σ (running + waiting) and the number of samples
+    with running known."""
+
+    start: float | None = None  # the first and last sample's time (None: no samples)
+    end: float | None = None
+    kv_known: int = 0
+    kv_seconds: float = 0.0
+    kv_above_seconds: float = 0.0  # KV occupancy above SATURATION
+    kv_peak: float | None = None
+    waiting_known: int = 0
+    waiting_positive: int = 0
+    waiting_first: float | None = None  # the first and last time waiting is known
+    waiting_last: float | None = None
+    waiting_peak: float | None = None
+    waiting_sxx: float = 0.0  # Σ (t − t̄)²
+    waiting_sxy: float = 0.0  # Σ (t − t̄)(w − w̄)
+    running_known: int = 0
+    part_load: tuple[float, ...] = (0.0,) * SUB_WINDOWS
+    part_samples: tuple[int, ...] = (0,) * SUB_WINDOWS
+
+    @staticmethod
+    def of(points: Sequence[LoadPoint]) -> LoadStats:
+        """The statistics of the samples `points`, in time order."""
+        if not points:
+            return LoadStats()
+        weights = _spans(points)
+        kv = [(p.kv_occupancy, w) for p, w in zip(points, weights, strict=True)]
+        kv_known = [(k, w) for k, w in kv if k is not None]
+        waiting = [(p.ts, p.waiting) for p in points if p.waiting is not None]
+        ts = np.asarray([t for t, _ in waiting], dtype=float)
+        ws = np.asarray([w for _, w in waiting], dtype=float)
+        dt = ts - ts.mean() if len(ts) else ts
+        start, end = points[0].ts, points[-1].ts
+        step = (end - start) / SUB_WINDOWS
+        loads, counts = [0.0] * SUB_WINDOWS, [0] * SUB_WINDOWS
+        for p in points:
+            if p.running is None:
+                continue
+            for k in range(SUB_WINDOWS):
+                if start + k * step <= p.ts <= start + (k + 1) * step:
+                    loads[k] += p.running + (p.waiting or 0.0)
+                    counts[k] += 1
+        return LoadStats(
+            start=start,
+            end=end,
+            kv_known=len(kv_known),
+            kv_seconds=sum(w for _, w in kv_known),
+            kv_above_seconds=sum(w for k, w in kv_known if k > SATURATION),
+            kv_peak=max((k for k, _ in kv_known), default=None),
+            waiting_known=len(waiting),
+            waiting_positive=sum(1 for _, w in waiting if w > 0),
+            waiting_first=waiting[0][0] if waiting else None,
+            waiting_last=waiting[-1][0] if waiting else None,
+            waiting_peak=max((w for _, w in waiting), default=None),
+            waiting_sxx=float((dt * dt).sum()),
+            waiting_sxy=float((dt * (ws - ws.mean())).sum()) if len(ws) else 0.0,
+            running_known=sum(1 for p in points if p.running is not None),
+            part_load=tuple(loads),
+            part_samples=tuple(counts),
+        )
+
+
 def verdict(
-    points: Sequence[LoadPoint],
+    loads: Sequence[LoadPoint] | LoadStats,
     steps: Histogram | None = None,
     budget: float | None = None,
     ttft_parts: Sequence[Histogram | None] = (),
     rejections: float | None = None,
-    no_series: str | None = None,
 ) -> Saturation:
     """The verdict over a window.
 
-    `points`: the window's samples in time order; `steps`: the window's increase of the
-    tokens-per-step histogram; `budget`: the configured per-step token budget (None: inferred
-    from the histogram, see `token_budget_full`); `ttft_parts`: the TTFT histogram's increase
-    over each of SUB_WINDOWS equal parts of the window, in order; `rejections`: the increase
-    of admission rejections (None: the engine does not count them); `no_series`: why the
-    caller read no series (then the reasons that need one are not judged, for that reason)."""
+    `loads`: the window's samples in time order, or their LoadStats; `steps`: the window's
+    increase of the tokens-per-step histogram; `budget`: the configured per-step token budget
+    (None: inferred from the histogram, see `token_budget_full`); `ttft_parts`: the TTFT
+    histogram's increase over each of SUB_WINDOWS equal parts of the window, in order;
+    `rejections`: the increase of admission rejections (None: the engine does not count
+    them)."""
+    stats = loads if isinstance(loads, LoadStats) else LoadStats.of(loads)
     reasons: list[Reason] = []
     unjudged: dict[str, str] = {}
-    series: Judged = (None, no_series)
     judges = (
-        ("kv_full", kv_full(points) if no_series is None else series),
-        ("queue_growing", queue_growing(points) if no_series is None else series),
-        ("token_budget_full", token_budget_full(steps, budget, points)),
-        ("ttft_rising", ttft_rising(points, ttft_parts) if no_series is None else series),
+        ("kv_full", kv_full(stats)),
+        ("queue_growing", queue_growing(stats)),
+        ("token_budget_full", token_budget_full(steps, budget, stats)),
+        ("ttft_rising", ttft_rising(stats, ttft_parts)),
         ("load_shedding", load_shedding(rejections)),
     )
     for name, (found, why) in judges:
@@ -141,18 +219,14 @@ def _spans(points: Sequence[LoadPoint]) -> list[float]:
     ]
 
 
-def kv_full(points: Sequence[LoadPoint]) -> Judged:
-    known = [
-        (p, w) for p, w in zip(points, _spans(points), strict=True) if p.kv_occupancy is not None
-    ]
-    if len(known) < MIN_POINTS:
-        return None, f"KV occupancy known at {len(known)} samples (fewer than {MIN_POINTS})"
-    total = sum(w for _, w in known)
-    above = sum(w for p, w in known if (p.kv_occupancy or 0.0) > SATURATION)
-    share = above / total if total > 0 else 0.0
+def kv_full(stats: LoadStats) -> Judged:
+    if stats.kv_known < MIN_POINTS:
+        return None, f"KV occupancy known at {stats.kv_known} samples (fewer than {MIN_POINTS})"
+    total = stats.kv_seconds
+    share = stats.kv_above_seconds / total if total > 0 else 0.0
     if share < KV_FULL_SHARE:
         return None, None
-    peak = max(p.kv_occupancy or 0.0 for p, _ in known)
+    peak = stats.kv_peak or 0.0
     return _reason(
         "kv_full",
         f"KV occupancy above {SATURATION:.0%} for {share:.0%} of the window (peak {peak:.0%})",
@@ -160,36 +234,26 @@ def kv_full(points: Sequence[LoadPoint]) -> Judged:
     ), None
 
 
-def _slope(xs: Sequence[float], ys: Sequence[float]) -> float:
-    x = np.asarray(xs, dtype=float)
-    y = np.asarray(ys, dtype=float)
-    dx = x - x.mean()
-    denominator = float((dx * dx).sum())
-    return float((dx * (y - y.mean())).sum() / denominator) if denominator > 0 else 0.0
-
-
-def queue_growing(points: Sequence[LoadPoint]) -> Judged:
-    known = [p for p in points if p.waiting is not None]
-    if len(known) < MIN_POINTS:
-        return None, f"requests waiting known at {len(known)} samples (fewer than {MIN_POINTS})"
-    waiting = [p.waiting or 0.0 for p in known]
-    ts = [p.ts for p in known]
-    share = sum(1 for w in waiting if w > 0) / len(waiting)
-    slope = _slope(ts, waiting)
-    rise = slope * (ts[-1] - ts[0])
-    standing = share >= QUEUE_STANDING_SHARE and slope >= 0
+def queue_growing(stats: LoadStats) -> Judged:
+    known = stats.waiting_known
+    if known < MIN_POINTS:
+        return None, f"requests waiting known at {known} samples (fewer than {MIN_POINTS})"
+    share = stats.waiting_positive / known
+    slope = stats.waiting_sxy / stats.waiting_sxx if stats.waiting_sxx > 0 else 0.0
+    rise = slope * ((stats.waiting_last or 0.0) - (stats.waiting_first or 0.0))
+    standing = share >= QUEUE_STANDING_SHARE and rise > -QUEUE_DRAIN
     growing = rise >= QUEUE_RISE and share >= QUEUE_GROWING_SHARE
     if not (standing or growing):
         return None, None
     evidence = (
         f"requests waiting in {share:.0%} of samples, fitted trend {rise:+.1f} over the window "
-        f"(peak {max(waiting):g} waiting)"
+        f"(peak {stats.waiting_peak or 0.0:g} waiting)"
     )
     return _reason("queue_growing", evidence, share), None
 
 
 def token_budget_full(
-    steps: Histogram | None, budget: float | None, points: Sequence[LoadPoint] = ()
+    steps: Histogram | None, budget: float | None, stats: LoadStats | None = None
 ) -> Judged:
     """Most steps at the per-step token budget.
 
@@ -223,7 +287,7 @@ def token_budget_full(
     share = (at_budget + above) / steps.count
     if share < BUDGET_FULL_SHARE:
         return None, None
-    if inferred and not any((p.waiting or 0.0) > 0 for p in points):
+    if inferred and (stats is None or stats.waiting_positive == 0):
         return None, None
     lower = steps.bounds[top - 1] if top > 0 else 0.0
     source = (
@@ -238,27 +302,19 @@ def token_budget_full(
     return _reason("token_budget_full", evidence, share), None
 
 
-def ttft_rising(points: Sequence[LoadPoint], ttft_parts: Sequence[Histogram | None]) -> Judged:
+def ttft_rising(stats: LoadStats, ttft_parts: Sequence[Histogram | None]) -> Judged:
     """TTFT's mean per sub-window (the histogram's sum ÷ count: exact, no bucket bounds)
     against the mean load (running + waiting) of the samples in it."""
-    if len(ttft_parts) < 3:
+    if len(ttft_parts) != SUB_WINDOWS:
         return None, "TTFT not read per sub-window"
-    if len([p for p in points if p.running is not None]) < MIN_POINTS:
+    if stats.running_known < MIN_POINTS:
         return None, f"requests running known at fewer than {MIN_POINTS} samples"
-    start, end = points[0].ts, points[-1].ts
-    step = (end - start) / len(ttft_parts)
     pairs: list[tuple[float, float]] = []
-    for index, part in enumerate(ttft_parts):
+    for part, load, inside in zip(ttft_parts, stats.part_load, stats.part_samples, strict=True):
         if part is None or part.count <= 0:
             continue
-        low, high = start + index * step, start + (index + 1) * step
-        inside = [
-            (p.running or 0.0) + (p.waiting or 0.0)
-            for p in points
-            if p.running is not None and low <= p.ts <= high
-        ]
         if inside:
-            pairs.append((sum(inside) / len(inside), part.total / part.count))
+            pairs.append((load / inside, part.total / part.count))
     if len(pairs) < 3:
         return None, f"first tokens in {len(pairs)} sub-windows (fewer than 3)"
     loads = [load for load, _ in pairs]

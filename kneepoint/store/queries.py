@@ -290,23 +290,35 @@ LIGHT_COLUMNS = tuple(
 )
 
 
-def replica_rows_at(session: Session, keys: pd.DataFrame) -> pd.DataFrame:
-    """Whole replica rows for the (target_id, ts) pairs in `keys`: from the samples, or from
-    the summary tiers where the samples were thinned since."""
+def replica_rows_at(
+    session: Session, keys: pd.DataFrame, columns: Sequence[str] | None = None
+) -> pd.DataFrame:
+    """Whole replica rows for the (target_id, ts) pairs in `keys` (only `columns` besides
+    target and time, when given): from the samples, or from the summary tiers where the
+    samples were thinned since."""
     samples = REPLICA_SAMPLES
     if keys.empty:
-        return pd.DataFrame(columns=[c.name for c in samples.columns])
+        names = ["target_id", "ts", *columns] if columns else [c.name for c in samples.columns]
+        return pd.DataFrame(columns=names)
     pairs = {(int(t), float(ts)) for t, ts in zip(keys.target_id, keys.ts, strict=True)}
-    found = _rows_at(session, samples, pairs)
+    found = _rows_at(session, samples, pairs, columns)
     missing = pairs - set(zip(found.target_id.astype(int), found.ts.astype(float), strict=True))
     if missing:
-        summary = _rows_at(session, REPLICA_ROLLUPS, missing)
+        summary = _rows_at(session, REPLICA_ROLLUPS, missing, columns)
         summary = summary.drop_duplicates(["target_id", "ts"])[list(found.columns)]
         found = pd.concat([found, summary], ignore_index=True) if len(found) else summary
     return found.sort_values(["target_id", "ts"], ignore_index=True)
 
 
-def _rows_at(session: Session, table: Table, pairs: set[tuple[int, float]]) -> pd.DataFrame:
+def _rows_at(
+    session: Session,
+    table: Table,
+    pairs: set[tuple[int, float]],
+    columns: Sequence[str] | None = None,
+) -> pd.DataFrame:
+    wanted = (
+        (table,) if not columns else (table.c.target_id, table.c.ts, *(table.c[c] for c in columns))
+    )
     if session.get_bind().dialect.name == "postgresql":
         # The pairs as two arrays joined on the primary key: one lookup per pair, and one
         # statement of constant size (1,000 OR terms took seconds to build and plan).
@@ -321,14 +333,16 @@ def _rows_at(session: Session, table: Table, pairs: set[tuple[int, float]]) -> p
         )
         return read_frame(
             session,
-            select(table).join(keys, and_(table.c.target_id == keys.c.t, table.c.ts == keys.c.ts)),
+            select(*wanted).join(
+                keys, and_(table.c.target_id == keys.c.t, table.c.ts == keys.c.ts)
+            ),
         )
     # One (target_id, ts IN …) term per target: each is a few lookups of the primary key.
     # (A tuple IN over a time range scanned every row of the range: 0.3 s for a week.)
     times: dict[int, list[float]] = {}
     for target_id, ts in sorted(pairs):
         times.setdefault(target_id, []).append(ts)
-    query = select(table).where(
+    query = select(*wanted).where(
         or_(*(and_(table.c.target_id == t, table.c.ts.in_(ts)) for t, ts in times.items()))
     )
     return read_frame(session, query)

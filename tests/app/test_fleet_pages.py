@@ -112,7 +112,7 @@ def test_capacity_shows_one_paged_table_worst_first_not_a_tile_block_per_replica
     app = run("capacity.py")
     labels = [m.label for m in app.metric]
     assert "KV occupancy" not in labels and "Sequence slots left" not in labels
-    replicas = table(app, "Time saturated")
+    replicas = table(app, "Time KV full")
     assert len(replicas) == ROWS
     assert replicas["Replica"].iloc[0] == name(REPLICAS - 1)  # the fullest KV cache first
     assert f"rows 1–{ROWS} of {REPLICAS}" in captions(app)
@@ -125,10 +125,10 @@ def test_capacity_shows_one_paged_table_worst_first_not_a_tile_block_per_replica
     # The next page, then a filter: still at most a page, and the caption says which rows.
     pager = app.number_input(key=_key(app, "-page", 0))
     pager.set_value(2).run()
-    assert len(table(app, "Time saturated")) == REPLICAS - ROWS
+    assert len(table(app, "Time KV full")) == REPLICAS - ROWS
     assert f"rows {ROWS + 1}–{REPLICAS} of {REPLICAS}" in captions(app)
     app.text_input(key=_key(app, "-filter", 0)).input("replica-07").run()
-    assert list(table(app, "Time saturated")["Replica"]) == ["replica-07"]
+    assert list(table(app, "Time KV full")["Replica"]) == ["replica-07"]
 
 
 def _key(app: AppTest, suffix: str, index: int) -> str:
@@ -141,7 +141,7 @@ def _key(app: AppTest, suffix: str, index: int) -> str:
 def test_capacity_tiles_and_lines_for_the_replicas_chosen_in_the_sidebar(fleet: Path) -> None:
     app = run("capacity.py", chosen=("replica-07",))
     assert [m.label for m in app.metric].count("KV occupancy") == 1
-    assert len(table(app, "Time saturated")) == ROWS  # the fleet's table stays
+    assert len(table(app, "Time KV full")) == ROWS  # the fleet's table stays
     for names in charts(app):
         assert "replica-07" in names and names[0] == MEDIAN
         assert len(names) <= MOST_TRACES
@@ -185,7 +185,7 @@ def test_a_small_fleet_keeps_its_tiles_and_a_line_per_replica(
     monkeypatch.setenv("KNEEPOINT_CONFIG", str(seed(tmp_path, time.time(), minutes=10)))
     app = run("capacity.py")
     assert [m.label for m in app.metric].count("KV occupancy") == 3
-    assert not [d for d in app.dataframe if "Time saturated" in _frame(d.value).columns]
+    assert not [d for d in app.dataframe if "Time KV full" in _frame(d.value).columns]
     for names in charts(app):
         assert sorted(n for n in names if n != CHANGES) == ["replica-a", "replica-b"]
 

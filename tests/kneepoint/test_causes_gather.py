@@ -108,11 +108,11 @@ def series_gather(
                 _ts(replica.get("stalled_since")),
                 replica.get("requests_running"),
                 replica.get("requests_waiting"),
-                # The verdict's reasons gather's status judges without a series.
+                # The verdict's reasons beside a full KV cache (its own signal).
                 tuple(
                     f"saturated, {r['reason'].replace('_', ' ')}: {r['evidence']}"
                     for r in replica["saturation"]["reasons"]
-                    if r["reason"] in ("token_budget_full", "load_shedding")
+                    if r["reason"] != "kv_full"
                 ),
             )
         )

@@ -66,6 +66,14 @@ def test_a_standing_queue_is_saturation_and_a_spike_is_not() -> None:
     assert result["reasons"][0]["value"] == 1.0
     draining = series([0.3] * 20, [float(20 - i) for i in range(20)], [2.0] * 20)
     assert "queue_growing" not in reasons(verdict(draining))  # present but falling
+    # Standing at 2-3 with its fit dipping by less than a request: still not draining.
+    noisy = series([0.3] * 20, [3.0, 2.0] * 8 + [2.0] * 4, [2.0] * 20)
+    result = verdict(noisy)
+    assert reasons(result) == ["queue_growing"]
+    assert "fitted trend -0." in result["reasons"][0]["evidence"]
+    # Falling by two requests over the window: draining.
+    ebbing = series([0.3] * 20, [3.0] * 10 + [1.0] * 10, [2.0] * 20)
+    assert "queue_growing" not in reasons(verdict(ebbing))
 
 
 def test_a_queue_building_late_in_the_window_is_growing() -> None:

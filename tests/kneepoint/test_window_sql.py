@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import math
 from collections.abc import Callable, Iterator
+from dataclasses import asdict
 from typing import Any
 
 import pandas as pd
@@ -22,8 +23,9 @@ import pytest
 from sqlalchemy import insert, update
 from sqlalchemy.orm import Session, sessionmaker
 
-from kneepoint import distribution
+from kneepoint import distribution, status
 from kneepoint.config import Config, Retention
+from kneepoint.derived.saturation import SUB_WINDOWS
 from kneepoint.samples import Histogram
 from kneepoint.status import build_status, fleet_window
 from kneepoint.store import queries
@@ -265,6 +267,46 @@ def test_the_status_and_evaluations_view_from_the_databases_rows_are_the_rows_pa
     same(fleet.__dict__, fleet_rows.__dict__, "fleet window")
 
 
+@pytest.mark.parametrize(("now", "window"), WINDOWS)
+def test_the_saturation_verdict_from_the_databases_sums_is_the_rows_one(
+    store: tuple[sessionmaker[Session], Config], now: float, window: float
+) -> None:
+    """At fleet size the database reduces each replica's series to the verdict's statistics
+    (store/saturation_sql.py): the same verdicts, reasons, evidence and values as the
+    statistics of the rows themselves, over samples and summary tiers alike."""
+    sessions, config = store
+    with sessions() as session:
+        expected = build_status(session, config, now, window, aggregate=False)
+        got = build_status(session, config, now, window, aggregate=True)
+
+    def verdicts(status: Any) -> dict[str, Any]:
+        return {r["name"]: r["saturation"] for r in status["replicas"]}
+
+    assert verdicts(got) == verdicts(expected)
+    # Beneath the verdicts, the statistics themselves: the same from either source.
+    with sessions() as session:
+        ids = {row.id: name for name, row in queries.targets(session).items()}
+        layouts = queries.histogram_layouts(session)
+        frame = queries.replica_frame(session, now - window, now, columns=queries.LIGHT_COLUMNS)
+        rows = status._saturations(session, frame, now - window, now, layouts, ids)
+        sql = status._saturations_sql(session, now - window, now, layouts, ids)
+    assert rows.keys() == sql.keys() and rows
+    for target, loads in rows.items():
+        for name, value in asdict(loads.stats).items():
+            other = getattr(sql[target].stats, name)
+            assert value == pytest.approx(other, rel=1e-12, abs=1e-9), (ids[target], name)
+        assert loads.ttft_parts == sql[target].ttft_parts, ids[target]
+    # The series reasons are judged at fleet size, not left out.
+    judged = [v for v in verdicts(got).values() if v["saturated"] is not None]
+    assert judged and all("queue_growing" not in v["unjudged"] for v in judged)
+    assert all("kv_full" not in v["unjudged"] for v in judged)
+    reasons = {r["reason"] for v in judged for r in v["reasons"]}
+    if window >= DAY:  # the seeded queues stand over the long windows
+        assert "queue_growing" in reasons
+    if window == 300.0:  # and TTFT climbs with the load in the last minutes
+        assert "ttft_rising" in reasons
+
+
 @pytest.fixture
 def reads(monkeypatch: pytest.MonkeyPatch) -> Iterator[tuple[list[int], list[Any]]]:
     """The sizes of every result read into Python through the one read path (on SQLite
@@ -323,8 +365,11 @@ def test_a_page_view_at_fleet_size_reads_a_few_rows_per_replica(
     assert all(set(f) <= {ids["e-stalled"]} for f in frames), frames
     # Read: a few edge rows per replica, every row of the one with a counter missing at some
     # rows (b-gaps) and of the stalled one, the 5-minute fleet intervals, and small reads
-    # (targets, layouts, runs) of a row or so per replica; every replica's rows were `total`.
-    bound = 6 * len(REPLICAS) + gaps + stalled + window / 300 + 2 * len(REPLICAS)
+    # (targets, layouts, runs) of a row or so per replica, and the saturation verdict's row
+    # of statistics and SUB_WINDOWS + 1 rows for TTFT per replica (store/saturation_sql.py);
+    # every replica's rows were `total`.
+    verdict = (1 + SUB_WINDOWS + 1) * len(REPLICAS)
+    bound = 6 * len(REPLICAS) + gaps + stalled + window / 300 + 2 * len(REPLICAS) + verdict
     assert sum(sizes) <= bound, (sizes, bound)
     assert sum(sizes) < total / 2
 
