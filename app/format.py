@@ -176,10 +176,11 @@ def utc(ts: float | None) -> str:
 # Chromium, where they show as empty boxes). The word alone still says it.
 DOT = "●"
 _TONES = {
-    "red": "firing critical page down gone failed failing broken error refused dead stalled",
+    "red": "firing critical page down gone failed failing broken error refused refusing dead "
+    "stalled",
     "orange": "pending warning ticket stale retrying degraded burning",
     "green": "resolved ok up live done sent delivered healthy success inactive",
-    "blue": "info",
+    "blue": "info asleep",
 }
 _TONE = {word: tone for tone, words in _TONES.items() for word in words.split()}
 # Readable on the light and the dark theme alike.
@@ -193,12 +194,14 @@ TONE_COLOURS = {
 
 
 def tone(value: Any) -> str:
-    """A state's or severity's tone: red (firing, down, page), orange (pending, stale,
-    ticket), green (resolved, up, done), blue (info), gray (anything else or nothing)."""
+    """A state's or severity's tone: red (firing, down, page, refusing), orange (pending,
+    stale, ticket), green (resolved, up, done), blue (info, asleep), gray (anything else or
+    nothing). A state with a detail in brackets ("asleep (weights offloaded)") has its
+    word's tone."""
     if is_empty(value):
         return "gray"
     word = str(value).strip().lower().removeprefix(DOT).strip()
-    return _TONE.get(word, "gray")
+    return _TONE.get(word, _TONE.get(word.split(" (")[0], "gray"))
 
 
 def badge(value: Any) -> str:

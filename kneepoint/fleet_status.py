@@ -24,8 +24,10 @@ The rule, exactly (worst first; the fleet's level is the worst of its reasons'):
 
 Never a reason: a `pending` alert (breaching, not yet for its whole `for:`), a firing alert
 of severity `info` (for the record: gpu-idle, a low acceptance rate), an SLO with no data
-yet or whose configuration is wrong (its page says why), a replica never scraped. They are
-counted in `notes` so the status line can say "OK · 2 pending" without calling it a problem.
+yet or whose configuration is wrong (its page says why), a replica never scraped, a replica
+asleep (vLLM's sleep mode: put to sleep on purpose, so neither down nor stalled; `asleep`).
+Pending and info alerts and asleep replicas are counted in `notes` so the status line can
+say "OK · 2 pending · 1 replica asleep" without calling it a problem.
 
 The status line has one segment per level with reasons, worst first, each naming its
 reasons ("Down: 1 of 4 replicas down · Burning: SLO fast-ttft budget exhausted ·
@@ -126,6 +128,8 @@ class ReplicaState:
     last_error: str | None = None
     last_scrape_at: str | None = None
     stalled_since: str | None = None
+    # vLLM's sleep mode: "weights offloaded" or "everything discarded" while asleep, else None.
+    asleep: str | None = None
 
     @classmethod
     def from_status(cls, replica: ReplicaStatus) -> ReplicaState:
@@ -138,7 +142,15 @@ class ReplicaState:
             last_error=replica.get("last_error"),
             last_scrape_at=replica.get("last_scrape_at"),
             stalled_since=replica.get("stalled_since"),
+            asleep=replica.get("sleep_state") if replica.get("asleep") else None,
         )
+
+    @property
+    def asleep_label(self) -> str | None:
+        """ "asleep (weights offloaded)" while asleep and scraped; None otherwise."""
+        if self.asleep is None or self.stale or self.up is not True:
+            return None
+        return f"asleep ({self.asleep})"
 
     @property
     def known(self) -> bool:
@@ -245,7 +257,7 @@ def assess(
             reasons.append(Reason(BURNING, "slo", "burning", slo.name, text, slo_view(slo.name)))
     level = max((r.level for r in reasons), key=LEVELS.index, default=OK)
     reasons.sort(key=lambda r: -LEVELS.index(r.level))  # stable: the order above within a level
-    return FleetStatus(level, tuple(reasons), _notes(alerts), len(known))
+    return FleetStatus(level, tuple(reasons), _notes(alerts, replicas), len(known))
 
 
 def replica_view(replica: ReplicaState | None) -> dict[str, str]:
@@ -277,15 +289,24 @@ def ordered(alerts: Iterable[AlertState]) -> list[AlertState]:
     )
 
 
-def _notes(alerts: list[AlertState]) -> tuple[str, ...]:
+def _notes(alerts: list[AlertState], replicas: list[ReplicaState]) -> tuple[str, ...]:
     pending = sum(1 for a in alerts if a.state == PENDING)
     info = sum(1 for a in alerts if a.state == FIRING and a.severity == "info")
+    asleep = sum(1 for r in replicas if r.asleep_label is not None)
     notes = []
     if pending:
         notes.append(f"{pending} pending")
     if info:
         notes.append(f"{info} info firing")
+    if asleep:
+        notes.append(f"{asleep} replica{'' if asleep == 1 else 's'} asleep")
     return tuple(notes)
+
+
+def asleep_label(replica: ReplicaStatus) -> str | None:
+    """A replica of `kneepoint status` put to sleep on purpose, as the pages name it:
+    "asleep (weights offloaded)"; None when awake, not known, down or stale."""
+    return ReplicaState.from_status(replica).asleep_label
 
 
 def _counted(category: str, n: int) -> str:

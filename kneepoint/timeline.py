@@ -26,6 +26,12 @@ returns Events; `events` reads the store for a range and runs them all. What is 
 - `gpu_gone`: an exporter's scrape lists the GPUs it listed before, less one.
 - `scrape_outage`: a run of failed scrapes of one target (runs apart by more than
   OUTAGE_GAP scrape intervals are two outages), with its length and first error.
+- `sleep` / `wake`: a replica's stored sleep level (vLLM's `vllm:engine_sleep_state`, the
+  max over its engines: 0 awake, 1 weights offloaded, 2 everything discarded) leaves 0 or
+  moves to the other sleep level (`sleep`), or returns to 0 (`wake`). The first sample of
+  a range is the baseline; a sample without the level (older vLLM, other engines) is
+  skipped. A summary row keeps its bucket's mean level: a bucket that slept for part of it
+  reads as asleep, and the event is at the bucket's time.
 - `hit_rate_drop`: a replica's prefix-cache hit rate, on 5-minute intervals, more than
   HIT_RATE_DROP below its trailing hour's mean (the Prefix cache page's rule).
 - `prefill_storm`: a replica's computed prompt tokens per second, on 5-minute intervals,
@@ -70,6 +76,8 @@ KINDS = (
     "gpu_power_cap",
     "gpu_gone",
     "scrape_outage",
+    "sleep",
+    "wake",
     "hit_rate_drop",
     "prefill_storm",
     "alert_firing",
@@ -100,6 +108,9 @@ UPGRADE_KEYS = (ENGINE_KEY, "generation")
 RESTART_COUNTERS = REPLICA_COUNTERS
 # The stored process start time (samples.REPLICA_LAST_GAUGES) whose move forward is one.
 PROCESS_START = "process_start_time"
+# The stored sleep level (samples.REPLICA_GAUGES) whose changes are `sleep` and `wake`.
+SLEEP_LEVEL = "sleep_level"
+SLEEP_WORDS = {1: "weights offloaded", 2: "everything discarded"}
 
 
 @dataclass(frozen=True)
@@ -170,6 +181,29 @@ def restarts(
             found.append(Event(ts, replica, "restart", detail))
         elif fallen:
             found.append(Event(ts, replica, "restart", f"counters reset ({shown})"))
+    return found
+
+
+def sleeps(replica: str, times: Sequence[float], levels: Sequence[float | None]) -> list[Event]:
+    """`sleep` where the level (0 awake, 1 weights offloaded, 2 everything discarded; None:
+    not known, skipped) leaves 0 or moves between the sleep levels, `wake` where it returns
+    to 0; the first known level is the baseline. A fraction (a summary row's mean) counts
+    as asleep, at its level rounded up."""
+    found: list[Event] = []
+    before: int | None = None
+    for ts, raw in zip(times, levels, strict=True):
+        value = _number(raw)
+        if value is None:
+            continue
+        level = math.ceil(value) if value > 0 else 0
+        if before is not None and level != before:
+            if level == 0:
+                found.append(Event(ts, replica, "wake", "woke up (sleep mode ended)"))
+            else:
+                words = SLEEP_WORDS.get(level, f"sleep level {level}")
+                detail = f"went to sleep ({words})" if before == 0 else f"sleeps deeper ({words})"
+                found.append(Event(ts, replica, "sleep", detail))
+        before = level
     return found
 
 
@@ -411,7 +445,7 @@ def _replica_events(
     session: Session, names: dict[int, str], since: float, until: float, ids: list[int] | None
 ) -> list[Event]:
     # From the hour before `since`: the trailing baselines of drops and storms.
-    columns = list(dict.fromkeys([*series.COLUMNS, *RESTART_COUNTERS, PROCESS_START]))
+    columns = list(dict.fromkeys([*series.COLUMNS, *RESTART_COUNTERS, PROCESS_START, SLEEP_LEVEL]))
     frame = queries.replica_frame(session, since - HISTORY, until, ids, columns=columns)
     found: list[Event] = []
     if frame.empty:
@@ -423,7 +457,7 @@ def _replica_events(
     # The detectors walk a replica's rows one by one (6-8 ms a replica, seconds at fleet
     # size); a vectorized pass for all replicas at once finds the few that may have an
     # event, and only those are walked: the events are the detectors' own.
-    restarted = _may_restart(frame)
+    restarted, slept = _may_restart(frame), _may_sleep(frame)
     dropped, stormy = _may_drop(intervals), _may_storm(intervals)
     for target_id, rows in frame.groupby("target_id", sort=False):
         name = names.get(int(target_id))
@@ -434,6 +468,8 @@ def _replica_events(
             counters = {c: list(rows[c]) for c in RESTART_COUNTERS if c in rows}
             started = list(rows[PROCESS_START]) if PROCESS_START in rows else None
             found += restarts(name, times, counters, started)
+        if target_id in slept:
+            found += sleeps(name, [float(t) for t in rows.ts], list(rows[SLEEP_LEVEL]))
         mine = by_replica.get(name)
         if mine is not None:
             found += hit_rate_drops(name, mine) if name in dropped else []
@@ -454,6 +490,16 @@ def _may_restart(frame: pd.DataFrame) -> set[Any]:
         before = values.groupby(groups).ffill().groupby(groups).shift()
         flagged |= (values > before) if name == PROCESS_START else (values < before)
     return set(groups[flagged].unique().tolist())
+
+
+def _may_sleep(frame: pd.DataFrame) -> set[Any]:
+    """The targets of `frame` whose known sleep level differs between two of their rows:
+    only these can have a `sleep` or `wake` event."""
+    if SLEEP_LEVEL not in frame:
+        return set()
+    levels = frame[SLEEP_LEVEL].astype(float)
+    known = levels.groupby(frame.target_id).agg(["min", "max"])
+    return set(known.index[known["min"] != known["max"]].tolist())
 
 
 # The pre-filters' slack: a rolling statistic over every replica's rows at once may differ

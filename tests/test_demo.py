@@ -103,6 +103,13 @@ def test_the_demo_shows_every_replica_and_gpu(tmp_path: Path) -> None:
         assert old.target_id.nunique() == 4 and len(old) > 4 * 1000
         assert old.hist_ttft.notna().all()  # the SGLang replica's too, in its own buckets
         assert hourly.target_id.nunique() == 4 and set(hourly.resolution) > {3600}
+        # The last two days show vLLM 0.32's families: the offload tier's host hits on llama-8b-a,
+        # whose small KV cache evicts, and the L4's load shedding in its overload burst.
+        recent = {r["name"]: r for r in status(config, "2d")["replicas"]}
+        assert recent["llama-8b-a"]["prefix_cache_tier_shares"]["host"] > 0
+        assert recent["llama-8b-b"]["prefix_cache_tier_shares"]["host"] == 0
+        assert recent["qwen3-4b-l4"]["requests_refused_share"] > 0
+        assert recent["llama-8b-a"]["requests_refused_share"] == 0
         with open_store(settings.database)() as session:
             # The SLOs read the fleet's histograms, vLLM's and SGLang's buckets together.
             day = fleet_window(session, settings, time.time() - 86400, 3600)

@@ -1,5 +1,6 @@
-"""Collector health: each target's last scrape and error, the collectors and their leader,
-the scheduler's jobs, recent errors."""
+"""Collector health: each target's last scrape and error (a target put to sleep on purpose
+is "asleep", as `kneepoint status` says, not trouble), the collectors and their leader, the
+scheduler's jobs, recent errors."""
 
 from __future__ import annotations
 
@@ -9,6 +10,7 @@ from app import data, filters
 from app import tables as t
 from app.format import is_empty
 from collectors.engines import ENGINE_NAMES
+from kneepoint.fleet_status import asleep_label
 from kneepoint.health import collectors
 
 view = filters.current(data.replica_names())
@@ -20,18 +22,30 @@ st.subheader("Targets")
 if targets.empty:
     st.info("Nothing has been scraped yet.")
 else:
+    # Asleep on purpose (vLLM's sleep mode), as the status says: up, and not trouble.
+    asleep = {r["name"]: asleep_label(r) for r in data.status(300.0, end)["replicas"]}
+
+    def state(name: str, up: object, stale: bool) -> str | None:
+        if is_empty(up):
+            return None
+        if stale:
+            return "stale"
+        return (asleep.get(name) or "up") if up else "down"
+
     t.people_table(
         targets.assign(
             state=[
-                None if is_empty(up) else "stale" if stale else "up" if up else "down"
-                for up, stale in zip(targets.up, targets.stale, strict=True)
+                state(name, up, stale)
+                for name, up, stale in zip(targets.target, targets.up, targets.stale, strict=True)
             ],
             engine=[None if is_empty(e) else ENGINE_NAMES.get(e, e) for e in targets.engine],
         ),
         {
             "target": t.text("Target"),
             "state": t.badge(
-                "State", help="stale: not scraped lately (counted as down); –: never scraped."
+                "State",
+                help="stale: not scraped lately (counted as down); asleep: put to sleep on "
+                "purpose (vLLM's sleep mode), neither down nor stalled; –: never scraped.",
             ),
             "kind": t.text("Kind"),
             "engine": t.text("Engine"),

@@ -177,8 +177,16 @@ def landing() -> None:
     st.subheader(f"Replicas: {len(troubled)} of {len(replicas)} down, stale or stalled")
     for replica in troubled:
         replica_line(replica, now)
+    asleep = [r for r in replicas if r.asleep_label is not None]
+    for replica in asleep:
+        st.markdown(
+            f":blue-badge[{replica.asleep_label}] **{replica.name}** · put to sleep on purpose "
+            f"(vLLM's sleep mode): not stalled, no alert applies · "
+            f"{page_link(replica_link(replica.name))}"
+        )
     if not troubled and replicas:
-        st.markdown(":green[Every scraped replica is up and serving.]")
+        others = " other" if asleep else ""
+        st.markdown(f":green[Every{others} scraped replica is up and serving.]")
     if never:
         st.caption(f"Never scraped yet: {', '.join(never)}")
 
@@ -195,11 +203,21 @@ def tiles() -> None:
         st.info("No engine targets are configured: add some under `targets:` in kneepoint.yaml.")
         return
     st.subheader("Replicas, last 5 minutes")
-    saturated = report["fleet"]["saturated_replicas"]
-    st.metric(
+    fleet = report["fleet"]
+    saturated = fleet["saturated_replicas"]
+    top = st.container(horizontal=True, gap="medium")
+    top.metric(
         "Saturated replicas",
         "–" if saturated is None else f"{saturated} of {len(report['replicas'])}",
         help=catalogue.help_text("replica_saturated"),
+        width="content",
+    )
+    top.metric(
+        "Requests refused",
+        refused_text(fleet["requests_refused_per_second"], fleet["requests_refused_share"]),
+        help=why(
+            fleet, "requests_refused_per_second", catalogue.help_text("requests_refused_share")
+        ),
         width="content",
     )
     if at_fleet_size(len(report["replicas"])):
@@ -212,9 +230,11 @@ def tiles() -> None:
     for index, replica in enumerate(shown):
         with columns[index % len(columns)].container(border=True):
             state = {True: ":green[● up]", False: ":red[● down]", None: ":gray[● never scraped]"}
+            sleeping = fleet_status.asleep_label(replica)
+            shown_state = state[replica["up"]] if sleeping is None else f":blue[● {sleeping}]"
             stalled = " :red[● stalled]" if replica.get("stalled") else ""
             name = f"[**{replica['name']}**]({link(replica_link(replica['name']))})"
-            st.markdown(f"{name} {state[replica['up']]}{stalled}")
+            st.markdown(f"{name} {shown_state}{stalled}")
             if replica.get("stale"):
                 last = _at(replica["last_scrape_at"])
                 st.caption(f"stale: not scraped since {clock(last, now)} ({ago(last, now)})")
@@ -260,6 +280,7 @@ def tiles() -> None:
                 help="GPU busy (DCGM): the share of time the replica's GPUs ran a kernel, mean "
                 "over its GPUs; not load vs knee.",
             )
+            refused_line(replica)
             engine_notes(replica)
     st.caption(f"{GPU_BUSY_VS_LOAD} As of {clock(_at(report['generated_at']), now)}.")
     if report.get("gone"):  # discovery no longer finds them (or taken out of targets:)
@@ -269,6 +290,26 @@ def tiles() -> None:
                 f"{g['name']} since {clock(_at(g['gone_since']), now)}" for g in report["gone"]
             )
         )
+
+
+def refused_text(per_second: float | None, share: float | None) -> str:
+    """Refused requests per second and their share: "1.20/s (8.0%)", "–" when not known."""
+    if per_second is None:
+        return "–"
+    return f"{per_second:,.2f}/s" + ("" if share is None else f" ({share:.1%})")
+
+
+def refused_line(replica: ReplicaStatus) -> None:
+    """The replica's load shedding over the window: in red while it refuses requests."""
+    per_second = replica["requests_refused_per_second"]
+    text = refused_text(per_second, replica["requests_refused_share"])
+    hover = why(
+        replica, "requests_refused_per_second", catalogue.help_text("requests_refused_share")
+    )
+    if per_second:
+        st.markdown(f":red[● refusing requests: {text}]", help=hover)
+    else:
+        st.caption(f"Refused: {text}", help=hover)
 
 
 def engine_notes(replica: ReplicaStatus) -> None:
@@ -292,18 +333,23 @@ def engine_notes(replica: ReplicaStatus) -> None:
 
 
 def _state(replica: ReplicaStatus) -> str:
-    """A replica's state as its tile says it, for a table's badge (app/format.tone)."""
+    """A replica's state as its tile says it, for a table's badge (app/format.tone):
+    refusing while it sheds load, asleep (and why) when put to sleep on purpose."""
     if replica.get("up") is None:
         return "never scraped"
     if replica.get("up") is False:
         return "down"
     if replica.get("stale"):
         return "stale"
-    return "stalled" if replica.get("stalled") else "up"
+    if replica.get("stalled"):
+        return "stalled"
+    if replica.get("requests_refused_per_second"):
+        return "refusing"
+    return fleet_status.asleep_label(replica) or "up"
 
 
-# Worst first: down, then stale, then stalled, then up; never-scraped ones last.
-_STATE_ORDER = {"down": 4.0, "stale": 3.0, "stalled": 2.0, "up": 1.0}
+# Worst first: down, stale, stalled, refusing, then up or asleep; never-scraped ones last.
+_STATE_ORDER = {"down": 4.0, "stale": 3.0, "stalled": 2.0, "refusing": 1.5, "up": 1.0}
 
 
 def fleet_table(replicas: list[ReplicaStatus]) -> None:
@@ -312,7 +358,7 @@ def fleet_table(replicas: list[ReplicaStatus]) -> None:
         {
             "replica": r["name"],
             "state": _state(r),
-            "rank": _STATE_ORDER.get(_state(r)),
+            "rank": _STATE_ORDER.get(_state(r), 1.0 if r.get("up") else None),
             "engine": engine_label(r),
             "saturated": saturation.labels(r["saturation"]),
             **{
@@ -324,6 +370,8 @@ def fleet_table(replicas: list[ReplicaStatus]) -> None:
                     "generation_tokens_per_second",
                     "prompt_tokens_per_second",
                     "gpu_utilization",
+                    "requests_refused_per_second",
+                    "requests_refused_share",
                 )
             },
         }
@@ -341,6 +389,10 @@ def fleet_table(replicas: list[ReplicaStatus]) -> None:
             "generation_tokens_per_second": t.number("Gen", "tok/s", digits=0),
             "prompt_tokens_per_second": t.number("Prompt", "tok/s", digits=0),
             "gpu_utilization": t.percent("GPU busy", digits=0),
+            "requests_refused_per_second": t.number(
+                "Refused", "req/s", digits=2, help=catalogue.help_text("requests_refused_share")
+            ),
+            "requests_refused_share": t.percent("Refused share", digits=1),
             "engine": t.text("Engine"),
         },
         identity="replica",

@@ -214,3 +214,18 @@ def test_ordered_puts_firing_pages_first_then_longest() -> None:
         AlertState("early", "a", "firing", "page", since=10.0),
     ]
     assert [a.rule for a in ordered(alerts)] == ["early", "late", "t", "i", "p"]
+
+
+def test_an_asleep_replica_is_a_note_not_trouble() -> None:
+    entry = {"name": "s", "up": True, "stale": False, "stalled": False, "asleep": True}
+    asleep = ReplicaState.from_status({**entry, "sleep_state": "weights offloaded"})
+    assert asleep.asleep_label == "asleep (weights offloaded)"
+    assert asleep.trouble is None and asleep.serving
+    status = assess([], [], [asleep, SERVING])
+    assert status.level == OK and status.reasons == ()
+    assert status.summary() == "OK · 1 replica asleep"
+    # Down or stale, it is that trouble, whatever its last sleep state said.
+    down = ReplicaState("d", up=False, asleep="weights offloaded")
+    assert down.asleep_label is None and assess([], [], [down, SERVING]).level == DOWN
+    awake = ReplicaState.from_status({**entry, "asleep": False, "sleep_state": "awake"})
+    assert awake.asleep_label is None and assess([], [], [awake]).summary() == "OK"
