@@ -71,6 +71,9 @@ READS: dict[str, Callable[[Store], list[str]]] = {
     ],
     "report": lambda s: ["--since", "1h", "--at", str(s.now), "--out", str(s.folder / "r")],
     "alerts list": lambda s: [],
+    "slo replay": lambda s: [
+        *("--objective", "99", "--threshold", "250ms", "--window", "1h", "--end", str(s.now))
+    ],
     "alerts export": lambda s: [],
     "export grafana": lambda s: ["--out", str(s.folder / "grafana")],
 }

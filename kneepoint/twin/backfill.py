@@ -159,6 +159,7 @@ def measure(
     for number in range(sessions):
         start(number, rng.uniform(0, 5))
     before: Stats | None = None
+    measured_from = warmup
     scraped: ReplicaSample | None = None
     while engine.now < warmup + seconds:
         while due and due[0][0] <= engine.now:
@@ -169,6 +170,7 @@ def measure(
         if before is None and engine.now >= warmup:
             before = copy.deepcopy(engine.stats)
             scraped = _scrape(metrics) if metrics else None
+            measured_from = engine.now
         duration = engine.step()
         if before is not None:
             gauges["kv_cache_usage"] += engine.kv.usage * duration
@@ -178,6 +180,11 @@ def measure(
             if engine.host is not None:
                 gauges["kv_offload_usage"] += engine.host.usage * duration
     assert before is not None
+    # Time-weighted means over the time actually stepped through: the last step may end
+    # past the level's seconds, and a mean over `seconds` would then exceed a full gauge.
+    elapsed = engine.now - measured_from
+    if elapsed > 0:
+        gauges = {name: total * seconds / elapsed for name, total in gauges.items()}
     offload = engine.host is not None
     level = _per_second(sessions, before, engine.stats, gauges, seconds, offload)
     if metrics is None or scraped is None:
