@@ -34,6 +34,7 @@ from kneepoint.config import ENGINE_KINDS, Config, ConfigError, Slo, config_path
 from kneepoint.knee.detect import Assessment, assess
 from kneepoint.knee.passive import ProductionCurve, replica_curve
 from kneepoint.records import Status
+from kneepoint.samples import sleep_state
 from kneepoint.series import COLUMNS as SERIES_COLUMNS
 from kneepoint.series import replica_series
 from kneepoint.status import build_status, is_stale
@@ -160,6 +161,7 @@ def _health(
 ) -> tuple[pd.DataFrame, pd.DataFrame, pd.DataFrame]:
     config, sessions = _open(path)
     with sessions() as session:
+        levels = queries.latest_sleep_levels(session)
         targets = pd.DataFrame(
             [
                 {
@@ -174,6 +176,8 @@ def _health(
                     "last scrape": _when(row.last_scrape_at),
                     "last error": row.last_error,
                     "failures in a row": row.consecutive_failures,
+                    # vLLM's sleep mode in the latest sample, in words (None: not said).
+                    "sleep": sleep_state(levels.get(row.id)),
                 }
                 for row in queries.targets(session).values()
             ]

@@ -32,6 +32,22 @@ def unavailable_reason(unavailable: dict[str, str], number: str) -> str | None:
 # KV-cache occupancy above which a replica counts as saturated.
 SATURATION = 0.9
 
+# vLLM's sleep levels (the `sleep_level` gauge, vllm:engine_sleep_state) in words, as status,
+# the timeline and the pages name them.
+SLEEP_STATES = {0: "awake", 1: "weights offloaded", 2: "everything discarded"}
+
+
+def sleep_state(level: float | None) -> str | None:
+    """The words for a stored sleep level; None where the engine does not say. A summary
+    row's level is its bucket's mean: above 0 but below 1 was asleep for part of it, named
+    "asleep" (as `level > 0` is asleep everywhere)."""
+    if level is None:
+        return None
+    if level <= 0:
+        return SLEEP_STATES[0]
+    return SLEEP_STATES[2] if level >= 2 else SLEEP_STATES[1] if level >= 1 else "asleep"
+
+
 # Histogram families whose buckets are stored, so quantiles work over any window.
 HISTOGRAMS = ("ttft", "itl", "e2e", "queue")
 # Histograms of load, stored like the latency ones but never an SLO's: tokens per engine step

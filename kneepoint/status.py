@@ -56,7 +56,7 @@ from kneepoint.records import (
     StallSleep,
     Status,
 )
-from kneepoint.samples import QUANTITIES
+from kneepoint.samples import QUANTITIES, sleep_state
 from kneepoint.store import gpu_windows, queries, saturation_sql, window_rows
 from kneepoint.store.codec import decode_histogram
 from kneepoint.store.models import RAW, TargetRow
@@ -492,10 +492,6 @@ def _replica(
     return result
 
 
-# vLLM's sleep levels (vllm:engine_sleep_state) as the status names them.
-SLEEP_STATES = {0: "awake", 1: "weights offloaded", 2: "everything discarded"}
-
-
 # How far back `stalled_since` looks for the start of a stall that fills the whole window.
 STALL_LOOKBACK = 86400.0
 STALL_RULE = "engine-stalled"
@@ -604,7 +600,7 @@ def _stall(
     level = _value(latest, "sleep_level") if not stale else None
     sleep: Sleep = {
         "asleep": None if level is None else level > 0,
-        "sleep_state": None if level is None else SLEEP_STATES.get(int(level), "asleep"),
+        "sleep_state": sleep_state(level),
     }
     none: StallSleep = {"stalled": None, "stalled_since": None, "stall_seconds": None, **sleep}
     if row is None or latest is None or stale:

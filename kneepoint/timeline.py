@@ -62,7 +62,7 @@ from collectors.engines import ENGINE_NAMES
 from kneepoint import series
 from kneepoint.config import Config
 from kneepoint.derived import details
-from kneepoint.samples import REPLICA_COUNTERS
+from kneepoint.samples import REPLICA_COUNTERS, sleep_state
 from kneepoint.store import queries
 from kneepoint.store.models import AnnotationRow, SilenceRow, TargetConfigRow
 
@@ -110,7 +110,6 @@ RESTART_COUNTERS = REPLICA_COUNTERS
 PROCESS_START = "process_start_time"
 # The stored sleep level (samples.REPLICA_GAUGES) whose changes are `sleep` and `wake`.
 SLEEP_LEVEL = "sleep_level"
-SLEEP_WORDS = {1: "weights offloaded", 2: "everything discarded"}
 
 
 @dataclass(frozen=True)
@@ -200,7 +199,7 @@ def sleeps(replica: str, times: Sequence[float], levels: Sequence[float | None])
             if level == 0:
                 found.append(Event(ts, replica, "wake", "woke up (sleep mode ended)"))
             else:
-                words = SLEEP_WORDS.get(level, f"sleep level {level}")
+                words = sleep_state(level)
                 detail = f"went to sleep ({words})" if before == 0 else f"sleeps deeper ({words})"
                 found.append(Event(ts, replica, "sleep", detail))
         before = level

@@ -10,7 +10,6 @@ from app import data, filters
 from app import tables as t
 from app.format import is_empty
 from collectors.engines import ENGINE_NAMES
-from kneepoint.fleet_status import asleep_label
 from kneepoint.health import collectors
 
 view = filters.current(data.replica_names())
@@ -22,21 +21,22 @@ st.subheader("Targets")
 if targets.empty:
     st.info("Nothing has been scraped yet.")
 else:
-    # Asleep on purpose (vLLM's sleep mode), as the status says: up, and not trouble.
-    asleep = {r["name"]: asleep_label(r) for r in data.status(300.0, end)["replicas"]}
 
-    def state(name: str, up: object, stale: bool) -> str | None:
+    def state(up: object, stale: bool, sleep: object) -> str | None:
+        # Asleep on purpose (vLLM's sleep mode), as the status says: up, and not trouble.
         if is_empty(up):
             return None
         if stale:
             return "stale"
-        return (asleep.get(name) or "up") if up else "down"
+        if not up:
+            return "down"
+        return "up" if is_empty(sleep) or sleep == "awake" else f"asleep ({sleep})"
 
     t.people_table(
         targets.assign(
             state=[
-                state(name, up, stale)
-                for name, up, stale in zip(targets.target, targets.up, targets.stale, strict=True)
+                state(up, stale, sleep)
+                for up, stale, sleep in zip(targets.up, targets.stale, targets.sleep, strict=True)
             ],
             engine=[None if is_empty(e) else ENGINE_NAMES.get(e, e) for e in targets.engine],
         ),

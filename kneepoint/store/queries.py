@@ -120,6 +120,21 @@ SUMMARY_ONLY = ("saturated_seconds", "ends_saturated")
 Piece = tuple[float, float, int]  # [start, end) and the resolution read there (RAW: samples)
 
 
+def latest_sleep_levels(session: Session) -> dict[int, float | None]:
+    """Each replica's sleep level (samples.REPLICA_GAUGES) in its latest sample, by target
+    id: the sample stored at its last successful scrape, one primary-key lookup each."""
+    rows = session.execute(
+        select(ReplicaSampleRow.target_id, ReplicaSampleRow.sleep_level).join(
+            TargetRow,
+            and_(
+                TargetRow.id == ReplicaSampleRow.target_id,
+                TargetRow.last_success_at == ReplicaSampleRow.ts,
+            ),
+        )
+    )
+    return {int(target_id): level for target_id, level in rows}
+
+
 def coarsest_for(span: float) -> int:
     """The coarsest rows a range of `span` seconds may read: still finer than the points its
     charts are drawn at (views._bucket), so a chart never shows gaps."""
