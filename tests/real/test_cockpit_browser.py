@@ -273,7 +273,7 @@ PHONE_TABLES: dict[str, list[tuple[str, ...]]] = {
         ("Replica", "Reaches the knee", "Knee (seqs)"),
         ("Plan", "Sequences that fit"),
     ],
-    "prefix-cache": [("Event", "From", "Value")],
+    "prefix-cache": [("Event", "From", "Value"), ("Replica", "GPU", "CPU offload")],
     "knee": [("Run", "Knee", "Recommended"), ("Concurrency", "Throughput (× baseline)", "Verdict")],
     "cost": [],
     "what-if": [("Number", "Predicted", "Measured"), ("Number", "Error", "Measured")],
