@@ -31,7 +31,10 @@ from tests.real.vllm_server import BATCHED_TOKENS_LIMITS, MAX_QUEUED_LIMITS, MAX
 pytestmark = [pytest.mark.real, pytest.mark.timeout(900)]
 
 NAME = "vllm-limits"
-RUN_SECONDS = 30.0  # each run's length; the collector scrapes once a second
+# Each run's length; the collector scrapes once a second. The heavy run's verdict reads
+# 20 samples (the queue) and ~900 step records (the budget); the light one only has to
+# judge the budget, which a few hundred steps do.
+HEAVY_SECONDS, LIGHT_SECONDS = 20.0, 10.0
 PROMPT_TOKENS = 1000  # the model's max-model-len is 1024
 CLIENTS = 2 * (MAX_SEQS_LIMITS + MAX_QUEUED_LIMITS)  # more than the server admits at once
 
@@ -67,8 +70,10 @@ async def _client(
                 await asyncio.sleep(0.2)
 
 
-def _load(server: Vllm, clients: int, tokens: int, output: int, answers: list[int]) -> None:
-    until = time.monotonic() + RUN_SECONDS
+def _load(
+    server: Vllm, clients: int, tokens: int, output: int, seconds: float, answers: list[int]
+) -> None:
+    until = time.monotonic() + seconds
 
     async def run() -> None:
         await asyncio.gather(
@@ -79,7 +84,7 @@ def _load(server: Vllm, clients: int, tokens: int, output: int, answers: list[in
 
 
 def _judged_run(
-    server: Vllm, folder: Path, clients: int, tokens: int, output: int
+    server: Vllm, folder: Path, clients: int, tokens: int, output: int, seconds: float
 ) -> tuple[dict[str, Any], float | None, list[int]]:
     """Run the load while kneepoint's collector scrapes the server once a second into a store
     of its own; return the replica's status over the run's window (from the scrape before
@@ -98,8 +103,8 @@ def _judged_run(
     answers: list[int] = []
     started = time.time()
     assert collect_once(config, sessions)[0].ok  # the window's first sample: before the load
-    load = threading.Thread(target=_load, args=(server, clients, tokens, output, answers))
-    stopped = time.time() + RUN_SECONDS  # when _load's clients stop sending
+    load = threading.Thread(target=_load, args=(server, clients, tokens, output, seconds, answers))
+    stopped = time.time() + seconds  # when _load's clients stop sending
     load.start()
     while load.is_alive():
         time.sleep(config.scrape_interval)  # the collector's own cadence
@@ -120,9 +125,11 @@ def _judged_run(
 def test_a_prefill_heavy_run_is_saturated_with_kv_low_and_a_light_run_is_not(
     limits: Vllm, tmp_path: Path
 ) -> None:
-    light, light_kv, light_answers = _judged_run(limits, tmp_path / "light", 1, 16, 16)
+    light, light_kv, light_answers = _judged_run(
+        limits, tmp_path / "light", 1, 16, 16, LIGHT_SECONDS
+    )
     heavy, heavy_kv, heavy_answers = _judged_run(
-        limits, tmp_path / "heavy", CLIENTS, PROMPT_TOKENS, 1
+        limits, tmp_path / "heavy", CLIENTS, PROMPT_TOKENS, 1, HEAVY_SECONDS
     )
     evidence = f"light: {light['saturation']}\nheavy: {heavy['saturation']}"
     print(evidence)
