@@ -26,6 +26,7 @@ from kneepoint.whatif import (
     WhatIfError,
     latest_profile,
     parse_changes,
+    validation,
     whatif_replica,
 )
 from kneepoint.whatif.predict import SHOWN
@@ -379,6 +380,43 @@ def figure(result: dict[str, Any], key: str, label: str, unit: str) -> go.Figure
     return chart_figure
 
 
+def trust() -> None:
+    """The bench's published errors against a real vLLM, one row per kind of change."""
+    document = validation.load()
+    with st.expander("How close the predictions are: validated against a real vLLM"):
+        if document is None:
+            st.info("No validation has been published with this build.")
+            return
+        rows = pd.DataFrame(validation.table(document))
+        t.people_table(
+            rows,
+            {column: t.text(column) for column in rows.columns},
+            identity="change",
+            matters=tuple(label for key, label in validation.METRICS if key in validation.AIMED),
+            budget=t.PHONE_WIDTH_IN_EXPANDER,
+        )
+        st.caption(
+            f"{validation.aims_sentence(document)} The worst miss over the loads tried; "
+            "✓: every load met the aim, ✗: one did not. From `bench/whatif_validation.py` "
+            f"({document.get('vllm') or 'vLLM'}, CPU build, {document.get('generated_at', '')})."
+        )
+
+
+def verdict(change: dict[str, Any], shape: dict[str, Any]) -> None:
+    """Marks a prediction outside what the bench validated, or gives the published error of
+    the change it makes."""
+    judged = validation.judge(validation.load(), change, shape)
+    if not judged.validated:
+        st.warning("Outside the validated range: " + "; ".join(judged.reasons) + ".")
+        return
+    misses = [
+        f"{label} {validation.describe(key, judged.errors.get(key))}"
+        for key, label in validation.METRICS
+        if key in validation.AIMED and judged.errors.get(key) is not None
+    ]
+    st.caption("Inside the validated range; worst published miss: " + ", ".join(misses) + ".")
+
+
 # -- the page -------------------------------------------------------------------------------
 
 replicas = data.replica_names()
@@ -391,6 +429,7 @@ st.caption(
     "untrusted calibration predicts nothing. `kneepoint whatif --replica R --set k=v --json` "
     "gives the same numbers."
 )
+trust()
 if not replicas:
     st.info("No replicas are configured.")
     st.stop()
@@ -467,4 +506,5 @@ except WhatIfError as error:
 st.subheader(f"Before and after: {flags(change)}")
 window = result.get("window") or {}
 st.caption(f"Replayed {_when(window.get('start'))} → {_when(window.get('end'))}.")
+verdict(change, profile.get("shape") or {})
 before_after(result)
