@@ -10,6 +10,10 @@ From production history (history.py `Level`s): at a load level with b requests r
 a generation rate G and a computed-prompt rate P, a decode step carries b tokens and
 P·b/G prompt tokens and reads the KV the running requests hold (occupancy × capacity), and
 the mean inter-token latency is that step's duration: one more linear row per level.
+
+From runs of an agent trace (trace.py, `calibrate_trace`): the same equations per measured
+load, on the schedule the twin takes under the trace (exact without think time; with think
+time the schedule depends on the cost, so the fit is iterated to a fixed point).
 """
 
 from __future__ import annotations
