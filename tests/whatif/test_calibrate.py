@@ -5,6 +5,7 @@ same from runs of agent traffic (calibrate_trace, predict_trace)."""
 from __future__ import annotations
 
 import dataclasses
+import json
 
 import pytest
 
@@ -269,6 +270,9 @@ def test_a_trace_prediction_is_the_twin_at_the_changed_configuration() -> None:
             assert guess.requests == trace.requests
     # The changes changed something: fewer blocks preempt, no caching hits nothing.
     base = predict_trace(profile, None, trace, (8,))[0]
+    as_json = json.loads(json.dumps(base.as_dict()))
+    assert as_json["ttft_p95"] == base.ttft_p95
+    assert as_json["output_tokens_per_second_bounds"] == list(base.output_tokens_per_second_bounds)
     assert predict_trace(profile, {"num_gpu_blocks": 60}, trace, (8,))[0].preemptions > (
         base.preemptions
     )
