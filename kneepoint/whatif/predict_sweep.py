@@ -95,7 +95,8 @@ def predict_trace(
     `replicas` = N runs N engines, each with its own KV cache, sessions split between them
     sticky (session i on engine i mod N); every other key goes through changes.apply (for an
     n-gram drafter: num_speculative_tokens and spec_acceptance_rate as measured). Raises
-    UntrustedProfile for an untrusted profile and WhatIfError for a change that cannot apply,
+    UntrustedProfile for an untrusted profile and WhatIfError for a change that cannot apply
+    (a turn longer than the changed max_model_len or KV cache included),
     round-robin routing (a session's turns share its prefix: they stay on one engine) and
     growth (a closed loop's load is its sessions: give more loads instead).
 
@@ -118,11 +119,11 @@ def predict_trace(
     config = shape.engine_config(cost)
     throughput_error = profile.fit.rms_of("throughput")
     ttft_error = profile.fit.rms_of("ttft_mean")
-    return [
-        TracePrediction.of(
-            simulate_trace(config, trace, load, seed, engines=change.replicas),
-            throughput_error,
-            ttft_error,
-        )
-        for load in loads
-    ]
+    out = []
+    for load in loads:
+        try:
+            run = simulate_trace(config, trace, load, seed, engines=change.replicas)
+        except ValueError as error:  # a turn the changed engine cannot take
+            raise WhatIfError(str(error)) from None
+        out.append(TracePrediction.of(run, throughput_error, ttft_error))
+    return out

@@ -405,15 +405,25 @@ def simulate_trace(
     step ends joins the next); the cost's request_overhead_seconds is added to its TTFT
     only, as StepCost says, never to the engine's clock. Every turn generates its
     max_tokens (the real client must ask for exactly that: ignore_eos). `seed` seeds the
-    speculative verifier's acceptances. ValueError for a turn longer than max_model_len."""
+    speculative verifier's acceptances. ValueError for a turn longer than max_model_len or
+    than the KV cache holds (less a block)."""
     if load < 1 or engines < 1:
         raise ValueError("load and engines must be at least 1")
+    # The twin would keep a longer prompt's last tokens; vLLM refuses the request (past
+    # max_model_len) or the configuration (a cache that cannot hold one sequence).
+    cache = (config.num_gpu_blocks - 1) * config.block_size
     for session in trace.sessions:
         for turn in session:
-            if len(turn.prompt) + turn.max_tokens > config.max_model_len:
+            length = len(turn.prompt) + turn.max_tokens
+            if length > config.max_model_len:
                 raise ValueError(
                     f"a turn of {len(turn.prompt)} prompt + {turn.max_tokens} tokens passes "
                     f"max_model_len {config.max_model_len}"
+                )
+            if length > cache:
+                raise ValueError(
+                    f"a turn of {length} tokens does not fit a KV cache of "
+                    f"{config.num_gpu_blocks} blocks of {config.block_size}"
                 )
     run = _Run(config, trace, engines, seed)
     run.run(load)

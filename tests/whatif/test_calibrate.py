@@ -327,6 +327,8 @@ def test_a_trace_prediction_refuses_what_does_not_apply() -> None:
     profile = calibrate_trace(measured_runs(config, trace), shape, trace)
     with pytest.raises(WhatIfError, match="grow"):
         predict_trace(profile, {"growth": 2.0}, trace, (1,))
+    with pytest.raises(WhatIfError, match="KV cache"):
+        predict_trace(profile, {"num_gpu_blocks": 12}, trace, (1,))
     with pytest.raises(WhatIfError, match="sticky"):
         predict_trace(profile, {"replicas": 2, "routing": "round-robin"}, trace, (1,))
     untrusted = dataclasses.replace(profile, fit=FitQuality(profile.fit.points, False, "made up"))

@@ -209,6 +209,8 @@ def test_replicas_keep_each_session_on_one_engine_and_share_the_load() -> None:
     assert two.output_tokens_per_second > one.output_tokens_per_second
 
 
-def test_a_turn_longer_than_the_model_is_refused() -> None:
+def test_a_turn_longer_than_the_model_or_the_cache_is_refused() -> None:
     with pytest.raises(ValueError, match="max_model_len"):
         simulate_trace(dataclasses.replace(engine(), max_model_len=100), agents(), 1)
+    with pytest.raises(ValueError, match="KV cache"):
+        simulate_trace(engine(blocks=12), agents(), 1)
