@@ -379,7 +379,8 @@ class Engine:
         preempts or lets a waiting one in are computed in one go (`_fast_forward`), with the
         counters, histograms and times step() one at a time gives (to float rounding); a
         request's sink hears once at a stretch's end, with the tokens of the stretch. With
-        observers attached or speculative decoding on it steps one at a time."""
+        observers attached, speculative decoding on or a subclass's own `_duration` it steps
+        one at a time."""
         if self.idle or self.sleep_level:
             self.now = max(self.now, until)
             return self.now
@@ -402,6 +403,8 @@ class Engine:
         n = len(running)
         if self.observers or config.num_speculative_tokens or not n:
             return False
+        if type(self)._duration is not Engine._duration:
+            return False  # a subclass that notes each step (kneepoint/whatif/sweep.py)
         if n > config.max_num_batched_tokens or not all(r.decoding for r in running):
             return False
         waiting_for_capacity = self._admission_blocked(config.max_num_batched_tokens - n)

@@ -149,3 +149,18 @@ def test_fast_forward_is_faster_on_a_decode_heavy_load() -> None:
         drive(engine, arrivals)
         timings[mode] = time.perf_counter() - started
     assert timings["advance"] < timings["step"] / 3, timings
+
+
+def test_a_subclass_that_notes_each_step_is_stepped_one_at_a_time() -> None:
+    class Noting(Engine):
+        noted = 0
+
+        def _duration(self, work: list) -> float:  # type: ignore[type-arg]
+            self.noted += 1
+            return super()._duration(work)
+
+    engine = Noting(config())
+    engine.add(list(range(64)), 200)
+    engine.advance(math.inf)
+    assert engine.fast_forwarded == 0
+    assert engine.noted == sum(engine.stats.histograms["iteration_tokens_total"].counts) == 200
