@@ -2,10 +2,12 @@
 limits, the same counters.
 
     KNEEPOINT_WITH_VLLM=1 .venv/bin/python bench/scheduler_parity.py [--url URL] [--repeats N]
+        [--max-num-batched-tokens N]
 
 Starts the real vLLM CPU build's "starved" server (tests/real/vllm_server.py TINY_SERVERS:
 12 KV blocks of 128 tokens, prefix caching on, the CPU defaults max_num_seqs 128 and
-max_num_batched_tokens 2048), or uses the one at --url. For each scenario it sends every
+max_num_batched_tokens 2048, or the budget given: 256 splits the longer prompts into chunks),
+or uses the one at --url (started with that budget). For each scenario it sends every
 request at once (prompts as token ids, ignore_eos, max_tokens, temperature 0), and runs the
 same requests through the twin (kneepoint/twin/simulated_engine.py) with the server's block
 count and size and limits, all arriving at once. Prints, real against twin: preemptions
@@ -55,6 +57,8 @@ SCENARIOS = {
     "prefix": Scenario(16, (16, 48), (64, 64), shared=384),
     # Longer prompts and mixed outputs: chunks, preemption and admission waits together.
     "mixed": Scenario(24, (100, 400), (50, 250)),
+    # Prompts of 3-7 blocks: chunked under a small budget; the whole-sequence admission check.
+    "long": Scenario(12, (400, 850), (50, 150)),
 }
 
 Request = tuple[list[int], int]
@@ -148,7 +152,9 @@ def run_real(url: str, requests: list[Request]) -> Result:
     )
 
 
-def twin_engine(blocks: int, block_size: int) -> Engine:
+def twin_engine(
+    blocks: int, block_size: int, max_num_batched_tokens: int = MAX_NUM_BATCHED_TOKENS
+) -> Engine:
     return Engine(
         EngineConfig(
             gpu=gpu("l4"),
@@ -156,7 +162,7 @@ def twin_engine(blocks: int, block_size: int) -> Engine:
             num_gpu_blocks_override=blocks,
             block_size=block_size,
             max_num_seqs=MAX_NUM_SEQS,
-            max_num_batched_tokens=MAX_NUM_BATCHED_TOKENS,
+            max_num_batched_tokens=max_num_batched_tokens,
             max_model_len=MAX_MODEL_LEN,
             enable_prefix_caching=True,
         )
@@ -182,10 +188,10 @@ def run_twin(engine: Engine, requests: list[Request]) -> Result:
     )
 
 
-def table(url: str, repeats: int) -> list[tuple[str, int, Result, Result]]:
+def table(url: str, repeats: int, budget: int) -> list[tuple[str, int, Result, Result]]:
     shape = counters(url)
     blocks, block_size = int(shape["num_gpu_blocks"]), int(shape["block_size"])
-    print(f"real server: {blocks} KV blocks of {block_size} tokens", flush=True)
+    print(f"real server: {blocks} KV blocks of {block_size} tokens, budget {budget}", flush=True)
     rows = []
     for name, scenario in SCENARIOS.items():
         for repeat in range(repeats):
@@ -193,7 +199,7 @@ def table(url: str, repeats: int) -> list[tuple[str, int, Result, Result]]:
             seed = hash((name, repeat, time.time_ns())) % 2**32
             requests = requests_of(scenario, seed)
             real = run_real(url, requests)
-            twin = run_twin(twin_engine(blocks, block_size), requests)
+            twin = run_twin(twin_engine(blocks, block_size, budget), requests)
             rows.append((name, repeat, real, twin))
             print(row_text(name, repeat, real, twin), flush=True)
     return rows
@@ -220,18 +226,25 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--url", help="a running vLLM server with the starved configuration")
     parser.add_argument("--repeats", type=int, default=2)
+    parser.add_argument("--max-num-batched-tokens", type=int, default=MAX_NUM_BATCHED_TOKENS)
     args = parser.parse_args()
+    budget = args.max_num_batched_tokens
     print(HEADER)
     if args.url:
-        table(args.url, args.repeats)
+        table(args.url, args.repeats, budget)
         return
-    from tests.real.vllm_server import TINY_SERVERS, running_vllm
+    from tests.real.vllm_server import STARTUP_SECONDS, TINY_SERVERS, running_vllm
 
+    flags = TINY_SERVERS["starved"]
+    if budget != MAX_NUM_BATCHED_TOKENS:
+        flags = (*flags, "--max-num-batched-tokens", str(budget))
     with (
         tempfile.TemporaryDirectory() as folder,
-        running_vllm(Path(folder), *TINY_SERVERS["starved"]) as server,
+        # A budget of its own compiles anew the first time (torch.compile's cache is keyed
+        # by the configuration): give it longer.
+        running_vllm(Path(folder), *flags, startup=STARTUP_SECONDS * 3) as server,
     ):
-        table(server.url, args.repeats)
+        table(server.url, args.repeats, budget)
 
 
 if __name__ == "__main__":
