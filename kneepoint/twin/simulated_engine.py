@@ -1,10 +1,13 @@
 """One simulated vLLM engine: continuous batching over a paged KV cache, stepped in time.
 
-Each step schedules running requests first, then waiting ones while slots, token budget and
-KV blocks allow (chunked prefill); when a running request cannot get a block, the most
-recently admitted one is preempted and later recomputed from scratch. The step takes as long
-as its bytes moved and FLOPs need on the GPU: decode reads the weights and every sequence's
-KV cache (memory-bound), prefill does 2 × parameters FLOPs per token (compute-bound).
+Each step schedules as vLLM V1's scheduler does (docs/explanation/whatif.md "The scheduler"):
+running requests first, then waiting ones while slots, token budget and KV blocks for their
+whole sequence allow (chunked prefill); when a running request cannot get a block, the last
+running one is preempted and later recomputed (its cached blocks, output ones included, hit
+again where not evicted). `Engine.advance` runs pure-decode stretches in one go. The step
+takes as long as its bytes moved and FLOPs need on the GPU: decode reads the weights and
+every sequence's KV cache (memory-bound), prefill does 2 × parameters FLOPs per token
+(compute-bound).
 
 What vLLM 0.32 adds, each off unless configured: queue limits (`max_num_queued_reqs`,
 `max_num_queued_tokens`): an arrival past them is refused (`Rejected`, HTTP 503) and counted
