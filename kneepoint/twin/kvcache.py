@@ -81,9 +81,38 @@ class KvCache:
             self._make_room()
             self._in_use += 1
 
+    def allocate(self, count: int) -> None:
+        """Take `count` fresh unnamed blocks (vllm/v1/core/block_pool.py get_new_blocks: from
+        the free queue's front: empty space first, then the least recently freed cached
+        block); call cost() first."""
+        if count > self.free:
+            raise MemoryError("not enough free KV blocks")
+        for _ in range(count):
+            self._make_room()
+            self._in_use += 1
+
+    def name(self, block: int) -> bool:
+        """A held unnamed block just filled with computed tokens gets its hash (vLLM's
+        cache_full_blocks); False (it stays unnamed) where caching is off or another block
+        already holds that hash."""
+        if not self.prefix_caching or block in self._refs:
+            return False
+        self._refs[block] = 1
+        return True
+
     def release(self, hashes: Sequence[int], private: int) -> None:
-        """Drop references; named blocks stay cached (evictable), unnamed ones are freed."""
-        for block in hashes:
+        """Drop references to a request's blocks, `hashes` first and then `private` unnamed
+        ones, freed in reverse order as vLLM frees them (single_type_kv_cache_manager.py
+        free): unnamed blocks become empty space, named ones stay cached (evictable), the
+        tail's before the head's, so a sequence's tail is evicted first."""
+        self.release_blocks([*hashes, *([None] * private)])
+
+    def release_blocks(self, blocks: Sequence[int | None]) -> None:
+        """Free a request's blocks (a hash, or None for an unnamed one) in reverse order."""
+        for block in reversed(blocks):
+            if block is None:
+                self._in_use -= 1
+                continue
             refs = self._refs[block] - 1
             if refs:
                 self._refs[block] = refs
@@ -91,7 +120,6 @@ class KvCache:
             self._in_use -= 1
             self._refs[block] = 0
             self._evictable[block] = None
-        self._in_use -= private
 
     def _make_room(self) -> None:
         # A fresh block comes from empty space first, else from the least recently used

@@ -1,10 +1,13 @@
 """One simulated vLLM engine: continuous batching over a paged KV cache, stepped in time.
 
-Each step schedules running requests first, then waiting ones while slots, token budget and
-KV blocks allow (chunked prefill); when a running request cannot get a block, the most
-recently admitted one is preempted and later recomputed from scratch. The step takes as long
-as its bytes moved and FLOPs need on the GPU: decode reads the weights and every sequence's
-KV cache (memory-bound), prefill does 2 × parameters FLOPs per token (compute-bound).
+Each step schedules as vLLM V1's scheduler does (docs/explanation/whatif.md "The scheduler"):
+running requests first, then waiting ones while slots, token budget and KV blocks for their
+whole sequence allow (chunked prefill); when a running request cannot get a block, the last
+running one is preempted and later recomputed (its cached blocks, output ones included, hit
+again where not evicted). `Engine.advance` runs pure-decode stretches in one go. The step
+takes as long as its bytes moved and FLOPs need on the GPU: decode reads the weights and
+every sequence's KV cache (memory-bound), prefill does 2 × parameters FLOPs per token
+(compute-bound).
 
 What vLLM 0.32 adds, each off unless configured: queue limits (`max_num_queued_reqs`,
 `max_num_queued_tokens`): an arrival past them is refused (`Rejected`, HTTP 503) and counted
@@ -17,11 +20,13 @@ device cache evicted is loaded back from there instead of recomputed (`HostCache
 
 from __future__ import annotations
 
-import math
+import itertools
 import random
 from collections import deque
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
+
+import numpy as np
 
 from kneepoint.twin.kvcache import HostCache, KvCache, block_hashes
 from kneepoint.twin.profiles import GIB, Gpu, Model
@@ -106,6 +111,9 @@ class EngineConfig:
     max_model_len: int = 32768
     block_size: int = 16
     enable_prefix_caching: bool = True
+    # vLLM's --enable-chunked-prefill (on by default in V1): off, a prompt that does not fit
+    # the step's remaining token budget waits for a later step instead of being split.
+    enable_chunked_prefill: bool = True
     num_speculative_tokens: int = 0
     spec_acceptance_rate: float = 0.0  # per drafted token, given the ones before it
     spec_draft_cost: float = 0.1  # a draft step's cost relative to a target decode step
@@ -166,14 +174,18 @@ class Request:
     max_tokens: int
     arrival: float
     sink: TokenSink | None = None
-    hashes: list[int] = field(default_factory=list)
+    hashes: list[int] = field(default_factory=list)  # of its full blocks, output included
     computed: int = 0
     generated: int = 0
-    held_hashes: int = 0
-    private_blocks: int = 0
+    # The KV blocks it holds, in order: a block's hash once it is full and named (cached),
+    # None while it is not.
+    blocks: list[int | None] = field(default_factory=list)
+    named: int = 0  # leading blocks already offered a name
+    serial: int = 0  # names the blocks of its output tokens (unique per request)
     finish_reason: str = "length"
     first_scheduled: float | None = None
     first_token: float | None = None
+    last_token: float | None = None
     preemptions: int = 0
     cached: int = 0  # prompt tokens found in the prefix cache when first scheduled
     host_cached: int = 0  # of them, loaded from the CPU offload tier
@@ -183,9 +195,19 @@ class Request:
         return len(self.tokens)
 
     @property
+    def num_tokens(self) -> int:
+        """vLLM's request.num_tokens: prompt and output tokens so far."""
+        return self.prompt_len + self.generated
+
+    @property
     def prefill_target(self) -> int:
         """Tokens whose KV must exist before the next token can be sampled."""
         return self.prompt_len + max(self.generated - 1, 0)
+
+    @property
+    def decoding(self) -> bool:
+        """Every token but the last output one has its KV: the next step computes one."""
+        return self.generated > 0 and self.computed == self.num_tokens - 1
 
 
 class Rejected(Exception):
@@ -218,6 +240,9 @@ class Engine:
         self.host = HostCache(config.kv_offload_blocks) if config.kv_offload_gib > 0 else None
         self.sleep_level = 0  # 0 awake; 1 weights offloaded; 2 weights and KV discarded
         self._host_load_bytes = 0.0  # loaded from the CPU tier in the step being scheduled
+        self._requests = 0  # requests added: each one's serial
+        self._finished = 0  # requests finished (advance stops after a step that finishes one)
+        self.fast_forwarded = 0  # steps advance() ran in bulk
 
     @property
     def capacity_tokens(self) -> int:
@@ -246,7 +271,16 @@ class Engine:
             if self.config.enable_prefix_caching
             else []
         )
-        request = Request(prompt, max_tokens, self.now, sink, hashes, finish_reason=finish_reason)
+        self._requests += 1
+        request = Request(
+            prompt,
+            max_tokens,
+            self.now,
+            sink,
+            hashes,
+            finish_reason=finish_reason,
+            serial=self._requests,
+        )
         self.stats.observe("request_params_max_tokens", max_tokens_param or max_tokens)
         self.stats.observe("request_params_n", 1)
         self.waiting.append(request)
@@ -306,21 +340,27 @@ class Engine:
         budget = self.config.max_num_batched_tokens
         work: list[tuple[Request, int]] = []
         preempted_now = False
-        for request in list(self.running):
-            if request not in self.running:
-                continue  # preempted earlier in this step
+        # vllm/v1/core/sched/scheduler.py Scheduler.schedule: the running requests first, in
+        # order, each with what it lacks up to the budget left; where its blocks cannot be
+        # had, the lowest-priority running request (FCFS: the last) is preempted until they
+        # can, or until it preempted itself (then the running ones after it wait too).
+        index = 0
+        while index < len(self.running) and budget > 0:
+            request = self.running[index]
             tokens = min(self._wanted(request), budget)
-            if tokens <= 0:
-                continue
+            scheduled = True
             while not self._grow(request, tokens):
                 victim = self.running[-1]
                 self._preempt(victim)
                 preempted_now = True
                 if victim is request:
+                    scheduled = False
                     break
-            else:
-                work.append((request, tokens))
-                budget -= tokens
+            if not scheduled:
+                break
+            work.append((request, tokens))
+            budget -= tokens
+            index += 1
         self.waiting_for_capacity = 0
         if not preempted_now:
             budget = self._admit(budget, work)
@@ -335,28 +375,181 @@ class Engine:
             observe(work, duration)
         return duration
 
-    def _wanted(self, request: Request) -> int:
-        remaining = request.prefill_target - request.computed
-        if remaining > 0:
-            return remaining
-        return 1 + self.config.num_speculative_tokens
+    def advance(self, until: float) -> float:
+        """Run engine steps until `now` reaches `until`, a request finished in the last step
+        run, or the engine is idle (idle from the start, `now` becomes `until`); return
+        `now`. Stretches of steps where every running request decodes and none finishes,
+        preempts or lets a waiting one in are computed in one go (`_fast_forward`), with the
+        counters, histograms and times step() one at a time gives (to float rounding); a
+        request's sink hears once at a stretch's end, with the tokens of the stretch. With
+        observers attached, speculative decoding on or a subclass's own `_duration` it steps
+        one at a time."""
+        if self.idle or self.sleep_level:
+            self.now = max(self.now, until)
+            return self.now
+        while self.now < until and not self.idle:
+            finished = self._finished
+            if not self._fast_forward(until):
+                self.step()
+            if self._finished != finished:
+                break
+        return self.now
 
-    def _grow(self, request: Request, tokens: int) -> bool:
-        """Give `request` the blocks for `tokens` more tokens; False if the cache is full."""
-        after = request.computed + tokens
-        blocks = math.ceil(after / self.config.block_size)
-        named = min(len(request.hashes), after // self.config.block_size)
-        new_hashes = request.hashes[request.held_hashes : named]
-        private = max(0, blocks - named) - request.private_blocks
-        private = max(private, 0)
-        if self.kv.cost(new_hashes, private) > self.kv.free:
+    # A stretch is at most this many steps (bounds the arrays of one fast-forward).
+    FAST_FORWARD_STEPS = 4096
+
+    def _fast_forward(self, until: float) -> bool:
+        """Run in one go the pure-decode steps that step() would run next, up to the one
+        that reaches `until`, stopping short of the step in which a request finishes or a
+        block cannot be had; False (nothing run) where fewer than two such steps are next."""
+        config, cost, kv, running = self.config, self.cost, self.kv, self.running
+        n = len(running)
+        if self.observers or config.num_speculative_tokens or not n:
             return False
-        self.kv.acquire(new_hashes, private)
-        request.held_hashes = max(request.held_hashes, named)
-        request.private_blocks += private
+        if type(self)._duration is not Engine._duration:
+            return False  # a subclass that notes each step (kneepoint/whatif/sweep.py)
+        if n > config.max_num_batched_tokens or not all(r.decoding for r in running):
+            return False
+        waiting_for_capacity = self._admission_blocked(config.max_num_batched_tokens - n)
+        if waiting_for_capacity is None:
+            return False
+        steps = min(min(r.max_tokens - r.generated for r in running) - 1, self.FAST_FORWARD_STEPS)
+        if steps < 2:
+            return False
+        size = config.block_size
+        computed = np.array([r.computed for r in running], dtype=np.int64)
+        held = np.array([len(r.blocks) for r in running], dtype=np.int64)
+        ahead = np.arange(1, steps + 1, dtype=np.int64)
+        # Blocks each request lacks after k steps; the stretch ends before they run out.
+        lacking = np.maximum(-(-(computed[:, None] + ahead[None, :]) // size) - held[:, None], 0)
+        needed = lacking.sum(axis=0)
+        steps = min(steps, int(np.count_nonzero(needed <= kv.free)))
+        if steps < 2:
+            return False
+        # Each step's duration, term by term as _duration adds them.
+        context = int(computed.sum()) + n + n * np.arange(steps, dtype=np.int64)
+        memory = cost.weight_read_seconds + context * cost.context_token_seconds
+        compute = (
+            n * cost.token_seconds + 0 * cost.prefill_token_seconds + n * cost.sequence_seconds
+        )
+        durations = cost.overhead_seconds + memory + compute
+        ends = np.fromiter(
+            itertools.accumulate(durations.tolist(), initial=self.now), np.float64, steps + 1
+        )[1:]
+        reached = np.flatnonzero(ends >= until)
+        if len(reached):
+            steps = min(steps, int(reached[0]) + 1)
+            if steps < 2:
+                return False
+        durations, memory, context, ends = (
+            durations[:steps],
+            memory[:steps],
+            context[:steps],
+            ends[:steps],
+        )
+        stats, model = self.stats, config.model
+        stats.memory_seconds += float(memory.sum())
+        stats.compute_seconds += compute * steps
+        stats.busy_seconds += float(durations.sum())
+        stats.observe("iteration_tokens_total", n, steps)
+        tp = config.tensor_parallel_size
+        attention = 4 * model.layers * model.attention_heads * model.head_dim
+        stats.estimated_flops += float(
+            ((2 * model.parameters * n + attention * context) / tp).sum()
+        )
+        stats.estimated_read_bytes += float(
+            ((config.weight_bytes + context * config.kv_bytes_per_token) / tp).sum()
+        )
+        stats.estimated_write_bytes += n * config.kv_bytes_per_token / tp * steps
+        # Every request decodes one token a step: blocks, counters, latencies.
+        kv.allocate(int(needed[steps - 1]))
+        end = float(ends[-1])
+        firsts = []
+        for request, lacks in zip(running, lacking[:, steps - 1].tolist(), strict=True):
+            request.blocks.extend([None] * lacks)
+            request.computed += steps
+            request.generated += steps
+            self._name_blocks(request, request.computed // size)
+            firsts.append(float(ends[0]) - (request.last_token or self.now))
+            request.last_token = end
+        stats.generation_tokens += n * steps
+        stats.observe_many("inter_token_latency_seconds", np.array(firsts))
+        stats.observe_many("inter_token_latency_seconds", np.diff(ends), n)
+        self.now = end
+        self.fast_forwarded += steps
+        self.admitted = []
+        self.waiting_for_capacity = waiting_for_capacity
+        for request in running:
+            if request.sink is not None:
+                request.sink(steps, False, end)
         return True
 
+    def _admission_blocked(self, budget: int) -> int | None:
+        """What step() would leave in waiting_for_capacity where no waiting request can be
+        admitted with `budget` tokens left now, nor in any pure-decode step after (the
+        budget stays, free blocks only shrink, a waiting request's cost only grows); None
+        where one could be."""
+        config = self.config
+        if not self.waiting or budget <= 0 or len(self.running) >= config.max_num_seqs:
+            return 0
+        request = self.waiting[0]
+        cached = self._cached_blocks(request)
+        loaded = self._host_blocks(request, cached)
+        wanted = request.num_tokens - (cached + loaded) * config.block_size
+        if not config.enable_chunked_prefill and wanted > budget:
+            return 0
+        whole = -(-request.num_tokens // config.block_size)
+        if self.kv.cost(request.hashes[:cached], whole - cached) > self.kv.free:
+            return len(self.waiting)
+        return None
+
+    def _wanted(self, request: Request) -> int:
+        # num_tokens_with_spec - num_computed_tokens: the drafts ride along a decode.
+        if request.decoding:
+            return 1 + self.config.num_speculative_tokens
+        return request.num_tokens - request.computed
+
+    def _grow(self, request: Request, tokens: int) -> bool:
+        """Give `request` the blocks for `tokens` more tokens (vLLM's allocate_slots for a
+        running request: new blocks only, no cache lookup); False if the cache is full.
+        The blocks its computed tokens fill are named then (cache_blocks, up to num_tokens:
+        drafts are not)."""
+        after = request.computed + tokens
+        size = self.config.block_size
+        need = max(-(-after // size) - len(request.blocks), 0)
+        if need > self.kv.free:
+            return False
+        self.kv.allocate(need)
+        request.blocks.extend([None] * need)
+        self._name_blocks(request, min(after, request.num_tokens) // size)
+        return True
+
+    def _name_blocks(self, request: Request, full: int) -> None:
+        if not self.config.enable_prefix_caching or full <= request.named:
+            request.named = max(request.named, full)
+            return
+        self._extend_hashes(request, full)
+        for index in range(request.named, full):
+            if request.blocks[index] is None and self.kv.name(request.hashes[index]):
+                request.blocks[index] = request.hashes[index]
+        request.named = full
+
+    def _extend_hashes(self, request: Request, count: int) -> None:
+        """Hashes of `request`'s first `count` full blocks: past its prompt they cover its
+        output tokens, which the twin does not know; they are named by the request's serial
+        (no two requests' outputs share a block; vLLM hashes the real tokens)."""
+        size = self.config.block_size
+        hashes = request.hashes
+        while len(hashes) < count:
+            index = len(hashes)
+            start = index * size
+            prompt_part = tuple(request.tokens[start : min(start + size, request.prompt_len)])
+            previous = hashes[-1] if hashes else 0
+            hashes.append(hash((previous, prompt_part, -1, request.serial, index)))
+
     def _preempt(self, request: Request) -> None:
+        # _preempt_request: its blocks freed (tail first), num_computed_tokens = 0, and back
+        # at the head of the waiting queue.
         self._release(request)
         self.running.remove(request)
         request.computed = 0
@@ -367,27 +560,36 @@ class Engine:
         self.waiting.appendleft(request)
 
     def _release(self, request: Request) -> None:
-        self.kv.release(request.hashes[: request.held_hashes], request.private_blocks)
-        request.held_hashes = request.private_blocks = 0
+        self.kv.release_blocks(request.blocks)
+        request.blocks = []
+        request.named = 0
 
     def _admit(self, budget: int, work: list[tuple[Request, int]]) -> int:
-        while self.waiting and budget > 0 and len(self.running) < self.config.max_num_seqs:
+        # The waiting requests, in order, while the budget and max_num_seqs allow: each with
+        # its prefix-cache hit (get_computed_blocks), admitted only if its whole sequence
+        # fits the free blocks (allocate_slots with scheduler_reserve_full_isl, on by
+        # default), the first chunk of the rest scheduled now.
+        config = self.config
+        while self.waiting and budget > 0 and len(self.running) < config.max_num_seqs:
             request = self.waiting[0]
             first_time = request.first_scheduled is None
             cached = self._cached_blocks(request)
             loaded = self._host_blocks(request, cached)
-            hashes = request.hashes[: cached + loaded]
-            if self.kv.cost(hashes, 0) > self.kv.free:
+            hit = request.hashes[:cached]
+            computed = (cached + loaded) * config.block_size
+            wanted = request.num_tokens - computed
+            if not config.enable_chunked_prefill and wanted > budget:
+                break
+            tokens = min(wanted, budget)
+            whole = -(-request.num_tokens // config.block_size)
+            if self.kv.cost(hit, whole - cached) > self.kv.free:
                 self.waiting_for_capacity = len(self.waiting)
                 break
-            self.kv.acquire(hashes, 0)
-            request.held_hashes = cached + loaded
-            request.computed = (cached + loaded) * self.config.block_size
-            tokens = min(request.prefill_target - request.computed, budget)
-            if not self._grow(request, tokens):
-                self._release(request)
-                self.waiting_for_capacity = len(self.waiting)
-                break
+            self.kv.acquire(hit, 0)
+            request.blocks = list(hit)
+            request.named = cached
+            request.computed = computed
+            self._grow(request, tokens)  # fits: the whole sequence did
             self.waiting.popleft()
             self.running.append(request)
             work.append((request, tokens))
@@ -395,7 +597,7 @@ class Engine:
             if loaded:
                 self._load_from_host(request, cached, loaded)
             if first_time:
-                request.host_cached = loaded * self.config.block_size
+                request.host_cached = loaded * config.block_size
                 self._count_first_schedule(request)
         return budget
 
@@ -403,7 +605,7 @@ class Engine:
         """Blocks past the device's cached prefix that the CPU offload tier holds."""
         if self.host is None:
             return 0
-        limit = (request.prefill_target - 1) // self.config.block_size
+        limit = (request.num_tokens - 1) // self.config.block_size
         return self.host.cached_run(request.hashes[cached:limit])
 
     def _load_from_host(self, request: Request, cached: int, loaded: int) -> None:
@@ -423,9 +625,13 @@ class Engine:
         self.stats.kv_offload_store_bytes += stored * self._block_bytes
 
     def _cached_blocks(self, request: Request) -> int:
-        # At least one prompt token is always computed, to sample from.
-        limit = (request.prefill_target - 1) // self.config.block_size
-        return min(self.kv.cached_prefix(request.hashes), limit)
+        # At least one token is always computed, to sample from: a hit of at most
+        # num_tokens - 1 tokens, in full blocks (those of a preempted request's output too).
+        if not self.config.enable_prefix_caching:
+            return 0
+        limit = (request.num_tokens - 1) // self.config.block_size
+        self._extend_hashes(request, limit)
+        return self.kv.cached_prefix(request.hashes[:limit])
 
     def _count_first_schedule(self, request: Request) -> None:
         stats = self.stats
@@ -453,15 +659,13 @@ class Engine:
         tokens = sum(count for _, count in work)
         context = sum(request.computed + count for request, count in work)
         memory = cost.weight_read_seconds + context * cost.context_token_seconds
-        prefill_tokens = sum(
-            count for request, count in work if request.computed < request.prefill_target
-        )
+        prefill_tokens = sum(count for request, count in work if not request.decoding)
         compute = (
             tokens * cost.token_seconds
             + prefill_tokens * cost.prefill_token_seconds
             + len(work) * cost.sequence_seconds
         )
-        decoding = any(request.computed >= request.prefill_target for request, _ in work)
+        decoding = any(request.decoding for request, _ in work)
         draft = 0.0
         if decoding and config.num_speculative_tokens:
             draft = cost.draft_token_seconds * config.num_speculative_tokens
@@ -498,23 +702,27 @@ class Engine:
 
     def _finish_step(self, work: list[tuple[Request, int]], duration: float) -> None:
         for request, tokens in work:
-            if request.computed < request.prefill_target:
+            if request.decoding:
+                emitted = 1 + self._accepted_drafts(request)
+                request.computed += emitted
+            else:
                 request.computed += tokens
                 if request.computed >= request.prompt_len and self.host is not None:
                     self._store_to_host(request)
-                if request.computed < request.prefill_target:
+                if request.computed < request.num_tokens:
                     continue  # a chunk of a longer prefill: nothing sampled yet
                 emitted = 1
-            else:
-                emitted = 1 + self._accepted_drafts(request)
-                request.computed += emitted
-                self.stats.observe("inter_token_latency_seconds", duration)
             emitted = min(emitted, request.max_tokens - request.generated)
             request.generated += emitted
             self.stats.generation_tokens += emitted
             if request.first_token is None:
                 request.first_token = self.now
                 self.stats.observe("time_to_first_token_seconds", self.now - request.arrival)
+            else:
+                # Since the request's last token: a step, or more where it waited (preempted).
+                last = request.last_token if request.last_token is not None else self.now
+                self.stats.observe("inter_token_latency_seconds", self.now - last)
+            request.last_token = self.now
             done = request.generated >= request.max_tokens
             if done:
                 self._complete(request)
@@ -541,6 +749,7 @@ class Engine:
     def _complete(self, request: Request) -> None:
         self._release(request)
         self.running.remove(request)
+        self._finished += 1
         stats = self.stats
         stats.finished[request.finish_reason] += 1
         first_scheduled = request.first_scheduled or request.arrival

@@ -6,6 +6,9 @@ from __future__ import annotations
 from bisect import bisect_left
 from dataclasses import dataclass, field
 
+import numpy as np
+import numpy.typing as npt
+
 # vLLM 0.32's bucket bounds (vllm/v1/metrics/loggers.py), as a real server exposes them.
 TTFT = (
     0.001,
@@ -108,6 +111,15 @@ class Histo:
         self.counts[bisect_left(self.bounds, value)] += times
         self.total += value * times
 
+    def observe_many(self, values: npt.NDArray[np.float64], times: int = 1) -> None:
+        """Observe each of `values` `times` times (as many observe() calls, in bulk)."""
+        if not len(values):
+            return
+        buckets = np.searchsorted(np.asarray(self.bounds), values, side="left")
+        added = np.bincount(buckets, minlength=len(self.counts)) * times
+        self.counts = [count + int(more) for count, more in zip(self.counts, added, strict=True)]
+        self.total += float(values.sum()) * times
+
     def cumulative(self) -> list[int]:
         running, out = 0, []
         for count in self.counts:
@@ -183,3 +195,6 @@ class Stats:
 
     def observe(self, name: str, value: float, times: int = 1) -> None:
         self.histograms[name].observe(value, times)
+
+    def observe_many(self, name: str, values: npt.NDArray[np.float64], times: int = 1) -> None:
+        self.histograms[name].observe_many(values, times)
