@@ -71,7 +71,10 @@ FLEET = {
             "name": "qwen3-4b-l4",
             "model": "qwen3-4b",
             "node": "gpu-node-2",
-            "gpu_memory_utilization": 0.6,
+            # 0.4 leaves about 1.7 GiB of the L4 for KV: KV-bound at its daily peak. Since
+            # the twin admits as vLLM V1 does (the whole prompt must fit: fewer preemptions),
+            # 0.5-0.6 recomputed only 1-3.5 % of prefill, under the review's 5 % rule.
+            "gpu_memory_utilization": 0.4,
             # Past 32 unfinished requests: HTTP 503. Each agent session has one request in
             # flight, so at its daily peak (19 sessions, ±10 %) the limit never binds and the
             # KV bound stays the limit; in the overload burst (2.5×: about 48) it sheds. At 64
