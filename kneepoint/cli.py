@@ -910,7 +910,7 @@ def whatif(
             max=900.0,
             help="Virtual seconds simulated per stored 15-minute bucket (more: closer, slower).",
         ),
-    ] = 10.0,
+    ] = 20.0,
     config: ConfigOption = None,
     as_json: Annotated[
         bool, typer.Option("--json", help="Print the JSON contract (docs/reference/json.md).")

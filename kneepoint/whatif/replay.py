@@ -484,8 +484,12 @@ class WindowRun:
     steps: int = 0  # engine calls made
 
 
-SLICE_SECONDS = 10.0  # virtual seconds simulated per stored bucket (docs: "Replay")
+SLICE_SECONDS = 20.0  # virtual seconds simulated per stored bucket (docs: "Replay")
 WARMUP_SECONDS = 30.0  # before the first bucket, at its load, not counted
+# A bucket that measured less than this share of the window's prefix-cache hit rate had a
+# cold cache (a deploy, new prompts): its session prefixes shrink in proportion. Above it the
+# engine's own cache pressure is left to explain a lower hit rate.
+COLD_SHARE = 0.5
 
 
 def advance(engine: Engine, until: float) -> float:
@@ -526,7 +530,7 @@ def simulate_window(
     tokens_rng = np.random.default_rng(seed)
     limit = max(2, min(config.max_model_len, engine.capacity_tokens - config.block_size))
     think = load.think_seconds
-    reference = load.light[1] or load.hit_rate
+    reference = load.hit_rate * COLD_SHARE
     common: list[int] = []
     common_tokens = round(load.common_share * load.prompt_tokens_mean) if shared else 0
     prefixes: dict[int, list[int]] = {}
