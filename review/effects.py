@@ -139,6 +139,7 @@ def store_predictor(session: Session, config: Config, now: float, since: float) 
             now,
             profile=profile,
             baseline=baselines[replica],
+            knees=False,  # no effect reads a knee (catalogue.effect_metrics)
         )
         return result.as_dict()
 

@@ -202,7 +202,10 @@ def load_history(
     if target is None or target.kind == "dcgm":
         raise WhatIfError(f"unknown replica {replica!r}")
     columns = [*COUNTERS, *GAUGES]
-    frame = queries.replica_frame(session, start, end, [target.id], columns=columns)
+    # Rows no coarser than a bucket (the store's hourly summaries would merge buckets).
+    frame = queries.replica_frame(
+        session, start, end, [target.id], columns=columns, coarsest=int(bucket)
+    )
     if len(frame) < 2:
         raise WhatIfError(f"no history of {replica} between the window's start and end")
     frame = frame.sort_values("ts", ignore_index=True)

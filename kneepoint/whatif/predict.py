@@ -314,6 +314,7 @@ class Baseline:
     shared: float  # reuse_share's session prefix share
     replay: Replay
     seconds: float  # wall time it took (history read, reuse share, replay)
+    knee: tuple[int | None, float | None] | None = None  # the unchanged sweep's, once asked
 
 
 BASELINE_CACHE = 32  # baselines kept per process (the review's and the page's)
@@ -377,11 +378,14 @@ def whatif_replica(
     requests: int = 400,
     baseline: Baseline | None = None,
     seed: int = 0,
+    knees: bool = True,
 ) -> WhatIf:
     """The replica's window [start, end], measured, replayed as it is (baseline) and after
     `change` (predicted), with the newest calibration fitted by `end` unless `profile` is
     given. The baseline is `baseline` when given (baseline_replay's for this replica,
-    calibration and window), else baseline_replay's cached one. WhatIfError: no
+    calibration and window), else baseline_replay's cached one. `knees=False` leaves out the
+    knee of a predicted sweep (null: the weekly review does not read it, and each sweep costs
+    more than the replay). WhatIfError: no
     calibration, an untrusted one, an unknown replica, no history, a change that cannot
     apply."""
     target = queries.targets(session).get(replica)
@@ -405,8 +409,10 @@ def whatif_replica(
         else price
     )
     measured = _measured(history, load, config, price, run)
-    unchanged = _numbers(base, price, _knee(profile, Change()))
-    predicted = _numbers(after, new_price, _knee(profile, change))
+    if knees and baseline.knee is None:
+        baseline.knee = _knee(profile, Change())
+    unchanged = _numbers(base, price, (baseline.knee or (None, None)) if knees else (None, None))
+    predicted = _numbers(after, new_price, _knee(profile, change) if knees else (None, None))
     errors = {
         key: _relative(unchanged.get(key), measured.get(key))
         for key in SHOWN
