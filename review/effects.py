@@ -16,8 +16,6 @@ from sqlalchemy.orm import Session
 from kneepoint import catalogue
 from kneepoint.config import Config
 from kneepoint.whatif import parse_changes, whatif_replica
-from kneepoint.whatif.predict import Baseline, baseline_replay
-from kneepoint.whatif.store import latest_profile
 from review.recommend import Recommendation
 from review.render import value
 
@@ -119,26 +117,17 @@ def store_predictor(session: Session, config: Config, now: float, since: float) 
     the window of `since` seconds to `now` (kneepoint.whatif.whatif_replica), which raises
     WhatIfError (a ValueError) saying why when there is no calibration, an untrusted one, no
     history or a change that cannot apply. Each replica's baseline (the window replayed
-    unchanged) is computed once, at its first recommendation, and shared by the others."""
-    baselines: dict[str, Baseline] = {}
+    unchanged) is computed at its first recommendation and shared by the others (the
+    process's baseline cache, kneepoint.whatif.predict.baseline_replay)."""
 
     def predict(replica: str, change: Mapping[str, Any]) -> dict[str, Any]:
-        parsed = parse_changes(change)
-        profile = latest_profile(session, replica, now)
-        profile.require_trusted()
-        if replica not in baselines:
-            baselines[replica] = baseline_replay(
-                session, replica, profile, now - since, now, config.slos
-            )
         result = whatif_replica(
             session,
             config,
             replica,
-            parsed,
+            parse_changes(change),
             now - since,
             now,
-            profile=profile,
-            baseline=baselines[replica],
             knees=False,  # no effect reads a knee (catalogue.effect_metrics)
         )
         return result.as_dict()

@@ -213,7 +213,7 @@ def test_the_baseline_is_replayed_once_for_several_changes(
         return real(profile, load, change, *a, **k)
 
     monkeypatch.setattr(predict, "replay", counting)
-    monkeypatch.setattr(effects, "latest_profile", lambda *_: setup.profile)
+    monkeypatch.setattr(predict, "latest_profile", lambda *_: setup.profile)
     predict._BASELINES.clear()
     wanted = [Change(kv_cache_dtype="fp8"), Change(max_num_seqs=8), Change(replicas=2)]
     with sessions() as session:
@@ -223,7 +223,7 @@ def test_the_baseline_is_replayed_once_for_several_changes(
             )
             assert result.as_dict()["replay"]["buckets"] == len(setup.history.buckets)
         predictor = effects.store_predictor(session, config, now, 86400.0)
-        predictor(REPLICA, {"replicas": 2})  # the review's way: its own, once per replica
+        predictor(REPLICA, {"replicas": 2})  # the review's way: the same cache
     baselines = [c for c in changes if c is None]
     assert len(baselines) == 1
     assert [c for c in changes if c is not None] == wanted
