@@ -792,10 +792,16 @@ def calibrate(
     max_num_seqs: Annotated[
         int | None, typer.Option(help="The replica's --max-num-seqs (default: vLLM's 256).")
     ] = None,
-    max_model_len: Annotated[int, typer.Option(help="The replica's --max-model-len.")] = 32768,
+    max_model_len: Annotated[
+        int | None, typer.Option(help="The replica's --max-model-len (default: 32768).")
+    ] = None,
     max_num_batched_tokens: Annotated[
-        int, typer.Option(help="The replica's --max-num-batched-tokens.")
-    ] = 2048,
+        int | None,
+        typer.Option(
+            help="The replica's --max-num-batched-tokens (default: the target's "
+            "max_num_batched_tokens, else vLLM's 2048)."
+        ),
+    ] = None,
     config: ConfigOption = None,
     as_json: Annotated[bool, typer.Option("--json", help="Print the profile as JSON.")] = False,
     at: AtOption = None,
@@ -896,9 +902,15 @@ def whatif(
         ),
     ] = None,
     since: Annotated[str, typer.Option(help="The window to replay: 1d, 7d, …")] = "7d",
-    levels: Annotated[
-        int, typer.Option(min=2, max=20, help="Load levels replayed (more: finer, slower).")
-    ] = 6,
+    slice_seconds: Annotated[
+        float,
+        typer.Option(
+            "--slice",
+            min=1.0,
+            max=900.0,
+            help="Virtual seconds simulated per stored 15-minute bucket (more: closer, slower).",
+        ),
+    ] = 20.0,
     config: ConfigOption = None,
     as_json: Annotated[
         bool, typer.Option("--json", help="Print the JSON contract (docs/reference/json.md).")
@@ -937,7 +949,13 @@ def whatif(
         with sessions() as session:
             end = moment(at, system_clock())
             result = whatif_replica(
-                session, current(settings), replica, change, end - seconds, end, levels=levels
+                session,
+                current(settings),
+                replica,
+                change,
+                end - seconds,
+                end,
+                slice_seconds=slice_seconds,
             )
     except (WhatIfError, ValueError) as error:  # ValueError: the twin refuses the change
         fail(str(error), 2)

@@ -51,8 +51,10 @@ def sleep_state(level: float | None) -> str | None:
 # Histogram families whose buckets are stored, so quantiles work over any window.
 HISTOGRAMS = ("ttft", "itl", "e2e", "queue")
 # Histograms of load, stored like the latency ones but never an SLO's: tokens per engine step
-# (vLLM: iteration_tokens_total), whose top buckets show a full per-step token budget.
-LOAD_HISTOGRAMS = ("iteration_tokens",)
+# (vLLM: iteration_tokens_total), whose top buckets show a full per-step token budget; each
+# finished request's prompt and output length in tokens (vLLM: request_prompt_tokens,
+# request_generation_tokens), which the what-if replays bucket by bucket (migration 0022).
+LOAD_HISTOGRAMS = ("iteration_tokens", "prompt_length", "output_length")
 
 # Monotonic counters of a replica, stored cumulative; windowed values come from their increase.
 REPLICA_COUNTERS = (

@@ -116,10 +116,20 @@ def store_predictor(session: Session, config: Config, now: float, since: float) 
     """Predictions from the store: the replica's newest calibration fitted by `now` replays
     the window of `since` seconds to `now` (kneepoint.whatif.whatif_replica), which raises
     WhatIfError (a ValueError) saying why when there is no calibration, an untrusted one, no
-    history or a change that cannot apply."""
+    history or a change that cannot apply. Each replica's baseline (the window replayed
+    unchanged) is computed at its first recommendation and shared by the others (the
+    process's baseline cache, kneepoint.whatif.predict.baseline_replay)."""
 
     def predict(replica: str, change: Mapping[str, Any]) -> dict[str, Any]:
-        result = whatif_replica(session, config, replica, parse_changes(change), now - since, now)
+        result = whatif_replica(
+            session,
+            config,
+            replica,
+            parse_changes(change),
+            now - since,
+            now,
+            knees=False,  # no effect reads a knee (catalogue.effect_metrics)
+        )
         return result.as_dict()
 
     return predict

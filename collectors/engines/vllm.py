@@ -146,6 +146,8 @@ HISTOGRAMS: dict[str, tuple[str, ...]] = {
     "queue": ("vllm:request_queue_time_seconds", "vllm:time_in_queue_requests"),
     # samples.LOAD_HISTOGRAMS
     "iteration_tokens": ("vllm:iteration_tokens_total",),
+    "prompt_length": ("vllm:request_prompt_tokens",),
+    "output_length": ("vllm:request_generation_tokens",),
 }
 CACHE_CONFIG = "vllm:cache_config_info"
 # Families only v0 exposes: they tell v0 apart from the early V1 engine (0.8), which shares

@@ -41,6 +41,9 @@ HISTOGRAMS = {
     "itl": "inter_token_latency_seconds",
     "e2e": "e2e_request_latency_seconds",
     "queue": "request_queue_time_seconds",
+    # samples.LOAD_HISTOGRAMS: the lengths the what-if replays per bucket
+    "prompt_length": "request_prompt_tokens",
+    "output_length": "request_generation_tokens",
 }
 
 

@@ -43,6 +43,10 @@ COUNTERS = (
 )
 GAUGES = ("kv_cache_usage", "requests_running", "requests_waiting", "requests_waiting_capacity")
 LATENCIES = ("ttft", "itl", "e2e", "queue")
+# samples.LOAD_HISTOGRAMS: each finished request's prompt and output length (vLLM's
+# request_prompt_tokens and request_generation_tokens), read per bucket for the replay.
+LENGTHS = ("prompt_length", "output_length")
+EDGE_HISTOGRAMS = (*LATENCIES, *LENGTHS)
 
 
 @dataclass(frozen=True)
@@ -65,6 +69,11 @@ class Bucket:
     saturated_seconds: float
     itl_mean_seconds: float | None
     e2e_mean_seconds: float | None = None
+    # The bucket's prompt and output lengths (what its histograms gained over it); None where
+    # the engine exports no length histogram (SGLang, TGI, …: the replay then spreads the
+    # means) or the bucket finished no request.
+    prompt_lengths: Histogram | None = None
+    output_lengths: Histogram | None = None
 
 
 @dataclass
@@ -193,7 +202,10 @@ def load_history(
     if target is None or target.kind == "dcgm":
         raise WhatIfError(f"unknown replica {replica!r}")
     columns = [*COUNTERS, *GAUGES]
-    frame = queries.replica_frame(session, start, end, [target.id], columns=columns)
+    # Rows no coarser than a bucket (the store's hourly summaries would merge buckets).
+    frame = queries.replica_frame(
+        session, start, end, [target.id], columns=columns, coarsest=int(bucket)
+    )
     if len(frame) < 2:
         raise WhatIfError(f"no history of {replica} between the window's start and end")
     frame = frame.sort_values("ts", ignore_index=True)
@@ -215,8 +227,8 @@ def load_history(
         d = increases[mask].sum()
         weight = seconds[mask]
         requests = d.request_prompt_tokens_count
-        itl = edges.get(int(number), {}).get("itl")
-        e2e = edges.get(int(number), {}).get("e2e")
+        own = edges.get(int(number), {})
+        itl, e2e = own.get("itl"), own.get("e2e")
         buckets.append(
             Bucket(
                 start=float(ts[mask][0]),
@@ -241,6 +253,8 @@ def load_history(
                 saturated_seconds=float(weight[saturated[mask].to_numpy()].sum()),
                 itl_mean_seconds=itl.total / itl.count if itl is not None and itl.count else None,
                 e2e_mean_seconds=e2e.total / e2e.count if e2e is not None and e2e.count else None,
+                prompt_lengths=_counted(own.get("prompt_length")),
+                output_lengths=_counted(own.get("output_length")),
             )
         )
     if not buckets:
@@ -270,10 +284,10 @@ def _edges(
     rows = queries.replica_rows_at(session, keys.drop_duplicates())
     layouts = queries.histogram_layouts(session)
     decoded = {
-        float(ts): dict(zip(LATENCIES, hists, strict=True))
+        float(ts): dict(zip(EDGE_HISTOGRAMS, hists, strict=True))
         for ts, *hists in zip(
             rows.ts,
-            *(queries.histograms(rows[f"hist_{name}"], layouts) for name in LATENCIES),
+            *(queries.histograms(rows[f"hist_{name}"], layouts) for name in EDGE_HISTOGRAMS),
             strict=True,
         )
     }
@@ -281,10 +295,15 @@ def _edges(
     for number, first, last in zip(firsts.index, firsts.tolist(), ends, strict=True):
         out[int(number)] = {
             name: difference(_at(decoded, first, name), _at(decoded, last, name))
-            for name in LATENCIES
+            for name in EDGE_HISTOGRAMS
         }
     ordered = {name: [decoded[ts][name] for ts in sorted(decoded)] for name in LATENCIES}
     return out, ordered
+
+
+def _counted(histogram: Histogram | None) -> Histogram | None:
+    """A bucket's histogram where it counted something (else None: nothing to sample)."""
+    return histogram if histogram is not None and histogram.count > 0 else None
 
 
 def _at(

@@ -4,16 +4,19 @@ and set both against what was measured, with error bounds (the `whatif --json` c
 
 from __future__ import annotations
 
+import hashlib
 import json
 import math
-from dataclasses import dataclass, replace
+import time
+from collections import OrderedDict
+from dataclasses import dataclass, field, replace
 from typing import Any
 
 from scipy.optimize import brentq
 from sqlalchemy import select
 from sqlalchemy.orm import Session
 
-from kneepoint.config import Config
+from kneepoint.config import Config, Slo
 from kneepoint.derived.cost import gpu_hour_price
 from kneepoint.knee.detect import knee
 from kneepoint.knee.runs import Point, Run
@@ -29,7 +32,7 @@ from kneepoint.whatif.changes import Change
 from kneepoint.whatif.history import History, fraction_at_most, load_history
 from kneepoint.whatif.predict_sweep import predict_sweep
 from kneepoint.whatif.profile import EngineShape, Profile, WhatIfError
-from kneepoint.whatif.replay import Load, Replay, load_of, replay, reuse_share
+from kneepoint.whatif.replay import SLICE_SECONDS, Load, Replay, load_of, replay, reuse_share
 from kneepoint.whatif.store import latest_profile
 
 WEEK = 7 * 86400.0
@@ -57,6 +60,55 @@ SHOWN = (
 )
 FRACTIONS = ("kv_cache_occupancy_p95", "prefix_cache_hit_rate")
 RECOMPUTE_OUTPUT_SHARE = 0.5  # docs/reference/metrics.md: half its output made when preempted
+# vLLM's defaults for the scheduler flags no engine exports (docs/explanation/whatif.md).
+DEFAULT_MAX_NUM_SEQS = 256
+DEFAULT_MAX_MODEL_LEN = 32768
+DEFAULT_MAX_NUM_BATCHED_TOKENS = 2048
+# What the twin does that no scrape can confirm: it always chunks prefills (vLLM V1's
+# default; the flag is not exported).
+CHUNKED_PREFILL = "not exported: chunked prefill on, as vLLM V1 always runs it"
+
+
+def assumed_settings(
+    config: Config,
+    replica: str,
+    max_num_seqs: int | None,
+    max_model_len: int | None,
+    max_num_batched_tokens: int | None,
+    seen_running: float = 0.0,
+) -> tuple[dict[str, int], dict[str, str]]:
+    """The scheduler flags vLLM does not export (cache_config_info holds the KV cache's only),
+    each from what was given (the calibrate flags), else the target's config
+    (`max_num_batched_tokens`), else vLLM's default; and, for each not given or configured,
+    what was assumed, in words (the what-if output's calibration.assumed)."""
+    target = next((t for t in config.targets if t.name == replica), None)
+    configured = target.max_num_batched_tokens if target is not None else None
+    values: dict[str, int] = {}
+    assumed: dict[str, str] = {}
+    if max_num_seqs is not None:
+        values["max_num_seqs"] = max_num_seqs
+    else:
+        values["max_num_seqs"] = max(DEFAULT_MAX_NUM_SEQS, math.ceil(seen_running))
+        assumed["max_num_seqs"] = f"not exported: vLLM's default {DEFAULT_MAX_NUM_SEQS}" + (
+            " raised to the most requests seen running" if seen_running > 256 else ""
+        )
+    if max_model_len is not None:
+        values["max_model_len"] = max_model_len
+    else:
+        values["max_model_len"] = DEFAULT_MAX_MODEL_LEN
+        assumed["max_model_len"] = f"not exported: {DEFAULT_MAX_MODEL_LEN} assumed"
+    if max_num_batched_tokens is not None:
+        values["max_num_batched_tokens"] = max_num_batched_tokens
+    elif configured is not None:
+        values["max_num_batched_tokens"] = configured
+    else:
+        values["max_num_batched_tokens"] = DEFAULT_MAX_NUM_BATCHED_TOKENS
+        assumed["max_num_batched_tokens"] = (
+            f"not exported and not in the target's config: vLLM's default "
+            f"{DEFAULT_MAX_NUM_BATCHED_TOKENS}"
+        )
+    assumed["enable_chunked_prefill"] = CHUNKED_PREFILL
+    return values, assumed
 
 
 def replica_shape(
@@ -65,13 +117,14 @@ def replica_shape(
     replica: str,
     history: History | None = None,
     max_num_seqs: int | None = None,
-    max_model_len: int = 32768,
-    max_num_batched_tokens: int = 2048,
+    max_model_len: int | None = None,
+    max_num_batched_tokens: int | None = None,
 ) -> EngineShape:
     """The replica's engine as its scrapes say it (cache_config_info: blocks, block size,
     dtype, prefix caching, memory share; the model; its GPU by DCGM's model name; the
     drafter's tokens and acceptance from its counters). Its scheduler's limits are not
-    exposed: max_num_seqs defaults to vLLM's 256, or the most requests seen running if more."""
+    exposed: assumed_settings (max_num_seqs defaults to vLLM's 256, or the most requests
+    seen running if more; max_num_batched_tokens the target's config, else 2048)."""
     target = queries.targets(session).get(replica)
     if target is None or target.kind == "dcgm":
         raise WhatIfError(f"unknown replica {replica!r}")
@@ -85,12 +138,15 @@ def replica_shape(
     if history is not None:
         spec, acceptance = _drafter(history)
         seen = history.running_peak
+    values, _ = assumed_settings(
+        config, replica, max_num_seqs, max_model_len, max_num_batched_tokens, seen
+    )
     return EngineShape(
         num_gpu_blocks=int(target.num_gpu_blocks),
         block_size=int(target.block_size),
-        max_num_seqs=max_num_seqs or max(256, math.ceil(seen)),
-        max_model_len=max_model_len,
-        max_num_batched_tokens=max_num_batched_tokens,
+        max_num_seqs=values["max_num_seqs"],
+        max_model_len=values["max_model_len"],
+        max_num_batched_tokens=values["max_num_batched_tokens"],
         enable_prefix_caching=target.prefix_caching is not False,
         kv_cache_dtype="fp8" if (target.cache_dtype or "").startswith("fp8") else "auto",
         gpu_memory_utilization=target.gpu_memory_utilization or 0.9,
@@ -164,8 +220,8 @@ def calibrate_replica(
     end: float,
     now: float | None = None,
     max_num_seqs: int | None = None,
-    max_model_len: int = 32768,
-    max_num_batched_tokens: int = 2048,
+    max_model_len: int | None = None,
+    max_num_batched_tokens: int | None = None,
 ) -> Profile:
     """Fit the replica's profile from its knee run and its production history over
     [start, end] (either may be missing, not both); fitted at `now` (default `end`). The
@@ -183,6 +239,14 @@ def calibrate_replica(
     shape = replica_shape(
         session, config, replica, history, max_num_seqs, max_model_len, max_num_batched_tokens
     )
+    _, assumed = assumed_settings(
+        config,
+        replica,
+        max_num_seqs,
+        max_model_len,
+        max_num_batched_tokens,
+        history.running_peak if history is not None else 0.0,
+    )
     target = queries.targets(session)[replica]
     levels = history.levels() if history is not None else []
     try:
@@ -190,9 +254,13 @@ def calibrate_replica(
     except WhatIfError:
         if run_label is not None or not levels:
             raise
-        return calibrate_sweep([], shape, replica=replica, levels=levels, now=now)
+        fitted = calibrate_sweep([], shape, replica=replica, levels=levels, now=now)
+        fitted.notes["assumed"] = assumed
+        return fitted
     fits = [calibrate(run, shape, replica, levels, now=now) for run in runs]
-    return min(fits, key=lambda fit: (not fit.fit.trusted, fit.fit.rms))
+    best = min(fits, key=lambda fit: (not fit.fit.trusted, fit.fit.rms))
+    best.notes["assumed"] = assumed
+    return best
 
 
 @dataclass
@@ -207,6 +275,7 @@ class WhatIf:
     baseline: dict[str, Any]
     predicted: dict[str, Any]
     baseline_error: dict[str, float | None]
+    how: dict[str, Any] = field(default_factory=dict)  # the replay's bucket and slice
 
     def as_dict(self) -> dict[str, Any]:
         """The `kneepoint whatif --json` contract (docs/explanation/whatif.md)."""
@@ -223,13 +292,78 @@ class WhatIf:
                 "fitted_at": iso(self.profile.fitted_at) if self.profile.fitted_at else None,
                 "trusted": self.profile.fit.trusted,
                 "rms_relative_error": self.profile.fit.rms,
+                # Settings no scrape gives, each with what was assumed (else read or given).
+                "assumed": self.profile.notes.get("assumed"),
             },
+            "replay": _plain(self.how),
             "load": _plain(self.load.as_dict()),
             "measured": _plain(self.measured),
             "baseline": _plain(self.baseline),
             "predicted": _plain(self.predicted),
             "baseline_error": _plain(self.baseline_error),
         }
+
+
+@dataclass
+class Baseline:
+    """A window replayed as it is: shared by every change of (replica, calibration, window,
+    seed, slice) and by the page (baseline_replay's cache)."""
+
+    history: History
+    load: Load
+    shared: float  # reuse_share's session prefix share
+    replay: Replay
+    seconds: float  # wall time it took (history read, reuse share, replay)
+    knee: tuple[int | None, float | None] | None = None  # the unchanged sweep's, once asked
+
+
+BASELINE_CACHE = 32  # baselines kept per process (the review's and the page's)
+_BASELINES: OrderedDict[tuple[Any, ...], Baseline] = OrderedDict()
+
+
+def _profile_key(profile: Profile) -> str:
+    text = json.dumps(_plain(profile.as_dict()), sort_keys=True, default=str)
+    return hashlib.sha256(text.encode()).hexdigest()
+
+
+def baseline_replay(
+    session: Session,
+    replica: str,
+    profile: Profile,
+    start: float,
+    end: float,
+    slos: tuple[Slo, ...] | list[Slo] = (),
+    seed: int = 0,
+    slice_seconds: float = SLICE_SECONDS,
+    requests: int = 400,
+) -> Baseline:
+    """The replica's window [start, end] replayed unchanged, computed once per process for
+    (replica, calibration, window, seed, slice, SLOs) and kept in an in-process cache (the
+    weekly review and the What-if page each run in one process)."""
+    key = (
+        replica,
+        _profile_key(profile),
+        float(start),
+        float(end),
+        seed,
+        float(slice_seconds),
+        requests,
+        tuple(json.dumps(slo.model_dump(mode="json"), sort_keys=True) for slo in slos),
+    )
+    cached = _BASELINES.get(key)
+    if cached is not None:
+        _BASELINES.move_to_end(key)
+        return cached
+    began = time.perf_counter()
+    history = load_history(session, replica, start, end)
+    load = load_of(history)
+    shared = reuse_share(profile, load, seed=seed, requests=requests)
+    base = replay(profile, load, None, slos, slice_seconds, seed, shared=shared)
+    baseline = Baseline(history, load, shared, base, time.perf_counter() - began)
+    _BASELINES[key] = baseline
+    while len(_BASELINES) > BASELINE_CACHE:
+        _BASELINES.popitem(last=False)
+    return baseline
 
 
 def whatif_replica(
@@ -240,29 +374,32 @@ def whatif_replica(
     start: float,
     end: float,
     profile: Profile | None = None,
-    levels: int = 6,
-    seconds: float = 120.0,
+    slice_seconds: float = SLICE_SECONDS,
     requests: int = 400,
+    baseline: Baseline | None = None,
+    seed: int = 0,
+    knees: bool = True,
 ) -> WhatIf:
     """The replica's window [start, end], measured, replayed as it is (baseline) and after
     `change` (predicted), with the newest calibration fitted by `end` unless `profile` is
-    given. WhatIfError: no calibration, an untrusted one, an unknown replica, no history, a
-    change that cannot apply."""
+    given. The baseline is `baseline` when given (baseline_replay's for this replica,
+    calibration and window), else baseline_replay's cached one. `knees=False` leaves out the
+    knee of a predicted sweep (null: the weekly review does not read it, and each sweep costs
+    more than the replay). WhatIfError: no
+    calibration, an untrusted one, an unknown replica, no history, a change that cannot
+    apply."""
     target = queries.targets(session).get(replica)
     if target is None or target.kind == "dcgm":
         raise WhatIfError(f"unknown replica {replica!r}")
     profile = profile or latest_profile(session, replica, end)
     profile.require_trusted()
-    history = load_history(session, replica, start, end)
-    load = load_of(history)
+    if baseline is None:
+        baseline = baseline_replay(
+            session, replica, profile, start, end, config.slos, seed, slice_seconds, requests
+        )
+    history, load, base = baseline.history, baseline.load, baseline.replay
     run = _run_of(session, profile)
-    shared = reuse_share(profile, load, seconds, requests=requests)
-    base = replay(
-        profile, load, None, config.slos, levels, seconds, requests=requests, shared=shared
-    )
-    after = replay(
-        profile, load, change, config.slos, levels, seconds, requests=requests, shared=shared
-    )
+    after = replay(profile, load, change, config.slos, slice_seconds, seed, shared=baseline.shared)
     price = _price(session, config, replica, profile.shape.gpu)
     new_price = (
         config.pricing.gpu_hour.get(
@@ -272,21 +409,32 @@ def whatif_replica(
         else price
     )
     measured = _measured(history, load, config, price, run)
-    baseline = _numbers(base, price, _knee(profile, Change()))
-    predicted = _numbers(after, new_price, _knee(profile, change))
+    if knees and baseline.knee is None:
+        baseline.knee = _knee(profile, Change())
+    unchanged = _numbers(base, price, (baseline.knee or (None, None)) if knees else (None, None))
+    predicted = _numbers(after, new_price, _knee(profile, change) if knees else (None, None))
     errors = {
-        key: _relative(baseline.get(key), measured.get(key))
+        key: _relative(unchanged.get(key), measured.get(key))
         for key in SHOWN
         if key not in ("cost_per_million_tokens",)
     }
     calibration = profile.fit.rms
-    for numbers in (baseline, predicted):
+    for numbers in (unchanged, predicted):
         numbers["bounds"] = {
             key: _bounds(numbers.get(key), calibration, errors.get(key), key in FRACTIONS)
             for key in SHOWN
             if not key.startswith("knee_")
         }
-    return WhatIf(replica, change, start, end, profile, load, measured, baseline, predicted, errors)
+    how = {
+        "buckets": len(load.per_bucket),
+        "slice_seconds": slice_seconds,
+        "seed": seed,
+        "lengths_from_histograms": load.lengths_from_histograms,
+        "baseline_seconds": baseline.seconds,
+    }
+    return WhatIf(
+        replica, change, start, end, profile, load, measured, unchanged, predicted, errors, how
+    )
 
 
 def _run_of(session: Session, profile: Profile) -> Run | None:

@@ -1,24 +1,27 @@
 """Replay a replica's stored load through its calibrated twin, in virtual time.
 
-A week step by step is millions of engine steps, so the window is replayed by load level, as
-the twin's own backfill builds a week (kneepoint/twin/backfill.py): the twin runs a few
-steady loads spanning the window's request rates, each until steady, and each bucket of the
-window (15 minutes) takes what the two levels around its rate did, weighted by how close it
-is (counters and means linearly, latency samples as a mixture).
+Every stored bucket of the window (15 minutes) is simulated, in order, on one engine whose
+state carries from bucket to bucket (simulate_window): the running and waiting requests, the
+KV and prefix caches, the sessions. A week step by step would be millions of engine steps,
+so each bucket runs a slice of virtual time (SLICE_SECONDS) and its counts are scaled from
+the slice to the bucket; docs/explanation/whatif.md ("Replay") measures what the slice
+length costs in accuracy.
 
 The load is sessions (closed loop, as agents and chat users are): each session sends a
 request, waits for its answer, thinks, and sends the next. At a request rate λ whose
 requests took R seconds end to end (the e2e histogram), λ × (R + Z) sessions with a think
 time Z send exactly λ per second: the baseline has the measured rate whatever Z is; a change
-that makes answers faster or slower moves the rate as real sessions would. Requests have the
-window's mean prompt and output lengths (spread log-normally: the store keeps the length
-histograms' sums and counts, not their buckets) and take a share of their prompt from their
-session's prefix, sized so that the engine as calibrated hits its prefix cache as often as
-the window measured. docs/explanation/whatif.md lists every approximation.
+that makes answers faster or slower moves the rate as real sessions would. A bucket's
+requests draw their prompt and output lengths from its stored length histograms (Lengths;
+an engine without them: the bucket's mean lengths spread log-normally) and take a share of
+their prompt from their session's prefix, sized so that the engine as calibrated hits its
+prefix cache as often as the window measured at light load, and lowered in a bucket that
+measured fewer hits than that. docs/explanation/whatif.md lists every approximation.
 """
 
 from __future__ import annotations
 
+import bisect
 import heapq
 import itertools
 import math
@@ -29,6 +32,7 @@ from typing import Any
 import numpy as np
 
 from kneepoint.config import Slo
+from kneepoint.samples import Histogram
 from kneepoint.twin.simulated_engine import Engine, EngineConfig, Request
 from kneepoint.whatif.changes import Change, apply
 from kneepoint.whatif.history import SATURATED, History, weighted_quantile
@@ -57,6 +61,19 @@ class Load:
     # The share of each prompt every session has in common (a system prompt): running
     # requests share its blocks, so the KV they hold is less than their prompts.
     common_share: float = 0.0
+    # Every stored bucket, in order, as the replay drives it.
+    per_bucket: tuple[BucketLoad, ...] = ()
+
+    @property
+    def lengths_from_histograms(self) -> float:
+        """The share of the window's requests whose lengths come from stored histograms."""
+        total = sum(b.seconds * b.rate for b in self.per_bucket)
+        known = sum(
+            b.seconds * b.rate
+            for b in self.per_bucket
+            if b.prompt.from_histogram and b.output.from_histogram
+        )
+        return known / total if total else 0.0
 
     @property
     def seconds(self) -> float:
@@ -89,6 +106,10 @@ class Load:
             "prefix_cache_hit_rate": self.hit_rate,
             "think_seconds": self.think_seconds,
             "sessions_at_peak": self.sessions_at(peak),
+            "buckets": len(self.per_bucket),
+            # Requests whose lengths were drawn from the stored length histograms (the rest:
+            # the bucket's means, spread log-normally with σ LENGTH_SIGMA).
+            "lengths_from_histograms": self.lengths_from_histograms,
         }
 
 
@@ -118,6 +139,7 @@ def load_of(history: History, think_seconds: float = THINK_SECONDS) -> Load:
         think_seconds=think_seconds,
         light=_light(history),
         common_share=_common_share(history, float(prompt), float(output)),
+        per_bucket=bucket_loads(history, float(prompt), float(output)),
     )
 
 
@@ -356,6 +378,291 @@ def _counts(engine: Engine) -> dict[str, float]:
     }
 
 
+@dataclass(frozen=True)
+class Lengths:
+    """Token lengths drawn from one stored histogram: a bucket of the histogram by its count,
+    then uniformly within its bounds (the +Inf bucket up to twice its lower bound: vLLM's
+    bounds go 1, 2, 5, 10, …), every draw then scaled by one factor so that the draws' mean
+    is the histogram's (its sum over its count); or, without a histogram, log-normal around
+    `mean` with LENGTH_SIGMA."""
+
+    mean: float
+    lows: tuple[float, ...] = ()
+    highs: tuple[float, ...] = ()
+    cumulative: tuple[float, ...] = ()  # normalised, ends at 1
+    scale: float = 1.0
+
+    @classmethod
+    def of(cls, histogram: Histogram | None, mean: float) -> Lengths:
+        if histogram is None or histogram.count <= 0:
+            return cls(mean)
+        lows, highs, weights = [], [], []
+        lower, below = 0.0, 0.0
+        for bound, cumulative in zip(histogram.bounds, histogram.counts, strict=True):
+            upper = bound if math.isfinite(bound) else max(2 * lower, lower + 1)
+            if cumulative > below:
+                lows.append(lower)
+                highs.append(upper)
+                weights.append(cumulative - below)
+            lower, below = upper, max(below, cumulative)
+        if not weights:
+            return cls(mean)
+        total = sum(weights)
+        expected = sum(w * (a + b) / 2 for w, a, b in zip(weights, lows, highs, strict=True))
+        measured = histogram.total / histogram.count if histogram.total > 0 else expected / total
+        return cls(
+            measured,
+            tuple(lows),
+            tuple(highs),
+            tuple(itertools.accumulate(w / total for w in weights)),
+            measured / (expected / total) if expected > 0 else 1.0,
+        )
+
+    @property
+    def from_histogram(self) -> bool:
+        return bool(self.cumulative)
+
+    def draw(self, rng: random.Random) -> float:
+        if not self.cumulative:
+            return rng.lognormvariate(math.log(self.mean) - LENGTH_SIGMA**2 / 2, LENGTH_SIGMA)
+        index = min(bisect.bisect_left(self.cumulative, rng.random()), len(self.lows) - 1)
+        return rng.uniform(self.lows[index], self.highs[index]) * self.scale
+
+
+@dataclass(frozen=True)
+class BucketLoad:
+    """One stored bucket as the replay drives it."""
+
+    seconds: float
+    rate: float  # requests per second, measured
+    prompt: Lengths
+    output: Lengths
+    hit_rate: float | None  # measured prefix-cache hit rate (None: no query)
+
+
+def bucket_loads(
+    history: History, prompt_mean: float, output_mean: float
+) -> tuple[BucketLoad, ...]:
+    """Each stored bucket's load: its rate, its length histograms (else its mean lengths, else
+    the window's, spread log-normally), its hit rate."""
+    return tuple(
+        BucketLoad(
+            b.seconds,
+            b.requests_per_second,
+            Lengths.of(b.prompt_lengths, b.prompt_tokens_mean or prompt_mean),
+            Lengths.of(b.output_lengths, b.output_tokens_mean or output_mean),
+            b.hit_rate,
+        )
+        for b in history.buckets
+    )
+
+
+@dataclass
+class BucketRun:
+    """What the replay did in one bucket's slice: counter increases and gauge means over the
+    slice (scale: the bucket's seconds over the slice's)."""
+
+    seconds: float  # the stored bucket's
+    slice_seconds: float  # the virtual time simulated for it
+    counts: dict[str, float] = field(default_factory=dict)
+    means: dict[str, float] = field(default_factory=dict)
+
+    @property
+    def scale(self) -> float:
+        return self.seconds / self.slice_seconds if self.slice_seconds > 0 else 0.0
+
+
+@dataclass
+class WindowRun:
+    """The window replayed bucket by bucket: per bucket, and every request's latencies with
+    the weight its bucket gives it (bucket seconds over slice seconds)."""
+
+    buckets: list[BucketRun]
+    samples: dict[str, np.ndarray]
+    weights: dict[str, np.ndarray]
+    sent: int = 0  # requests simulated
+    steps: int = 0  # engine calls made
+
+
+SLICE_SECONDS = 20.0  # virtual seconds simulated per stored bucket (docs: "Replay")
+WARMUP_SECONDS = 30.0  # before the first bucket, at its load, not counted
+# A bucket that measured less than this share of the window's prefix-cache hit rate had a
+# cold cache (a deploy, new prompts): its session prefixes shrink in proportion. Above it the
+# engine's own cache pressure is left to explain a lower hit rate.
+COLD_SHARE = 0.5
+
+
+def advance(engine: Engine, until: float) -> float:
+    """Engine.advance(until) (docs/explanation/whatif.md: S's fast-forward) where the engine
+    has it; else one step (or, idle, straight to `until`): the caller loops either way."""
+    fast = getattr(engine, "advance", None)
+    if fast is not None:
+        return float(fast(until))
+    if engine.idle:
+        engine.now = max(engine.now, until)
+    else:
+        engine.step()
+    return engine.now
+
+
+def simulate_window(
+    config: EngineConfig,
+    load: Load,
+    shared: float,
+    growth: float = 1.0,
+    replicas: int = 1,
+    round_robin: bool = False,
+    slice_seconds: float = SLICE_SECONDS,
+    warmup: float = WARMUP_SECONDS,
+    seed: int = 0,
+    request_overhead: float = 0.0,
+) -> WindowRun:
+    """Every stored bucket of `load`, in order, on one engine whose state (running and waiting
+    requests, KV cache, prefix cache, sessions) carries from one bucket to the next. Bucket k
+    runs `slice_seconds` of virtual time (its whole length if shorter) with
+    load.sessions_at(rate_k) × growth / replicas closed-loop sessions (sessions start or retire
+    at the bucket's edge), prompt and output lengths drawn from its histograms, and a session
+    prefix share of `shared` × (its hit rate / the light-load hit rate, at most 1); its counts
+    scale by its seconds over the slice's. A request's latencies count for the bucket it was
+    sent in; one unanswered at the end counts with the time it had waited (a lower bound)."""
+    engine = Engine(config, seed=seed)
+    rng = random.Random(seed * 104729 + 1)
+    tokens_rng = np.random.default_rng(seed)
+    limit = max(2, min(config.max_model_len, engine.capacity_tokens - config.block_size))
+    think = load.think_seconds
+    reference = load.hit_rate * COLD_SHARE
+    common: list[int] = []
+    common_tokens = round(load.common_share * load.prompt_tokens_mean) if shared else 0
+    prefixes: dict[int, list[int]] = {}
+    due: list[tuple[float, int]] = []
+    wanted = 0  # sessions the current bucket keeps
+    active: set[int] = set()  # sessions in the loop (waiting for an answer or thinking)
+    # request, when sent, (when, tokens) per sink call, weight
+    tracked: list[tuple[Request, float, list[tuple[float, int]], float]] = []
+    current = load.per_bucket[0]  # the bucket being replayed
+    share = shared  # its session-prefix share
+    weight = 0.0  # its seconds over its slice's (0 in the warmup: not counted)
+    pool = 1  # session prefixes
+
+    def share_of(bucket: BucketLoad) -> float:
+        if not shared or bucket.hit_rate is None or not reference:
+            return shared
+        return shared * min(1.0, bucket.hit_rate / reference)
+
+    def send(session: int) -> None:
+        output = max(1, min(round(current.output.draw(rng)), limit // 2))
+        length = max(1, min(round(current.prompt.draw(rng)), limit - output))
+        everyone = min(common_tokens, length)
+        own = min(int(share * length), length - everyone)
+        prefix = prefixes.setdefault(session % pool, [])
+        for part, size in ((common, everyone), (prefix, own)):
+            if len(part) < size:
+                part.extend(tokens_rng.integers(VOCABULARY, size=size - len(part)).tolist())
+        fresh = tokens_rng.integers(VOCABULARY, size=max(0, length - everyone - own))
+        tokens = common[:everyone] + prefix[:own] + fresh.tolist()
+        pause = rng.expovariate(1 / think) if think > 0 else 0.0
+        times: list[tuple[float, int]] = []
+
+        def sink(count: int, done: bool, at: float) -> None:
+            times.append((at, count))
+            if done:
+                heapq.heappush(due, (at + pause, session))
+
+        request = engine.add(tokens, output, sink)
+        if weight:
+            tracked.append((request, engine.now, times, weight))
+
+    def run_until(end: float, gauges: dict[str, float] | None) -> int:
+        calls = 0
+        while engine.now < end:
+            while due and due[0][0] <= engine.now:
+                session = heapq.heappop(due)[1]
+                if session >= wanted:  # the load fell: this session stops here
+                    active.discard(session)
+                    continue
+                send(session)
+            until = min(due[0][0], end) if due else end
+            before = engine.now
+            advance(engine, until)
+            calls += 1
+            if gauges is not None and engine.now > before:
+                span = engine.now - before
+                kv = engine.kv.usage
+                gauges["kv_cache_usage"] += kv * span
+                gauges["running"] += len(engine.running) * span
+                gauges["waiting"] += len(engine.waiting) * span
+                if kv >= SATURATED or engine.waiting_for_capacity:
+                    gauges["saturated"] += span
+        return calls
+
+    def set_sessions(bucket: BucketLoad) -> None:
+        nonlocal wanted, pool
+        total = load.sessions_at(bucket.rate) * growth
+        wanted = max(1, round(total / replicas)) if bucket.rate > 0 else 0
+        # Round-robin: every session's prefix is here, each request on 1/N of the replicas.
+        pool = max(pool, round(total)) if round_robin else max(pool, wanted)
+        for session in range(wanted):
+            if session not in active:
+                active.add(session)
+                heapq.heappush(due, (engine.now + rng.uniform(0, max(think, 1.0)), session))
+
+    session_share = 1 / replicas if round_robin else 1.0
+    runs: list[BucketRun] = []
+    steps = 0
+    share = share_of(current) * session_share
+    set_sessions(current)
+    steps += run_until(warmup, None)
+    for bucket in load.per_bucket:
+        current = bucket
+        share = share_of(bucket) * session_share
+        span = min(slice_seconds, bucket.seconds)
+        weight = bucket.seconds / span if span > 0 else 0.0
+        set_sessions(bucket)
+        before, start = _counts(engine), engine.now
+        gauges = dict.fromkeys(MEAN_KEYS, 0.0)
+        steps += run_until(start + span, gauges)
+        after = _counts(engine)
+        elapsed = max(engine.now - start, 1e-9)
+        run = BucketRun(bucket.seconds, elapsed)
+        run.counts = {k: after[k] - before[k] for k in after}
+        run.means = {k: v / elapsed for k, v in gauges.items()}
+        runs.append(run)
+    samples, weights = _weighted_samples(tracked, engine.now, request_overhead)
+    return WindowRun(runs, samples, weights, len(tracked), steps)
+
+
+def _weighted_samples(
+    tracked: list[tuple[Request, float, list[tuple[float, int]], float]],
+    now: float,
+    overhead: float,
+) -> tuple[dict[str, np.ndarray], dict[str, np.ndarray]]:
+    values: dict[str, list[float]] = {k: [] for k in LATENCY_KEYS}
+    weights: dict[str, list[float]] = {k: [] for k in LATENCY_KEYS}
+
+    def add(key: str, value: float, weight: float) -> None:
+        values[key].append(value)
+        weights[key].append(weight)
+
+    for request, sent, times, weight in tracked:
+        if times:
+            add("ttft", times[0][0] - sent + overhead, weight)
+            for (a, _), (b, count) in itertools.pairwise(times):
+                # A fast-forwarded stretch reports its tokens at its end: `count` gaps of
+                # its mean inter-token time.
+                if count > 0:
+                    add("itl", (b - a) / count, weight * count)
+            if request.generated >= request.max_tokens:
+                add("e2e", times[-1][0] - sent + overhead, weight)
+        else:
+            add("ttft", now - sent + overhead, weight)
+        scheduled = request.first_scheduled
+        add("queue", (scheduled if scheduled is not None else now) - sent, weight)
+    return (
+        {k: np.asarray(v) for k, v in values.items()},
+        {k: np.asarray(w) for k, w in weights.items()},
+    )
+
+
 @dataclass
 class Replay:
     """The window replayed: per-replica and fleet numbers (the JSON's baseline/predicted)."""
@@ -364,7 +671,8 @@ class Replay:
     replicas: int
     seconds: float
     numbers: dict[str, Any]
-    levels: list[LevelRun]
+    window: WindowRun
+    shared: float = 0.0  # the session prefix share it ran with (reuse_share's)
 
 
 def replay(
@@ -372,14 +680,13 @@ def replay(
     load: Load,
     change: Change | None = None,
     slos: tuple[Slo, ...] | list[Slo] = (),
-    levels: int = 6,
-    seconds: float = 120.0,
-    warmup: float = 30.0,
+    slice_seconds: float = SLICE_SECONDS,
     seed: int = 0,
-    requests: int = 400,
     shared: float | None = None,
+    requests: int = 400,
 ) -> Replay:
-    """The window's load through the profile's twin after `change` (None: the baseline).
+    """The window's load through the profile's twin after `change` (None: the baseline),
+    every stored bucket in order (simulate_window).
 
     Fleet-level changes: `growth` k multiplies the sessions; `replicas` N share them (sticky
     routing keeps each session on one replica: each replica sees 1/N of the sessions and
@@ -392,37 +699,26 @@ def replay(
     shape, cost = apply(profile, change)
     config = shape.engine_config(cost)
     replicas = change.replicas
-    peak = max((r for _, r in load.buckets), default=0.0)
-    if peak <= 0:
+    if not load.per_bucket or max(b.rate for b in load.per_bucket) <= 0:
         raise WhatIfError("the window has no arrivals to replay")
     if shared is None:
-        shared = reuse_share(profile, load, seconds, warmup, seed, requests)
+        shared = reuse_share(profile, load, seed=seed, requests=requests)
     if not shape.enable_prefix_caching:
         shared = 0.0
     round_robin = change.routing == "round-robin" and replicas > 1
-    grid = [peak * k / levels for k in range(levels + 1)]
-    runs = []
-    for rate in grid:
-        total = load.sessions_at(rate) * change.growth  # sessions of the whole traffic
-        mine = max(1, round(total / replicas)) if rate > 0 else 0
-        runs.append(
-            simulate_level(
-                config,
-                rate * change.growth / replicas,
-                mine,
-                load,
-                shared,
-                max(1, round(total)) if round_robin else None,
-                1 / replicas if round_robin else 1.0,
-                seconds,
-                warmup,
-                seed,
-                cost.request_overhead_seconds,
-                requests,
-            )
-        )
-    numbers = aggregate(runs, grid, list(load.buckets), replicas, slos)
-    return Replay(change, replicas, load.seconds, numbers, runs)
+    window = simulate_window(
+        config,
+        load,
+        shared,
+        change.growth,
+        replicas,
+        round_robin,
+        slice_seconds,
+        seed=seed,
+        request_overhead=cost.request_overhead_seconds,
+    )
+    numbers = aggregate(window, replicas, slos)
+    return Replay(change, replicas, load.seconds, numbers, window, shared)
 
 
 def reuse_share(
@@ -460,36 +756,24 @@ def reuse_share(
     return shared
 
 
-def _weights(grid: list[float], rate: float) -> tuple[int, int, float]:
-    """The two levels around `rate` and the upper one's weight."""
-    step = grid[1] - grid[0]
-    position = min(rate / step, len(grid) - 1) if step > 0 else 0.0
-    low = min(int(position), len(grid) - 2)
-    return low, low + 1, position - low
-
-
 def aggregate(
-    runs: list[LevelRun],
-    grid: list[float],
-    buckets: list[tuple[float, float]],
-    replicas: int,
-    slos: tuple[Slo, ...] | list[Slo],
+    window: WindowRun, replicas: int, slos: tuple[Slo, ...] | list[Slo]
 ) -> dict[str, Any]:
-    """The window's numbers from the level runs, each bucket interpolated between the levels
-    around its measured request rate."""
-    time_at = np.zeros(len(runs))  # seconds of the window each level stands for
-    per_bucket: dict[str, list[float]] = {k: [] for k in MEAN_KEYS}
+    """The window's numbers from its buckets: each bucket's counts scaled from its slice to
+    its length, its gauge means weighted by its length, latency samples by their bucket's
+    weight."""
     totals = dict.fromkeys(COUNTS, 0.0)
-    spans = [span for span, _ in buckets]
-    for span, rate in buckets:
-        low, high, w = _weights(grid, rate)
-        time_at[low] += span * (1 - w)
-        time_at[high] += span * w
+    per_bucket: dict[str, list[float]] = {k: [] for k in MEAN_KEYS}
+    spans = [run.seconds for run in window.buckets]
+    for run in window.buckets:
         for key in COUNTS:
-            totals[key] += span * _mix(runs[low].rates[key], runs[high].rates[key], w)
+            if key != "requests":
+                totals[key] += run.counts.get(key, 0.0) * run.scale
         for key in MEAN_KEYS:
-            per_bucket[key].append(_mix(runs[low].means[key], runs[high].means[key], w))
+            per_bucket[key].append(run.means.get(key, 0.0))
+    totals["requests"] = float(window.weights["ttft"].sum()) if len(window.weights["ttft"]) else 0.0
     seconds = sum(spans)
+    saturated = [m * s for m, s in zip(per_bucket["saturated"], spans, strict=True)]
     out: dict[str, Any] = {
         "seconds": seconds,
         "replicas": replicas,
@@ -507,47 +791,45 @@ def aggregate(
             else None
         ),
         # Per replica (each alike): occupancy, queue and saturation.
-        "kv_cache_occupancy_p95": weighted_quantile(per_bucket["kv_cache_usage"], spans, 0.95),
-        "saturated_seconds": float(np.dot(per_bucket["saturated"], spans)),
+        "kv_cache_occupancy_p95": weighted_quantile(
+            _smoothed(per_bucket["kv_cache_usage"], [r.slice_seconds for r in window.buckets]),
+            spans,
+            0.95,
+        ),
+        "saturated_seconds": float(sum(saturated)),
         "waiting_mean": float(np.dot(per_bucket["waiting"], spans) / seconds),
         "running_mean": float(np.dot(per_bucket["running"], spans) / seconds),
     }
     for key in LATENCY_KEYS:
-        values, weights = _mixture(runs, time_at, key)
+        values, weights = window.samples[key], window.weights[key]
         for name, q in (("p50", 0.5), ("p99", 0.99)):
             out[f"{key}_{name}_seconds"] = (
                 weighted_quantile(values.tolist(), weights.tolist(), q) if len(values) else None
             )
     out["slo_compliance"] = {
-        slo.name: _compliance(runs, time_at, slo)
+        slo.name: _compliance(window, slo)
         for slo in slos
         if slo.kind == "latency" and slo.metric and slo.threshold
     }
     return out
 
 
-def _mix(a: float, b: float, w: float) -> float:
-    return a + (b - a) * w
+def _smoothed(means: list[float], spans: list[float]) -> list[float]:
+    """Each bucket's mean over its slice and its neighbours' (the engine runs the slices one
+    after another, so three of them are one stretch of its virtual time): a slice's mean
+    is noisier than a 15-minute bucket's, and a quantile over noisy means reads high."""
+    out = []
+    for index in range(len(means)):
+        near = range(max(0, index - 1), min(len(means), index + 2))
+        weight = sum(spans[i] for i in near)
+        out.append(sum(means[i] * spans[i] for i in near) / weight if weight else means[index])
+    return out
 
 
-def _mixture(runs: list[LevelRun], time_at: np.ndarray, key: str) -> tuple[np.ndarray, np.ndarray]:
-    """Every level's samples, each weighted by the window time its level stands for over the
-    virtual time it was measured in."""
-    values, weights = [], []
-    for run, at in zip(runs, time_at, strict=True):
-        samples = run.samples.get(key, np.zeros(0))
-        if len(samples) and at > 0:
-            values.append(samples)
-            weights.append(np.full(len(samples), at / run.seconds))
-    if not values:
-        return np.zeros(0), np.zeros(0)
-    return np.concatenate(values), np.concatenate(weights)
-
-
-def _compliance(runs: list[LevelRun], time_at: np.ndarray, slo: Slo) -> float | None:
-    if slo.metric is None or slo.threshold is None:
+def _compliance(window: WindowRun, slo: Slo) -> float | None:
+    if slo.metric is None or slo.threshold is None or slo.metric not in window.samples:
         return None
-    values, weights = _mixture(runs, time_at, slo.metric)
+    values, weights = window.samples[slo.metric], window.weights[slo.metric]
     if not weights.sum():
         return None
     return float(weights[values <= slo.threshold].sum() / weights.sum())

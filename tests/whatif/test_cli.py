@@ -57,8 +57,8 @@ def test_calibrate_then_whatif_json(stored_day: tuple[Path, float]) -> None:
         "kv_cache_dtype=fp8",
         "--since",
         "1d",
-        "--levels",
-        "3",
+        "--slice",
+        "5",
         "--at",
         at,
         "--json",
@@ -76,6 +76,13 @@ def test_calibrate_then_whatif_json(stored_day: tuple[Path, float]) -> None:
             assert low <= report[side][key] <= high, (side, key)
     assert report["predicted"]["preemptions"] < report["baseline"]["preemptions"]
     assert report["calibration"]["trusted"] is True
+    # Every stored bucket replayed, lengths from the twin's stored length histograms; the
+    # scheduler flags no scrape gives, and the calibrate command was not given, are named.
+    assert report["replay"]["buckets"] == report["load"]["buckets"] >= 90
+    assert report["replay"]["slice_seconds"] == 5
+    assert report["replay"]["lengths_from_histograms"] == pytest.approx(1.0)
+    assumed = report["calibration"]["assumed"]
+    assert {"max_num_seqs", "max_model_len", "max_num_batched_tokens"} <= set(assumed)
     assert set(report["baseline_error"]) >= set(CONTRACT) - {"cost_per_million_tokens"}
 
     code, out = invoke(config_file, "calibrate", "--replica", REPLICA, "--since", "1d", "--at", at)
