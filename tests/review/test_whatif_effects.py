@@ -103,7 +103,13 @@ def test_a_trusted_calibration_brings_the_predicted_effect(week: Week) -> None:
     assert found is not None, fp8.effect
     before, after = (float(n.replace(",", "")) for n in found.groups())
     assert found.group(1) == value(measured["preemptions"], "")
-    assert before > 0 and after < before  # twice the KV tokens: fewer evictions
+    # Twice the KV tokens: fewer evictions per token served. (The sessions are a closed
+    # loop: on this overloaded replica fp8 nearly doubles what they get served, so the
+    # week's count alone can rise.)
+    rate = re.search(r"throughput ([\d,.]+) tok/s → ([\d,.]+) tok/s", fp8.effect)
+    assert rate is not None, fp8.effect
+    served_before, served_after = (float(n.replace(",", "")) for n in rate.groups())
+    assert before > 0 and after / served_after < before / served_before, fp8.effect
     for label in ("throughput", "TTFT p99", "p95 KV occupancy", "$/1M tokens"):
         assert f", {label} " in fp8.effect, label
     assert not re.search(r"\bNone\b|\bnan\b|\binf\b", fp8.effect), fp8.effect
