@@ -1,0 +1,501 @@
+"""The what-if validation bench (issue 28, "Publish the error"): the real vLLM (CPU build, the
+test suite's engine-bound model) under a recorded agent-like trace at several loads; the
+twin calibrated on configuration A and predicting every other configuration; the error.
+
+    .venv/bin/python bench/whatif_validation.py              # measure (once), then predict
+    .venv/bin/python bench/whatif_validation.py --measure    # measure again, then predict
+    .venv/bin/python bench/whatif_validation.py --predict-only
+    .venv/bin/python bench/whatif_validation.py --markdown   # the published table, markdown
+
+Measuring and predicting are separate steps so that the predictions can be recomputed in
+seconds after the twin changes. `measure` (KNEEPOINT_WITH_VLLM=1 is not needed: it fails
+without a vLLM CPU environment) starts the servers of vllm_server.BENCH_SERVERS together,
+writes the trace (kneepoint.whatif.trace.agent_trace, SEED and TRACE) to TRACE_FILE and
+replays it (tests/real/whatif_load.py, on the core the engines leave free) ROUNDS rounds:
+in each round, at each load of LOADS, every configuration in turn (who goes first
+alternates), so that the configurations of one load meet the machine in the same state.
+Load n replays the trace's first SESSIONS_PER_LOAD × n sessions. It writes every run's
+figures, the servers' flags, the vLLM version and the machine's load to MEASURED.
+
+`predict` calibrates on A's runs (kneepoint.whatif.calibrate_trace) and predicts each change
+at each load (kneepoint.whatif.predict_trace), the n-gram drafter's acceptance from the
+ngram server's counters, and writes the published table, VALIDATION
+(kneepoint/whatif/validation.json), besides printing it. The measured figure of a
+(configuration, load) is the median over rounds of each metric.
+
+Two engines ("replicas"): A and A2 (A's flags), A's engine threads bound to core 0 (vLLM's
+automatic binding here), A2's to core 1 (VLLM_CPU_OMP_THREADS_BIND). Each engine has a core,
+but the machine has no third one: both API servers and the load generator share them with
+the engines (the client is bound to core 1, A2's). The twin's two replicas each have their
+own hardware, so the measured two-engine throughput is a lower bound of a real second
+replica's, and the prediction is expected above it by what the front ends take (a client
+on the engine's core cost 15-30 % of its throughput, vllm_server.off_engine_core).
+"""
+
+from __future__ import annotations
+
+import argparse
+import datetime
+import json
+import os
+import platform
+import statistics
+import subprocess
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+ROOT = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(ROOT))
+
+from tests.real.vllm_server import (  # noqa: E402
+    BATCHED_TOKENS,
+    BATCHED_TOKENS_SMALL,
+    BENCH_ENV,
+    BENCH_SERVERS,
+    BLOCKS_A,
+    BLOCKS_B,
+    ENGINE_BOUND,
+    MAX_SEQS,
+    MAX_SEQS_C,
+    NGRAM,
+    VLLM_PYTHON,
+    off_engine_core,
+    running_together,
+)
+
+RESULTS = ROOT / "bench" / "results"
+MEASURED = RESULTS / "whatif_measured.json"
+TRACE_FILE = RESULTS / "whatif_trace.json"
+VALIDATION = ROOT / "kneepoint" / "whatif" / "validation.json"
+COMMAND = ".venv/bin/python bench/whatif_validation.py"
+
+# The recorded traffic: agent sessions (kneepoint.whatif.trace.agent_trace's arguments). A
+# session's context ends at most MAX_CONTEXT tokens, 6 blocks of 128 with a shared system
+# prompt of 2: A (95 usable blocks) holds about 24 sessions at their longest.
+SEED = 28
+TRACE = {
+    "system_tokens": 256,
+    "turns": 6,
+    "tool_tokens": (16, 96),
+    "output_tokens": (16, 96),
+    "think_seconds": 0.05,
+    "max_context": 768,
+}
+LOADS = (4, 12, 28)  # sessions at once: below A's knee, near it, past it
+SESSIONS_PER_LOAD = 4  # load n replays the trace's first 4n sessions
+ROUNDS = 3
+
+# Each configuration: the servers it runs on (vllm_server.BENCH_SERVERS), the change from A
+# the twin predicts it with (None: A itself, the calibration), and the setting as published.
+CONFIGURATIONS: dict[str, dict[str, Any]] = {
+    "A": {"servers": ["A"], "change": None},
+    "num_gpu_blocks": {
+        "servers": ["blocks"],
+        "change": {"num_gpu_blocks": BLOCKS_B},
+        "calibrated": {"num_gpu_blocks": BLOCKS_A},
+    },
+    "max_num_seqs": {
+        "servers": ["seqs"],
+        "change": {"max_num_seqs": MAX_SEQS_C},
+        "calibrated": {"max_num_seqs": MAX_SEQS},
+    },
+    "max_num_batched_tokens": {
+        "servers": ["budget"],
+        "change": {"max_num_batched_tokens": BATCHED_TOKENS_SMALL},
+        "calibrated": {"max_num_batched_tokens": BATCHED_TOKENS},
+    },
+    "enable_prefix_caching": {
+        "servers": ["no_prefix"],
+        "change": {"enable_prefix_caching": False},
+        "calibrated": {"enable_prefix_caching": True},
+    },
+    "num_speculative_tokens": {
+        "servers": ["ngram"],
+        "change": {"num_speculative_tokens": json.loads(NGRAM)["num_speculative_tokens"]},
+        "calibrated": {"num_speculative_tokens": 0},
+    },
+    "replicas": {
+        "servers": ["A", "A2"],
+        "change": {"replicas": 2},
+        "calibrated": {"replicas": 1},
+    },
+}
+AIMS = {
+    "throughput": 0.10,
+    "ttft_p95": 0.25,
+    "itl_p95": 0.25,
+    "preemptions_ratio": 1.5,
+    "preemptions_per_minute_floor": 1.0,
+}
+METRICS = ("throughput", "ttft_p50", "ttft_p95", "itl_p50", "itl_p95", "waiting_mean")
+METRIC_AIMS = {"throughput": "throughput", "ttft_p95": "ttft_p95", "itl_p95": "itl_p95"}
+
+
+def uptime() -> str:
+    return subprocess.run(["uptime"], capture_output=True, text=True, check=False).stdout.strip()
+
+
+def vllm_version() -> str:
+    done = subprocess.run(
+        [str(VLLM_PYTHON), "-c", "import vllm; print(vllm.__version__)"],
+        capture_output=True,
+        text=True,
+        check=True,
+        timeout=300,
+    )
+    return done.stdout.strip().splitlines()[-1]
+
+
+def sessions_for(load: int) -> int:
+    return SESSIONS_PER_LOAD * load
+
+
+def schedule(urls: dict[str, str]) -> list[dict[str, Any]]:
+    """Every run of the measurement, in order: per round, per load, each configuration in
+    turn, the order reversed every other time."""
+    runs, turn = [], 0
+    names = list(CONFIGURATIONS)
+    for number in range(ROUNDS):
+        for load in LOADS:
+            order = names if turn % 2 == 0 else names[::-1]
+            turn += 1
+            for name in order:
+                runs.append(
+                    {
+                        "configuration": name,
+                        "round": number,
+                        "load": load,
+                        "sessions": sessions_for(load),
+                        "urls": [urls[server] for server in CONFIGURATIONS[name]["servers"]],
+                        "trace": str(TRACE_FILE),
+                    }
+                )
+    return runs
+
+
+def measure() -> dict[str, Any]:
+    """Start the servers, replay the trace, save MEASURED (see the module's docstring)."""
+    from kneepoint.whatif.trace import agent_trace
+
+    RESULTS.mkdir(parents=True, exist_ok=True)
+    trace = agent_trace(SEED, sessions=sessions_for(max(LOADS)), **TRACE)
+    TRACE_FILE.write_text(trace.to_json())
+    version = vllm_version()
+    started = time.monotonic()
+    machine = {"cpus": os.cpu_count(), "platform": platform.platform(), "uptime_before": uptime()}
+    folder = Path(os.environ.get("TMPDIR", "/tmp")) / f"whatif-bench-{os.getpid()}"
+    with running_together(folder, BENCH_SERVERS, ENGINE_BOUND, BENCH_ENV) as servers:
+        machine["servers_ready_seconds"] = round(time.monotonic() - started, 1)
+        machine["uptime_ready"] = uptime()
+        print(f"servers ready in {machine['servers_ready_seconds']:.0f} s; {uptime()}", flush=True)
+        runs = schedule({name: server.url for name, server in servers.items()})
+        results = replay(runs)
+        models = {name: server.model.name for name, server in servers.items()}
+    machine["uptime_after"] = uptime()
+    measured = {
+        "generated_at": now(),
+        "command": f"{COMMAND} --measure",
+        "vllm": version,
+        "model": {
+            "shape": {"layers": ENGINE_BOUND[0], "heads": ENGINE_BOUND[1], "head_dim": 64},
+            "folders": models,
+            "max_model_len": 1024,
+            "dtype": "bfloat16",
+            "kv_cache_space_gib": 1,
+        },
+        "machine": machine,
+        "servers": {
+            name: {"flags": list(flags), "env": BENCH_ENV.get(name, {})}
+            for name, flags in BENCH_SERVERS.items()
+        },
+        "configurations": CONFIGURATIONS,
+        "trace": {
+            "file": str(TRACE_FILE.relative_to(ROOT)),
+            "seed": SEED,
+            **TRACE,
+            "sessions": len(trace.sessions),
+        },
+        "loads": list(LOADS),
+        "sessions_per_load": SESSIONS_PER_LOAD,
+        "rounds": ROUNDS,
+        "measure_seconds": round(time.monotonic() - started, 1),
+        "runs": results,
+    }
+    MEASURED.write_text(json.dumps(measured, indent=1) + "\n")
+    print(f"measured in {measured['measure_seconds']:.0f} s: {MEASURED}", flush=True)
+    return measured
+
+
+def replay(runs: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """Run `runs` in one load process (whatif_load.py) on the free core, each run checked
+    exact against the servers as it comes."""
+    job = json.dumps({"runs": runs})
+    process = subprocess.Popen(
+        [sys.executable, "-m", "tests.real.whatif_load"],
+        cwd=ROOT,
+        stdin=subprocess.PIPE,
+        stdout=subprocess.PIPE,
+        text=True,
+        preexec_fn=off_engine_core,
+    )
+    assert process.stdin is not None and process.stdout is not None
+    process.stdin.write(job)
+    process.stdin.close()
+    results = []
+    for line in process.stdout:
+        run = json.loads(line)
+        results.append(run)
+        problems = exact_problems(run)
+        print(
+            f"{run['configuration']:>24} load {run['load']:>2} round {run['round']}: "
+            f"{run['requests']} requests, {run['server']['tokens'] / run['wall_seconds']:.0f} "
+            f"tok/s, TTFT p95 {percentile(run['ttft'], 0.95) * 1000:.0f} ms, preemptions "
+            f"{run['server']['preemptions']:.0f}, waiting {run['waiting_mean'] or 0:.1f}, "
+            f"load average {run['load_average']:.1f}" + (f" PROBLEM: {problems}" if problems else ""),
+            flush=True,
+        )
+    assert process.wait() == 0, "the load process failed"
+    assert len(results) == len(runs), f"{len(results)} of {len(runs)} runs"
+    return results
+
+
+def exact_problems(run: dict[str, Any]) -> list[str]:
+    """What a run got wrong that no noise explains: a request failed, the servers did not
+    count every request, or generated other than exactly the requested tokens."""
+    problems = []
+    if run["errors"]:
+        problems.append(f"{run['errors']} requests failed: {run['first_error']}")
+    server = run["server"]
+    if server["finished"] != run["requests"] or server["requests"] != run["requests"]:
+        problems.append(f"server counted {server['finished']:.0f} of {run['requests']} requests")
+    if server["tokens"] != run["requested_tokens"]:
+        problems.append(f"server generated {server['tokens']:.0f} of {run['requested_tokens']}")
+    if run["streamed_tokens"] != run["requested_tokens"]:
+        problems.append(f"streamed {run['streamed_tokens']} of {run['requested_tokens']}")
+    return problems
+
+
+def percentile(values: list[float], q: float) -> float:
+    """Nearest-rank percentile (the load process's quantiles use the same rule)."""
+    ordered = sorted(values)
+    return ordered[min(len(ordered) - 1, max(0, round(q * len(ordered) + 0.5) - 1))]
+
+
+def figures(run: dict[str, Any]) -> dict[str, float | None]:
+    """One run's measured metrics, as the published table names them."""
+    itl = run["itl_quantiles"] or {}
+    minutes = run["wall_seconds"] / 60
+    return {
+        "throughput": run["server"]["tokens"] / run["wall_seconds"],
+        "ttft_p50": percentile(run["ttft"], 0.50) if run["ttft"] else None,
+        "ttft_p95": percentile(run["ttft"], 0.95) if run["ttft"] else None,
+        "itl_p50": itl.get("p50"),
+        "itl_p95": itl.get("p95"),
+        "waiting_mean": run["waiting_mean"],
+        "preemptions": run["server"]["preemptions"],
+        "preemptions_per_minute": run["server"]["preemptions"] / minutes,
+        "wall_seconds": run["wall_seconds"],
+    }
+
+
+def medians(runs: list[dict[str, Any]]) -> dict[str, float | None]:
+    """The median over rounds of each metric (None where a round lacks it)."""
+    each = [figures(run) for run in runs]
+    out: dict[str, float | None] = {}
+    for key in each[0]:
+        values = [f[key] for f in each]
+        out[key] = None if any(v is None for v in values) else statistics.median(values)  # type: ignore[type-var]
+    return out
+
+
+def now() -> str:
+    return datetime.datetime.now(datetime.UTC).isoformat(timespec="seconds")
+
+
+def main(argv: list[str] | None = None) -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--measure", action="store_true", help="measure even if saved")
+    parser.add_argument("--predict-only", action="store_true", help="only predict")
+    parser.add_argument("--markdown", action="store_true", help="print validation.json's table")
+    args = parser.parse_args(argv)
+    if args.markdown:
+        print(markdown(json.loads(VALIDATION.read_text())))
+        return
+    if args.measure or (not args.predict_only and not MEASURED.exists()):
+        measured = measure()
+    else:
+        measured = json.loads(MEASURED.read_text())
+    predict(measured)
+
+
+def knee_load(measured: dict[str, Any]) -> float:
+    """A's knee among the loads: the first load whose throughput per session is under half
+    the lowest load's (the closed loop's throughput has stopped growing with the sessions);
+    past the top load if none is."""
+    loads = sorted(measured["loads"])
+    per_session = {
+        load: medians(runs_of(measured, "A", load))["throughput"] / load  # type: ignore[operator]
+        for load in loads
+    }
+    first = per_session[loads[0]]
+    return next((float(load) for load in loads if per_session[load] < first / 2), loads[-1] + 1.0)
+
+
+def runs_of(measured: dict[str, Any], configuration: str, load: int) -> list[dict[str, Any]]:
+    return [
+        r for r in measured["runs"] if r["configuration"] == configuration and r["load"] == load
+    ]
+
+
+def error_of(
+    metric: str, measured: float | None, predicted: float | None
+) -> dict[str, Any]:
+    """A metric's row: the relative error (predicted − measured) ÷ measured, its aim (None
+    where the issue sets none) and whether it is met."""
+    error = None if measured in (None, 0) or predicted is None else (predicted - measured) / measured
+    aim_key = METRIC_AIMS.get(metric)
+    aim = AIMS[aim_key] if aim_key else None
+    met = None if aim is None or error is None else abs(error) <= aim
+    return {"measured": measured, "predicted": predicted, "error": error, "aim": aim, "met": met}
+
+
+def preemption_row(
+    measured: float, predicted: float, minutes: tuple[float, float]
+) -> dict[str, Any]:
+    """Preemptions: measured ÷ predicted within the ratio aim either way, or both at most the
+    floor per minute (each over its own duration: measured wall, predicted duration)."""
+    ratio = None if not predicted else measured / predicted
+    per_minute = [measured / minutes[0], predicted / minutes[1]]
+    floor = AIMS["preemptions_per_minute_floor"]
+    bound = AIMS["preemptions_ratio"]
+    met = all(rate <= floor for rate in per_minute) or (
+        ratio is not None and 1 / bound <= ratio <= bound
+    )
+    return {
+        "measured": measured,
+        "predicted": predicted,
+        "ratio": ratio,
+        "per_minute": per_minute,
+        "aim": bound,
+        "met": met,
+    }
+
+
+def table_of(
+    measured: dict[str, Any],
+    predictions: dict[tuple[str, int], dict[str, float | None]],
+    calibration: dict[str, Any],
+) -> dict[str, Any]:
+    """validation.json's object: one row per (change, load) of the measurement."""
+    knee = knee_load(measured)
+    rows = []
+    for name, spec in CONFIGURATIONS.items():
+        if spec["change"] is None:
+            continue
+        for load in measured["loads"]:
+            real = medians(runs_of(measured, name, load))
+            twin = predictions[(name, load)]
+            metrics = {m: error_of(m, real[m], twin.get(m)) for m in METRICS}
+            minutes = (real["wall_seconds"] / 60, (twin.get("wall_seconds") or real["wall_seconds"]) / 60)  # type: ignore[operator]
+            metrics["preemptions"] = preemption_row(
+                real["preemptions"] or 0.0, twin.get("preemptions") or 0.0, minutes
+            )
+            rows.append(
+                {
+                    "change": name,
+                    "setting": spec["change"],
+                    "calibrated": spec["calibrated"],
+                    "load": load,
+                    "past_knee": load >= knee,
+                    "metrics": metrics,
+                }
+            )
+    loads = [r["load_average"] for r in measured["runs"]]
+    return {
+        "generated_at": now(),
+        "command": COMMAND,
+        "vllm": measured["vllm"],
+        "model": (
+            "engine-bound test model ({layers} layers, {heads} heads of {head_dim}), CPU "
+            "build".format(**measured["model"]["shape"])
+        ),
+        "machine": (
+            f"{measured['machine']['cpus']} cores, shared (load average "
+            f"{min(loads):.1f}-{max(loads):.1f} during the runs)"
+        ),
+        "measured_at": measured["generated_at"],
+        "trace": measured["trace"],
+        "rounds": measured["rounds"],
+        "knee_load": knee,
+        "calibration": calibration,
+        "aims": AIMS,
+        "rows": rows,
+    }
+
+
+def predict(measured: dict[str, Any]) -> dict[str, Any]:
+    """Calibrate on A, predict every change at every load, write VALIDATION, print it."""
+    calibration, predictions = twin_predictions(measured)
+    table = table_of(measured, predictions, calibration)
+    VALIDATION.write_text(json.dumps(table, indent=1) + "\n")
+    print(text_table(table))
+    return table
+
+
+def _format(metric: str, value: float | None) -> str:
+    if value is None:
+        return "-"
+    if metric.startswith(("ttft", "itl")):
+        return f"{value * 1000:.1f} ms"
+    if metric == "throughput":
+        return f"{value:.0f} tok/s"
+    return f"{value:.2f}"
+
+
+def table_lines(table: dict[str, Any]) -> list[list[str]]:
+    """The published rows: change, load, metric, measured, predicted, error, aim, met."""
+    lines = []
+    for row in table["rows"]:
+        setting = ", ".join(f"{k} {v}" for k, v in row["setting"].items())
+        where = f"{row['load']}" + (" (past knee)" if row["past_knee"] else "")
+        for metric, cell in row["metrics"].items():
+            if metric == "preemptions":
+                error = "-" if cell["ratio"] is None else f"×{cell['ratio']:.2f}"
+                aim = f"×{cell['aim']} or ≤ {table['aims']['preemptions_per_minute_floor']:g}/min"
+                shown = [f"{cell['measured']:.0f}", f"{cell['predicted']:.0f}"]
+            else:
+                error = "-" if cell["error"] is None else f"{cell['error']:+.1%}"
+                aim = "-" if cell["aim"] is None else f"±{cell['aim']:.0%}"
+                shown = [_format(metric, cell["measured"]), _format(metric, cell["predicted"])]
+            met = {True: "yes", False: "NO", None: "-"}[cell["met"]]
+            lines.append([setting, where, metric, *shown, error, aim, met])
+    return lines
+
+
+HEADER = ["change", "load", "metric", "measured", "predicted", "error", "aim", "met"]
+
+
+def text_table(table: dict[str, Any]) -> str:
+    lines = [HEADER, *table_lines(table)]
+    widths = [max(len(line[i]) for line in lines) for i in range(len(HEADER))]
+    calibration = table["calibration"]
+    head = (
+        f"calibrated on A ({calibration.get('configuration')}), RMS relative error "
+        f"{calibration.get('rms_relative_error')}; knee at load {table['knee_load']:g}"
+    )
+    return "\n".join(
+        [head, *("  ".join(c.ljust(w) for c, w in zip(line, widths, strict=True)) for line in lines)]
+    )
+
+
+def markdown(table: dict[str, Any]) -> str:
+    """validation.json's table as markdown (the README's and docs' source)."""
+    rows = ["| " + " | ".join(HEADER) + " |", "|" + "---|" * 2 + "---|" + "---:|" * 4 + "---|"]
+    rows += ["| " + " | ".join(line) + " |" for line in table_lines(table)]
+    return "\n".join(rows)
+
+
+if __name__ == "__main__":
+    main()
