@@ -17,6 +17,8 @@ The API other code builds on (docs/explanation/whatif.md, "The Python API"):
   and `whatif_replica(session, config, replica, change, start, end) -> WhatIf`
   (`.as_dict()`: the `whatif --json` contract): what the CLI commands do.
 - `save_profile`, `latest_profile`: calibrations in the store.
+- `AgentTrace`, `Session`, `Turn`, `agent_trace`: agent-like traffic (kneepoint.whatif.trace
+  says how a run of it goes).
 """
 
 from kneepoint.twin.simulated_engine import StepCost
@@ -37,11 +39,13 @@ from kneepoint.whatif.profile import (
 from kneepoint.whatif.replay import Load, Replay, load_of
 from kneepoint.whatif.store import latest_profile, save_profile
 from kneepoint.whatif.sweep import SweepPrediction
+from kneepoint.whatif.trace import AgentTrace, Session, Turn, agent_trace
 
 __all__ = [
     "CONTRACT",
     "KEYS",
     "TRUST_RMS",
+    "AgentTrace",
     "Change",
     "EngineShape",
     "FitPoint",
@@ -51,11 +55,14 @@ __all__ = [
     "Load",
     "Profile",
     "Replay",
+    "Session",
     "StepCost",
     "SweepPrediction",
+    "Turn",
     "UntrustedProfile",
     "WhatIf",
     "WhatIfError",
+    "agent_trace",
     "calibrate_replica",
     "calibrate_sweep",
     "latest_profile",
