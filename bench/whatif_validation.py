@@ -82,9 +82,10 @@ TRACE = {
     "output_tokens": (16, 96),
     "think_seconds": 0.05,
     "max_context": 768,
+    "vocabulary": 320,  # the engine-bound model has 340 token ids
 }
 LOADS = (4, 12, 28)  # sessions at once: below A's knee, near it, past it
-SESSIONS_PER_LOAD = 4  # load n replays the trace's first 4n sessions
+SESSIONS_PER_LOAD = 6  # load n replays the trace's first 6n sessions
 ROUNDS = 3
 
 # Each configuration: the servers it runs on (vllm_server.BENCH_SERVERS), the change from A
@@ -152,13 +153,32 @@ def sessions_for(load: int) -> int:
     return SESSIONS_PER_LOAD * load
 
 
-def schedule(urls: dict[str, str]) -> list[dict[str, Any]]:
-    """Every run of the measurement, in order: per round, per load, each configuration in
-    turn, the order reversed every other time."""
-    runs, turn = [], 0
-    names = list(CONFIGURATIONS)
-    for number in range(ROUNDS):
-        for load in LOADS:
+def schedule(
+    urls: dict[str, str],
+    names: list[str],
+    loads: tuple[int, ...] = LOADS,
+    rounds: int = ROUNDS,
+    trace: Path = TRACE_FILE,
+) -> list[dict[str, Any]]:
+    """Every run of a measurement, in order: a warm-up run on each configuration of `names`
+    (round -1: the first requests of a server are slower, and spec decoding compiles on
+    its first draft), then per round, per load, each configuration in turn (`urls`: each
+    server's), the order reversed every other time."""
+    runs: list[dict[str, Any]] = [  # first, a short unreported run on each configuration
+        {
+            "configuration": name,
+            "round": -1,
+            "warmup": True,
+            "load": loads[0],
+            "sessions": loads[0],
+            "urls": [urls[server] for server in CONFIGURATIONS[name]["servers"]],
+            "trace": str(trace),
+        }
+        for name in names
+    ]
+    turn = 0
+    for number in range(rounds):
+        for load in loads:
             order = names if turn % 2 == 0 else names[::-1]
             turn += 1
             for name in order:
@@ -169,7 +189,7 @@ def schedule(urls: dict[str, str]) -> list[dict[str, Any]]:
                         "load": load,
                         "sessions": sessions_for(load),
                         "urls": [urls[server] for server in CONFIGURATIONS[name]["servers"]],
-                        "trace": str(TRACE_FILE),
+                        "trace": str(trace),
                     }
                 )
     return runs
@@ -190,7 +210,7 @@ def measure() -> dict[str, Any]:
         machine["servers_ready_seconds"] = round(time.monotonic() - started, 1)
         machine["uptime_ready"] = uptime()
         print(f"servers ready in {machine['servers_ready_seconds']:.0f} s; {uptime()}", flush=True)
-        runs = schedule({name: server.url for name, server in servers.items()})
+        runs = schedule({name: s.url for name, s in servers.items()}, list(CONFIGURATIONS))
         results = replay(runs)
         models = {name: server.model.name for name, server in servers.items()}
     machine["uptime_after"] = uptime()
@@ -253,7 +273,8 @@ def replay(runs: list[dict[str, Any]]) -> list[dict[str, Any]]:
             f"{run['requests']} requests, {run['server']['tokens'] / run['wall_seconds']:.0f} "
             f"tok/s, TTFT p95 {percentile(run['ttft'], 0.95) * 1000:.0f} ms, preemptions "
             f"{run['server']['preemptions']:.0f}, waiting {run['waiting_mean'] or 0:.1f}, "
-            f"load average {run['load_average']:.1f}" + (f" PROBLEM: {problems}" if problems else ""),
+            f"load average {run['load_average']:.1f}"
+            + (f" PROBLEM: {problems}" if problems else ""),
             flush=True,
         )
     assert process.wait() == 0, "the load process failed"
@@ -330,31 +351,36 @@ def main(argv: list[str] | None = None) -> None:
     predict(measured)
 
 
-def knee_load(measured: dict[str, Any]) -> float:
-    """A's knee among the loads: the first load whose throughput per session is under half
-    the lowest load's (the closed loop's throughput has stopped growing with the sessions);
-    past the top load if none is."""
-    loads = sorted(measured["loads"])
-    per_session = {
-        load: medians(runs_of(measured, "A", load))["throughput"] / load  # type: ignore[operator]
-        for load in loads
-    }
-    first = per_session[loads[0]]
-    return next((float(load) for load in loads if per_session[load] < first / 2), loads[-1] + 1.0)
+def knee_load(measured: dict[str, Any]) -> int | None:
+    """A's knee among the loads, as the product finds a knee (kneepoint.knee.detect.knee:
+    Kneedle on throughput against load): a load past it is "past the knee"."""
+    from kneepoint.knee.detect import knee
+    from kneepoint.knee.runs import Point
+
+    points = [
+        Point(
+            concurrency=load,
+            output_tokens_per_second=medians(runs_of(measured, "A", load))["throughput"] or 0.0,
+        )
+        for load in measured["loads"]
+    ]
+    return knee(points)
 
 
 def runs_of(measured: dict[str, Any], configuration: str, load: int) -> list[dict[str, Any]]:
     return [
-        r for r in measured["runs"] if r["configuration"] == configuration and r["load"] == load
+        r
+        for r in measured["runs"]
+        if r["configuration"] == configuration and r["load"] == load and r["round"] >= 0
     ]
 
 
-def error_of(
-    metric: str, measured: float | None, predicted: float | None
-) -> dict[str, Any]:
+def error_of(metric: str, measured: float | None, predicted: float | None) -> dict[str, Any]:
     """A metric's row: the relative error (predicted − measured) ÷ measured, its aim (None
     where the issue sets none) and whether it is met."""
-    error = None if measured in (None, 0) or predicted is None else (predicted - measured) / measured
+    error = (
+        None if measured in (None, 0) or predicted is None else (predicted - measured) / measured
+    )
     aim_key = METRIC_AIMS.get(metric)
     aim = AIMS[aim_key] if aim_key else None
     met = None if aim is None or error is None else abs(error) <= aim
@@ -391,14 +417,18 @@ def table_of(
     """validation.json's object: one row per (change, load) of the measurement."""
     knee = knee_load(measured)
     rows = []
+    present = {run["configuration"] for run in measured["runs"]}
     for name, spec in CONFIGURATIONS.items():
-        if spec["change"] is None:
+        if spec["change"] is None or name not in present:
             continue
         for load in measured["loads"]:
             real = medians(runs_of(measured, name, load))
             twin = predictions[(name, load)]
             metrics = {m: error_of(m, real[m], twin.get(m)) for m in METRICS}
-            minutes = (real["wall_seconds"] / 60, (twin.get("wall_seconds") or real["wall_seconds"]) / 60)  # type: ignore[operator]
+            minutes = (
+                real["wall_seconds"] / 60,
+                (twin.get("wall_seconds") or real["wall_seconds"]) / 60,
+            )  # type: ignore[operator]
             metrics["preemptions"] = preemption_row(
                 real["preemptions"] or 0.0, twin.get("preemptions") or 0.0, minutes
             )
@@ -408,24 +438,27 @@ def table_of(
                     "setting": spec["change"],
                     "calibrated": spec["calibrated"],
                     "load": load,
-                    "past_knee": load >= knee,
+                    "past_knee": knee is not None and load > knee,
                     "metrics": metrics,
                 }
             )
     loads = [r["load_average"] for r in measured["runs"]]
+    shape = measured.get("model", {}).get(
+        "shape", {"layers": ENGINE_BOUND[0], "heads": ENGINE_BOUND[1]}
+    )
     return {
         "generated_at": now(),
         "command": COMMAND,
-        "vllm": measured["vllm"],
+        "vllm": measured.get("vllm"),
         "model": (
-            "engine-bound test model ({layers} layers, {heads} heads of {head_dim}), CPU "
-            "build".format(**measured["model"]["shape"])
+            f"the tests' engine-bound model ({shape['layers']} layers, {shape['heads']} "
+            "attention heads of 64), vLLM's CPU build, bfloat16"
         ),
         "machine": (
-            f"{measured['machine']['cpus']} cores, shared (load average "
-            f"{min(loads):.1f}-{max(loads):.1f} during the runs)"
+            f"{measured.get('machine', {}).get('cpus', os.cpu_count())} cores, shared (load "
+            f"average {min(loads):.1f}-{max(loads):.1f} during the runs)"
         ),
-        "measured_at": measured["generated_at"],
+        "measured_at": measured.get("generated_at"),
         "trace": measured["trace"],
         "rounds": measured["rounds"],
         "knee_load": knee,
@@ -433,6 +466,59 @@ def table_of(
         "aims": AIMS,
         "rows": rows,
     }
+
+
+def shape_of(name: str) -> dict[str, Any]:
+    """A configuration's engine as its server was started (vllm_server.BENCH_SERVERS), in
+    kneepoint.whatif.EngineShape's terms."""
+    flags = BENCH_SERVERS[CONFIGURATIONS[name]["servers"][0]]
+    value = {flags[i]: flags[i + 1] for i in range(len(flags) - 1) if flags[i].startswith("--")}
+    return {
+        "num_gpu_blocks": int(value["--num-gpu-blocks-override"]),
+        "block_size": 128,
+        "max_num_seqs": int(value["--max-num-seqs"]),
+        "max_model_len": 1024,
+        "max_num_batched_tokens": int(value["--max-num-batched-tokens"]),
+        "enable_prefix_caching": "--no-enable-prefix-caching" not in flags,
+    }
+
+
+def acceptance(measured: dict[str, Any]) -> float | None:
+    """The n-gram drafter's acceptance rate, accepted ÷ drafted tokens over every run of the
+    ngram server (None if it drafted nothing)."""
+    runs = [
+        r
+        for r in measured["runs"]
+        if r["configuration"] == "num_speculative_tokens" and r["round"] >= 0
+    ]
+    drafted = sum(r["server"]["spec_draft_tokens"] for r in runs)
+    return sum(r["server"]["spec_accepted_tokens"] for r in runs) / drafted if drafted else None
+
+
+def trace_sessions(measured: dict[str, Any], load: int) -> Any:
+    """The trace a run of `load` replayed: the saved trace's first sessions_for(load)."""
+    from kneepoint.whatif.trace import AgentTrace
+
+    trace = AgentTrace.from_json((ROOT / measured["trace"]["file"]).read_text())
+    return AgentTrace(trace.sessions[: measured["sessions_per_load"] * load])
+
+
+def twin_predictions(
+    measured: dict[str, Any],
+) -> tuple[dict[str, Any], dict[tuple[str, int], dict[str, float | None]]]:
+    """Calibrate the twin on A's runs (medians over rounds) and predict each other
+    configuration present at each load: (the calibration's summary, predictions by
+    (configuration, load) with the keys of `figures`)."""
+    import kneepoint.whatif as whatif
+
+    calibrate_trace = getattr(whatif, "calibrate_trace", None)
+    predict_trace = getattr(whatif, "predict_trace", None)
+    if calibrate_trace is None or predict_trace is None:
+        raise SystemExit(
+            "kneepoint.whatif has no calibrate_trace/predict_trace yet (helper C's branch): "
+            f"the measurement is saved in {MEASURED}; rerun with --predict-only"
+        )
+    raise SystemExit("calibrate_trace/predict_trace: the bench's adapter is not written yet")
 
 
 def predict(measured: dict[str, Any]) -> dict[str, Any]:
@@ -483,10 +569,13 @@ def text_table(table: dict[str, Any]) -> str:
     calibration = table["calibration"]
     head = (
         f"calibrated on A ({calibration.get('configuration')}), RMS relative error "
-        f"{calibration.get('rms_relative_error')}; knee at load {table['knee_load']:g}"
+        f"{calibration.get('rms_relative_error')}; A's knee at load {table['knee_load']}"
     )
     return "\n".join(
-        [head, *("  ".join(c.ljust(w) for c, w in zip(line, widths, strict=True)) for line in lines)]
+        [
+            head,
+            *("  ".join(c.ljust(w) for c, w in zip(line, widths, strict=True)) for line in lines),
+        ]
     )
 
 

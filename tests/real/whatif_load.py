@@ -30,6 +30,7 @@ A run's figures:
 from __future__ import annotations
 
 import asyncio
+import itertools
 import json
 import os
 import sys
@@ -114,7 +115,7 @@ async def one_request(
                         out["gaps"].append(now - last)
                         out["chunk_tokens"].append(count - seen)
                     last, seen = now, count
-    except (aiohttp.ClientError, asyncio.TimeoutError) as error:
+    except (TimeoutError, aiohttp.ClientError) as error:
         out["error"] = f"{type(error).__name__}: {error}"
     out["tokens"] = seen
     out["end"] = last
@@ -140,9 +141,7 @@ def time_average(samples: list[tuple[float, float, float]], index: int) -> float
     """The step function through the samples, averaged over their span (None: < 2)."""
     if len(samples) < 2:
         return None
-    area = sum(
-        a[index] * (b[0] - a[0]) for a, b in zip(samples, samples[1:], strict=False)
-    )
+    area = sum(a[index] * (b[0] - a[0]) for a, b in itertools.pairwise(samples))
     return area / (samples[-1][0] - samples[0][0])
 
 
