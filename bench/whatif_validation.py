@@ -46,6 +46,8 @@ import time
 from pathlib import Path
 from typing import Any
 
+import numpy as np
+
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
@@ -299,9 +301,8 @@ def exact_problems(run: dict[str, Any]) -> list[str]:
 
 
 def percentile(values: list[float], q: float) -> float:
-    """Nearest-rank percentile (the load process's quantiles use the same rule)."""
-    ordered = sorted(values)
-    return ordered[min(len(ordered) - 1, max(0, round(q * len(ordered) + 0.5) - 1))]
+    """numpy's linear interpolation (the twin's TraceRun quantiles use the same rule)."""
+    return float(np.percentile(values, 100 * q))
 
 
 def figures(run: dict[str, Any]) -> dict[str, float | None]:

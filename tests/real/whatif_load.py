@@ -9,8 +9,8 @@ A run of load n: n clients, each running one session at a time, its turns in ord
 turn's token-id prompt to /v1/completions with its max_tokens, ignore_eos and a stream; wait
 for the whole answer; wait the turn's think time unless it was the session's last; next);
 when a client's session ends it takes the next session of the trace not yet taken; the run
-ends when every session of the trace has run. With several urls (replicas), client j sends
-every request to urls[j mod replicas], so a session stays on one replica (its prefix cache).
+ends when every session of the trace has run. With several urls (replicas), session i's
+turns all go to urls[i mod replicas] (sticky, as the twin's simulate_trace routes them).
 
 Before a run each server's prefix cache is emptied (POST /reset_prefix_cache: the servers
 run in dev mode), so a configuration replayed again does not find the last run's blocks.
@@ -38,6 +38,7 @@ import time
 from typing import Any
 
 import aiohttp
+import numpy as np
 from prometheus_client.parser import text_string_to_metric_families
 
 COUNTERS = {
@@ -161,17 +162,17 @@ async def run(
     requests: list[dict[str, Any]] = []
     started = time.monotonic()
 
-    async def client(j: int) -> None:
-        url = urls[j % len(urls)]
+    async def client() -> None:
         while queue:
             number = queue.pop(0)
+            url = urls[number % len(urls)]
             turns = sessions[number]
             for index, turn in enumerate(turns):
                 outcome = await one_request(http, url, list(turn.prompt), turn.max_tokens)
                 outcome.update(
                     session=number,
                     turn=index,
-                    replica=j % len(urls),
+                    replica=number % len(urls),
                     prompt_tokens=len(turn.prompt),
                     max_tokens=turn.max_tokens,
                 )
@@ -179,7 +180,7 @@ async def run(
                 if index + 1 < len(turns) and turn.think_seconds > 0:
                     await asyncio.sleep(turn.think_seconds)
 
-    await asyncio.gather(*(client(j) for j in range(load)))
+    await asyncio.gather(*(client() for _ in range(load)))
     ends = [r["end"] for r in requests if r.get("end") is not None]
     wall = (max(ends) if ends else time.monotonic()) - started
     deadline = time.monotonic() + 30
@@ -231,15 +232,12 @@ async def run(
 
 
 def quantiles(values: list[float]) -> dict[str, float] | None:
-    """p50, p95 (nearest rank) and the mean of `values` (None when empty)."""
+    """p50, p95 (numpy's linear interpolation, as the twin's TraceRun) and the mean of
+    `values` (None when empty)."""
     if not values:
         return None
-    ordered = sorted(values)
-
-    def at(q: float) -> float:
-        return ordered[min(len(ordered) - 1, max(0, round(q * len(ordered) + 0.5) - 1))]
-
-    return {"p50": at(0.50), "p95": at(0.95), "mean": sum(ordered) / len(ordered)}
+    p50, p95 = np.percentile(values, [50, 95])
+    return {"p50": float(p50), "p95": float(p95), "mean": float(np.mean(values))}
 
 
 async def job(trace_sessions: list[Any], runs: list[dict[str, Any]]) -> None:
