@@ -103,56 +103,26 @@ def calibrate_sweep(
     poor fit, predicting from it does."""
     if not points and not levels:
         raise WhatIfError("nothing to calibrate from: no sweep points and no history levels")
-    extra = ("draft_token_seconds",) if shape.num_speculative_tokens else ()
-    fitted = (*FITTED, *extra)
-    columns = [TERMS.index(name) for name in fitted]
-    rows: list[np.ndarray] = []
-    measured: list[float] = []
-    fixed: list[float] = []  # the part of each measured number no fitted term pays (stalls)
-    labels: list[tuple[str, float, str, int]] = []  # source, load, metric, output tokens
+    equations = Equations()
     usable = [p for p in points if p.output_tokens_per_second > 0]
     terms = sweep_terms(shape, usable, input_tokens, output_tokens)
     for point, step in zip(usable, terms, strict=True):
-        c, tokens = float(point.concurrency), step.output_tokens
-        rows.append(step.wall)
-        measured.append(tokens / point.output_tokens_per_second)  # the step's wall time
-        fixed.append(step.wall_fixed)
-        labels.append(("sweep", c, "throughput", tokens))
-        if point.ttft_mean_seconds:
-            rows.append(step.ttft_mean)
-            measured.append(point.ttft_mean_seconds)
-            fixed.append(step.ttft_fixed)
-            labels.append(("sweep", c, "ttft_mean", 0))
-        if point.itl_mean_seconds and step.itl_mean is not None:
-            rows.append(step.itl_mean)
-            measured.append(point.itl_mean_seconds)
-            fixed.append(step.itl_fixed)
-            labels.append(("sweep", c, "itl_mean", 0))
+        equations.add_step(
+            "sweep",
+            float(point.concurrency),
+            step,
+            point.output_tokens_per_second,
+            point.ttft_mean_seconds,
+            point.itl_mean_seconds,
+        )
     for level in levels:
         row = level_row(shape, level)
         if row is not None and level.itl_mean_seconds:
-            rows.append(row)
-            measured.append(level.itl_mean_seconds)
-            fixed.append(0.0)
-            labels.append(("history", level.running, "itl_mean", 0))
-    if not rows:
-        raise WhatIfError("no measured number to fit: every point lacks throughput and latency")
-    matrix = np.vstack(rows)
-    values, offsets = np.asarray(measured), np.asarray(fixed)
-    theta = _solve(matrix, values, offsets, columns)
-    rms = _rms(matrix, values, offsets, theta)
-    if rms > EXTRA_TERM_RMS:
-        extra_columns = [*columns, *(TERMS.index(name) for name in OPTIONAL)]
-        wider = _solve(matrix, values, offsets, extra_columns)
-        if _rms(matrix, values, offsets, wider) < 0.8 * rms:
-            theta = wider
-    fits = matrix @ theta + offsets
-    fit_points = []
-    for (source, load, metric, tokens), value, fit in zip(labels, values, fits, strict=True):
-        if metric == "throughput":  # compared as throughput, as it was measured
-            value, fit = tokens / value, (tokens / fit if fit > 0 else 0.0)
-        fit_points.append(FitPoint(source, load, metric, float(value), float(fit)))
-    quality = judge(fit_points, {p.concurrency for p in usable} | {lv.running for lv in levels})
+            equations.add(
+                row, level.itl_mean_seconds, 0.0, ("history", level.running, "itl_mean", 0)
+            )
+    loads = {float(p.concurrency) for p in usable} | {lv.running for lv in levels}
+    theta, quality = equations.fit(fitted_terms(shape), loads)
     return Profile(
         replica=replica,
         shape=shape,
@@ -186,6 +156,80 @@ def calibrate(
         levels=levels,
         now=now,
     )
+
+
+def fitted_terms(shape: EngineShape) -> tuple[str, ...]:
+    """The terms fitted for a shape: FITTED, and the drafter's where it has one."""
+    extra = ("draft_token_seconds",) if shape.num_speculative_tokens else ()
+    return (*FITTED, *extra)
+
+
+class Equations:
+    """Measured numbers as linear equations in the cost's coefficients (one row of TERMS
+    each, plus a fixed part no fitted term pays), and their non-negative fit."""
+
+    def __init__(self) -> None:
+        self.rows: list[np.ndarray] = []
+        self.measured: list[float] = []
+        self.fixed: list[float] = []
+        self.labels: list[tuple[str, float, str, int]] = []  # source, load, metric, tokens
+
+    def add(
+        self, row: np.ndarray, value: float, fixed: float, label: tuple[str, float, str, int]
+    ) -> None:
+        self.rows.append(row)
+        self.measured.append(value)
+        self.fixed.append(fixed)
+        self.labels.append(label)
+
+    def add_step(
+        self,
+        source: str,
+        load: float,
+        step: StepTerms,
+        throughput: float,
+        ttft_mean: float | None,
+        itl_mean: float | None,
+    ) -> None:
+        """A simulated step's equations against what was measured at it: its wall time
+        (compared as throughput: the twin's tokens over the measured rate), and the mean
+        TTFT and inter-token latency where measured (missing ones are skipped)."""
+        tokens = step.output_tokens
+        self.add(
+            step.wall, tokens / throughput, step.wall_fixed, (source, load, "throughput", tokens)
+        )
+        if ttft_mean:
+            self.add(step.ttft_mean, ttft_mean, step.ttft_fixed, (source, load, "ttft_mean", 0))
+        if itl_mean and step.itl_mean is not None:
+            self.add(step.itl_mean, itl_mean, step.itl_fixed, (source, load, "itl_mean", 0))
+
+    def arrays(self) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+        """The matrix, the measured values and the fixed parts."""
+        if not self.rows:
+            raise WhatIfError("no measured number to fit: every point lacks throughput and latency")
+        return np.vstack(self.rows), np.asarray(self.measured), np.asarray(self.fixed)
+
+    def fit(self, fitted: Sequence[str], loads: set[float]) -> tuple[np.ndarray, FitQuality]:
+        """The coefficients over TERMS (those not in `fitted` zero, OPTIONAL added where
+        they cut the error, as the module says) and how well they reproduce every number."""
+        matrix, values, offsets = self.arrays()
+        columns = [TERMS.index(name) for name in fitted]
+        theta = _solve(matrix, values, offsets, columns)
+        rms = _rms(matrix, values, offsets, theta)
+        if rms > EXTRA_TERM_RMS:
+            extra_columns = [*columns, *(TERMS.index(name) for name in OPTIONAL)]
+            wider = _solve(matrix, values, offsets, extra_columns)
+            if _rms(matrix, values, offsets, wider) < 0.8 * rms:
+                theta = wider
+        fits = matrix @ theta + offsets
+        points = []
+        for (source, load, metric, tokens), value, fit in zip(
+            self.labels, values, fits, strict=True
+        ):
+            if metric == "throughput":  # compared as throughput, as it was measured
+                value, fit = tokens / value, (tokens / fit if fit > 0 else 0.0)
+            points.append(FitPoint(source, load, metric, float(value), float(fit)))
+        return theta, judge(points, loads)
 
 
 def _solve(

@@ -21,10 +21,16 @@ as the tokens the sessions add, not the tokens they send.
 
 from __future__ import annotations
 
+import heapq
 import json
 import random
 from collections.abc import Sequence
 from dataclasses import dataclass
+
+import numpy as np
+
+from kneepoint.twin.simulated_engine import EngineConfig, Request, StepCost
+from kneepoint.whatif.sweep import TERMS, StepTerms, _Recorder
 
 # Token ids are drawn below this unless agent_trace is told the model's vocabulary (vLLM's
 # /v1/completions rejects an id the model does not have: the tests' tiny model has 512).
@@ -171,3 +177,263 @@ def agent_trace(
             )
         )
     return AgentTrace(tuple(made))
+
+
+# ---------------------------------------------------------------------------------------
+# The twin under a trace.
+
+
+@dataclass(frozen=True)
+class RequestRecord:
+    """One turn as the twin ran it (seconds from the run's start)."""
+
+    session: int  # the session's index in the trace
+    turn: int
+    engine: int  # which engine served it (session index modulo the engines)
+    sent: float  # the client sent it (the API server got it request_overhead later)
+    first_token: float
+    finished: float
+    output_tokens: int
+    gaps: tuple[float, ...]  # between consecutive outputs (one per engine step that emitted)
+
+    @property
+    def ttft(self) -> float:
+        return self.first_token - self.sent
+
+
+@dataclass(frozen=True)
+class TraceRun:
+    """A closed-loop run of a trace by the twin: what a client would measure, what the
+    engines' gauges and counters say, and, for calibration, each measured mean as terms ×
+    cost plus a fixed part (`terms`, as sweep.StepTerms: exact for the schedule this run
+    took, which with think times depends on the cost it ran with)."""
+
+    load: int
+    engines: int
+    records: tuple[RequestRecord, ...]
+    wall_seconds: float  # from the first send to the last answer's end
+    generated_tokens: int
+    waiting_mean: float  # requests waiting in the engines' queues (all engines), time-averaged
+    preemptions: int
+    prompt_tokens: int
+    prefix_cache_hits: int  # prompt tokens found in the prefix cache
+    terms: StepTerms
+
+    @property
+    def output_tokens_per_second(self) -> float:
+        return self.generated_tokens / self.wall_seconds if self.wall_seconds > 0 else 0.0
+
+    @property
+    def ttfts(self) -> np.ndarray:
+        return np.asarray([r.ttft for r in self.records])
+
+    @property
+    def itls(self) -> np.ndarray:
+        """Every request's gaps between outputs, pooled."""
+        return np.asarray([gap for r in self.records for gap in r.gaps])
+
+    def ttft_quantile(self, q: float) -> float:
+        """np.percentile's linear interpolation, q in [0, 1]."""
+        return float(np.percentile(self.ttfts, 100 * q))
+
+    def itl_quantile(self, q: float) -> float | None:
+        """None when no request made two outputs."""
+        itls = self.itls
+        return float(np.percentile(itls, 100 * q)) if itls.size else None
+
+
+class _Clocked(_Recorder):
+    """An engine whose clock is also kept as a linear form over the cost's terms:
+    form[:-1] · coefficients(cost) + form[-1] == now, for the schedule taken."""
+
+    def __init__(self, config: EngineConfig, seed: int) -> None:
+        super().__init__(config, seed=seed)
+        self.form = np.zeros(len(TERMS) + 1)
+        self.waiting_area = 0.0  # Σ requests waiting × step duration
+
+    def _duration(self, work: list[tuple[Request, int]]) -> float:
+        duration = super()._duration(work)
+        self.form = self.form + np.append(self.rows[-1], 0.0)
+        self.waiting_area += len(self.waiting) * duration
+        return duration
+
+    def _stall(self) -> float:
+        duration = super()._stall()
+        self.form = self.form.copy()
+        self.form[-1] += duration
+        self.waiting_area += len(self.waiting) * duration
+        return duration
+
+
+@dataclass
+class _InFlight:
+    """A turn from its send to its last output (the sink the engine calls)."""
+
+    run: _Run
+    session: int
+    turn: int
+    server: _Clocked
+    sent: float
+    sent_form: np.ndarray
+    first: float | None = None
+    last: float = 0.0
+    last_form: np.ndarray | None = None
+    tokens: int = 0
+
+    def __post_init__(self) -> None:
+        self.gaps: list[float] = []
+
+    def __call__(self, count: int, done: bool, at: float) -> None:
+        run, form = self.run, self.server.form
+        self.tokens += count
+        if self.first is None:
+            self.first = at
+            run.ttft_sum += form - self.sent_form
+        else:
+            assert self.last_form is not None
+            self.gaps.append(at - self.last)
+            run.gap_sum += form - self.last_form
+            run.gap_count += 1
+        self.last, self.last_form = at, form
+        if done:
+            run.finished(self, at, form)
+
+
+class _Run:
+    """A closed-loop run of a trace: clients, arrivals in time order, the engines."""
+
+    def __init__(self, config: EngineConfig, trace: AgentTrace, engines: int, seed: int) -> None:
+        self.trace = trace
+        cost = config.step_cost or StepCost.of(config)
+        self.overhead = cost.request_overhead_seconds
+        self.overhead_form = np.zeros(len(TERMS) + 1)
+        self.overhead_form[TERMS.index("request_overhead_seconds")] = 1.0
+        self.servers = [
+            _Clocked(config, seed if engines == 1 else seed * 1000 + e) for e in range(engines)
+        ]
+        # (reaches its engine at, send order, the turn in flight)
+        self.arrivals: list[tuple[float, int, _InFlight]] = []
+        self.records: list[RequestRecord] = []
+        self.ttft_sum = np.zeros(len(TERMS) + 1)
+        self.gap_sum = np.zeros(len(TERMS) + 1)
+        self.gap_count = 0
+        self.end = 0.0
+        self.end_form = np.zeros(len(TERMS) + 1)
+        self.sends = 0
+        self.next_session = 0
+
+    def send(self, session: int, turn: int, at: float, form: np.ndarray) -> None:
+        server = self.servers[session % len(self.servers)]
+        flight = _InFlight(self, session, turn, server, at, form)
+        self.sends += 1
+        heapq.heappush(self.arrivals, (at + self.overhead, self.sends, flight))
+
+    def start_next(self, at: float, form: np.ndarray) -> None:
+        if self.next_session < len(self.trace.sessions):
+            self.next_session += 1
+            self.send(self.next_session - 1, 0, at, form)
+
+    def finished(self, flight: _InFlight, at: float, form: np.ndarray) -> None:
+        assert flight.first is not None
+        self.records.append(
+            RequestRecord(
+                session=flight.session,
+                turn=flight.turn,
+                engine=flight.session % len(self.servers),
+                sent=flight.sent,
+                first_token=flight.first,
+                finished=at,
+                output_tokens=flight.tokens,
+                gaps=tuple(flight.gaps),
+            )
+        )
+        if at >= self.end:
+            self.end, self.end_form = at, form
+        session = self.trace.sessions[flight.session]
+        think = session[flight.turn].think_seconds
+        after = form.copy()
+        after[-1] += think
+        if flight.turn + 1 < len(session):
+            self.send(flight.session, flight.turn + 1, at + think, after)
+        else:
+            self.start_next(at + think, after)
+
+    def run(self, load: int) -> None:
+        zero = np.zeros(len(TERMS) + 1)
+        for _ in range(min(load, len(self.trace.sessions))):
+            self.start_next(0.0, zero)
+        servers, arrivals = self.servers, self.arrivals
+        while True:
+            soonest: _Clocked | None = None
+            for server in servers:
+                if not server.idle and (soonest is None or server.now < soonest.now):
+                    soonest = server
+            if arrivals and (soonest is None or arrivals[0][0] <= soonest.now):
+                at, _, flight = heapq.heappop(arrivals)
+                server = flight.server
+                if server.idle and at > server.now:  # it waited for this request
+                    server.now, server.form = at, flight.sent_form + self.overhead_form
+                turn = self.trace.sessions[flight.session][flight.turn]
+                server.add(turn.prompt, turn.max_tokens, flight)
+            elif soonest is not None:
+                soonest.step()
+            else:
+                return
+
+
+def simulate_trace(
+    config: EngineConfig, trace: AgentTrace, load: int, seed: int = 0, engines: int = 1
+) -> TraceRun:
+    """The twin (`config`, its step_cost the cost) runs `trace` closed-loop at `load`
+    sessions at once, as the module's docstring says, in virtual time.
+
+    With `engines` > 1 that many engines, each with its own KV cache, serve it; session i
+    goes to engine i modulo `engines` (sticky: all its turns there). A request reaches its
+    engine request_overhead_seconds after it is sent and joins the engine's next step (one
+    that arrives while a step runs waits for the step's end). Every turn generates its
+    max_tokens (the real client must ask for exactly that: ignore_eos). `seed` seeds the
+    speculative verifier's acceptances. ValueError for a turn longer than max_model_len."""
+    if load < 1 or engines < 1:
+        raise ValueError("load and engines must be at least 1")
+    for session in trace.sessions:
+        for turn in session:
+            if len(turn.prompt) + turn.max_tokens > config.max_model_len:
+                raise ValueError(
+                    f"a turn of {len(turn.prompt)} prompt + {turn.max_tokens} tokens passes "
+                    f"max_model_len {config.max_model_len}"
+                )
+    run = _Run(config, trace, engines, seed)
+    run.run(load)
+    servers = run.servers
+    count = len(run.records)
+    wall = run.end
+    stats = [server.stats for server in servers]
+    ttft = run.ttft_sum / max(count, 1)
+    itl = run.gap_sum / run.gap_count if run.gap_count else None
+    terms = StepTerms(
+        concurrency=load,
+        requests=count,
+        output_tokens=sum(s.generation_tokens for s in stats),
+        wall=run.end_form[:-1],
+        wall_fixed=float(run.end_form[-1]),
+        ttft_mean=ttft[:-1],
+        ttft_fixed=float(ttft[-1]),
+        itl_mean=None if itl is None else itl[:-1],
+        itl_fixed=0.0 if itl is None else float(itl[-1]),
+        preemptions=sum(s.preemptions for s in stats),
+        preempted_prompt_tokens=sum(s.preempted_prompt_tokens for s in stats),
+        preempted_output_tokens=sum(s.preempted_output_tokens for s in stats),
+    )
+    records = sorted(run.records, key=lambda r: (r.session, r.turn))
+    return TraceRun(
+        load=load,
+        engines=engines,
+        records=tuple(records),
+        wall_seconds=wall,
+        generated_tokens=terms.output_tokens,
+        waiting_mean=sum(s.waiting_area for s in servers) / wall if wall > 0 else 0.0,
+        preemptions=terms.preemptions,
+        prompt_tokens=sum(s.prompt_tokens for s in stats),
+        prefix_cache_hits=sum(s.prefix_cache_hits for s in stats),
+        terms=terms,
+    )
