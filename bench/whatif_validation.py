@@ -161,11 +161,13 @@ def schedule(
     loads: tuple[int, ...] = LOADS,
     rounds: int = ROUNDS,
     trace: Path = TRACE_FILE,
+    per_load: int = SESSIONS_PER_LOAD,
 ) -> list[dict[str, Any]]:
     """Every run of a measurement, in order: a warm-up run on each configuration of `names`
     (round -1: the first requests of a server are slower, and spec decoding compiles on
     its first draft), then per round, per load, each configuration in turn (`urls`: each
-    server's), the order reversed every other time."""
+    server's), the order reversed every other time. Load n replays the trace's first
+    `per_load` × n sessions."""
     runs: list[dict[str, Any]] = [  # first, a short unreported run on each configuration
         {
             "configuration": name,
@@ -189,7 +191,7 @@ def schedule(
                         "configuration": name,
                         "round": number,
                         "load": load,
-                        "sessions": sessions_for(load),
+                        "sessions": per_load * load,
                         "urls": [urls[server] for server in CONFIGURATIONS[name]["servers"]],
                         "trace": str(trace),
                     }
@@ -245,7 +247,7 @@ def measure() -> dict[str, Any]:
         "measure_seconds": round(time.monotonic() - started, 1),
         "runs": results,
     }
-    MEASURED.write_text(json.dumps(measured, indent=1) + "\n")
+    MEASURED.write_text(json.dumps(measured, separators=(",", ":")) + "\n")
     print(f"measured in {measured['measure_seconds']:.0f} s: {MEASURED}", flush=True)
     return measured
 
@@ -273,7 +275,7 @@ def replay(runs: list[dict[str, Any]]) -> list[dict[str, Any]]:
         print(
             f"{run['configuration']:>24} load {run['load']:>2} round {run['round']}: "
             f"{run['requests']} requests, {run['server']['tokens'] / run['wall_seconds']:.0f} "
-            f"tok/s, TTFT p95 {percentile(run['ttft'], 0.95) * 1000:.0f} ms, preemptions "
+            f"tok/s, TTFT p95 {(figures(run)['ttft_p95'] or 0) * 1000:.0f} ms, preemptions "
             f"{run['server']['preemptions']:.0f}, waiting {run['waiting_mean'] or 0:.1f}, "
             f"load average {run['load_average']:.1f}"
             + (f" PROBLEM: {problems}" if problems else ""),
@@ -308,11 +310,14 @@ def percentile(values: list[float], q: float) -> float:
 def figures(run: dict[str, Any]) -> dict[str, float | None]:
     """One run's measured metrics, as the published table names them."""
     itl = run["itl_quantiles"] or {}
+    ttft = [t for t in run["per_request"]["ttft"] if t is not None]
     minutes = run["wall_seconds"] / 60
     return {
         "throughput": run["server"]["tokens"] / run["wall_seconds"],
-        "ttft_p50": percentile(run["ttft"], 0.50) if run["ttft"] else None,
-        "ttft_p95": percentile(run["ttft"], 0.95) if run["ttft"] else None,
+        "ttft_p50": percentile(ttft, 0.50) if ttft else None,
+        "ttft_p95": percentile(ttft, 0.95) if ttft else None,
+        "ttft_mean": float(np.mean(ttft)) if ttft else None,
+        "itl_mean": itl.get("mean"),
         "itl_p50": itl.get("p50"),
         "itl_p95": itl.get("p95"),
         "waiting_mean": run["waiting_mean"],
@@ -485,15 +490,28 @@ def shape_of(name: str) -> dict[str, Any]:
 
 
 def acceptance(measured: dict[str, Any]) -> float | None:
-    """The n-gram drafter's acceptance rate, accepted ÷ drafted tokens over every run of the
-    ngram server (None if it drafted nothing)."""
+    """The n-gram drafter's acceptance rate in the twin's terms (per drafted token, given the
+    ones before it accepted: a) from the ngram server's counters over its runs: the mean
+    accepted tokens per draft, accepted ÷ drafts, is a + a² + … + a^γ for γ drafted tokens;
+    solved for a by bisection (None if it drafted nothing)."""
     runs = [
         r
         for r in measured["runs"]
         if r["configuration"] == "num_speculative_tokens" and r["round"] >= 0
     ]
-    drafted = sum(r["server"]["spec_draft_tokens"] for r in runs)
-    return sum(r["server"]["spec_accepted_tokens"] for r in runs) / drafted if drafted else None
+    drafts = sum(r["server"]["spec_drafts"] for r in runs)
+    if not drafts:
+        return None
+    mean = sum(r["server"]["spec_accepted_tokens"] for r in runs) / drafts
+    gamma = CONFIGURATIONS["num_speculative_tokens"]["change"]["num_speculative_tokens"]
+    low, high = 0.0, 1.0
+    for _ in range(60):
+        middle = (low + high) / 2
+        if sum(middle**k for k in range(1, gamma + 1)) < mean:
+            low = middle
+        else:
+            high = middle
+    return (low + high) / 2
 
 
 def trace_sessions(measured: dict[str, Any], load: int) -> Any:
@@ -504,22 +522,131 @@ def trace_sessions(measured: dict[str, Any], load: int) -> Any:
     return AgentTrace(trace.sessions[: measured["sessions_per_load"] * load])
 
 
+# The step-cost terms fitted, and where the search starts (seconds; per token; per context
+# token read; per request).
+FITTED_COST = {
+    "overhead_seconds": 3e-3,
+    "token_seconds": 1e-5,
+    "context_token_seconds": 1e-7,
+    "request_overhead_seconds": 1e-2,
+}
+CALIBRATION_EVALUATIONS = 200
+
+
+def calibrate(measured: dict[str, Any]) -> Any:
+    """The twin fitted to A's runs (medians over rounds): the step cost whose simulated runs
+    of the same trace at the same loads (kneepoint.whatif.trace.simulate_trace) come closest
+    to A's measured throughput, mean TTFT and mean ITL, in RMS relative error (Nelder-Mead
+    over the logarithms of FITTED_COST's terms, at most CALIBRATION_EVALUATIONS runs of the
+    loads). Directly on the simulation, not on its linearisation: with think times and a
+    closed loop the schedule moves with the cost, and fitting the terms of one schedule and
+    simulating again did not converge on these runs (the RMS error jumped between 11 % and
+    130 % from one pass to the next)."""
+    from scipy.optimize import minimize
+
+    from kneepoint.twin.simulated_engine import StepCost
+    from kneepoint.whatif import TRUST_RMS, EngineShape, FitPoint, FitQuality, Profile
+    from kneepoint.whatif.trace import simulate_trace
+
+    shape = EngineShape(**shape_of("A"))
+    loads = list(measured["loads"])
+    real = {load: medians(runs_of(measured, "A", load)) for load in loads}
+    traces = {load: trace_sessions(measured, load) for load in loads}
+    names = tuple(FITTED_COST)
+
+    def cost(x: np.ndarray) -> StepCost:
+        return StepCost(**dict(zip(names, (float(v) for v in np.exp(x)), strict=True)))
+
+    def points(x: np.ndarray) -> list[FitPoint]:
+        out = []
+        for load in loads:
+            run = simulate_trace(shape.engine_config(cost(x)), traces[load], load)
+            simulated = {
+                "throughput": run.output_tokens_per_second,
+                "ttft_mean": float(run.ttfts.mean()),
+                "itl_mean": float(run.itls.mean()) if run.itls.size else None,
+            }
+            for metric, value in simulated.items():
+                if real[load][metric] and value is not None:
+                    out.append(FitPoint("trace", float(load), metric, real[load][metric], value))
+        return out
+
+    def rms(x: np.ndarray) -> float:
+        errors = [p.relative_error for p in points(x)]
+        return float(np.sqrt(np.mean(np.square(errors))))
+
+    start = np.log(list(FITTED_COST.values()))
+    best = minimize(
+        rms,
+        start,
+        method="Nelder-Mead",
+        options={"maxfev": CALIBRATION_EVALUATIONS, "xatol": 0.02, "fatol": 1e-3},
+    )
+    fitted = points(best.x)
+    error = float(np.sqrt(np.mean(np.square([p.relative_error for p in fitted]))))
+    trusted = error <= TRUST_RMS
+    quality = FitQuality(
+        tuple(fitted),
+        trusted,
+        f"RMS relative error {error:.1%} {'≤' if trusted else '>'} {TRUST_RMS:.0%}",
+    )
+    return Profile(replica="vllm-cpu A", shape=shape, cost=cost(best.x), fit=quality)
+
+
 def twin_predictions(
     measured: dict[str, Any],
 ) -> tuple[dict[str, Any], dict[tuple[str, int], dict[str, float | None]]]:
-    """Calibrate the twin on A's runs (medians over rounds) and predict each other
-    configuration present at each load: (the calibration's summary, predictions by
-    (configuration, load) with the keys of `figures`)."""
-    import kneepoint.whatif as whatif
+    """Calibrate the twin on A's runs and predict each other configuration present at each
+    load: (the calibration's summary, predictions by (configuration, load) with the keys of
+    `figures`)."""
+    from kneepoint.whatif import Change
+    from kneepoint.whatif.changes import apply
+    from kneepoint.whatif.trace import simulate_trace
 
-    calibrate_trace = getattr(whatif, "calibrate_trace", None)
-    predict_trace = getattr(whatif, "predict_trace", None)
-    if calibrate_trace is None or predict_trace is None:
-        raise SystemExit(
-            "kneepoint.whatif has no calibrate_trace/predict_trace yet (helper C's branch): "
-            f"the measurement is saved in {MEASURED}; rerun with --predict-only"
-        )
-    raise SystemExit("calibrate_trace/predict_trace: the bench's adapter is not written yet")
+    profile = calibrate(measured)
+    present = {run["configuration"] for run in measured["runs"]}
+    alpha = acceptance(measured)
+    predictions: dict[tuple[str, int], dict[str, float | None]] = {}
+    for name, spec in CONFIGURATIONS.items():
+        if spec["change"] is None or name not in present:
+            continue
+        settings = dict(spec["change"])
+        if "num_speculative_tokens" in settings:
+            settings["spec_acceptance_rate"] = alpha
+        change = Change(**settings)
+        shape, cost = apply(profile, change)
+        for load in measured["loads"]:
+            run = simulate_trace(
+                shape.engine_config(cost),
+                trace_sessions(measured, load),
+                load,
+                engines=change.replicas,
+            )
+            itl = run.itls
+            predictions[(name, load)] = {
+                "throughput": run.output_tokens_per_second,
+                "ttft_p50": run.ttft_quantile(0.50),
+                "ttft_p95": run.ttft_quantile(0.95),
+                "ttft_mean": float(run.ttfts.mean()),
+                "itl_p50": run.itl_quantile(0.50),
+                "itl_p95": run.itl_quantile(0.95),
+                "itl_mean": float(itl.mean()) if itl.size else None,
+                "waiting_mean": run.waiting_mean,
+                "preemptions": float(run.preemptions),
+                "wall_seconds": run.wall_seconds,
+            }
+    fit = profile.fit
+    calibration = {
+        "configuration": {**shape_of("A"), "replicas": 1, "num_speculative_tokens": 0},
+        "rms_relative_error": fit.rms,
+        "trusted": fit.trusted,
+        "reason": fit.reason,
+        "loads": list(measured["loads"]),
+        "cost": {k: v for k, v in vars(profile.cost).items()},
+        "spec_acceptance_rate": alpha,
+        "points": [point.as_dict() for point in fit.points],
+    }
+    return calibration, predictions
 
 
 def predict(measured: dict[str, Any]) -> dict[str, Any]:

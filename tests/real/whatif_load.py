@@ -208,26 +208,26 @@ async def run(
         "waiting_mean": time_average(samples, 1),
         "running_mean": time_average(samples, 2),
         "gauge_samples": len(samples),
-        "ttft": [round(r["ttft"], 5) for r in requests if r["ttft"] is not None],
         "itl_gaps": len(gaps),
         "itl_quantiles": quantiles(gaps),
         "tokens_per_chunk_mean": (
             sum(t for r in requests for t in r["chunk_tokens"]) / len(gaps) if gaps else None
         ),
-        "per_request": [
-            {
-                "session": r["session"],
-                "turn": r["turn"],
-                "replica": r["replica"],
-                "prompt_tokens": r["prompt_tokens"],
-                "max_tokens": r["max_tokens"],
-                "tokens": r["tokens"],
-                "ttft": None if r["ttft"] is None else round(r["ttft"], 5),
-                "start": round(r["sent"] - started, 4),
-                "end": None if r.get("end") is None else round(r["end"] - started, 4),
-            }
-            for r in requests
-        ],
+        # Per request, in the order they finished: one list per field (TTFT in seconds,
+        # start and end in seconds from the run's start).
+        "per_request": {
+            "session": [r["session"] for r in requests],
+            "turn": [r["turn"] for r in requests],
+            "replica": [r["replica"] for r in requests],
+            "prompt_tokens": [r["prompt_tokens"] for r in requests],
+            "max_tokens": [r["max_tokens"] for r in requests],
+            "tokens": [r["tokens"] for r in requests],
+            "ttft": [None if r["ttft"] is None else round(r["ttft"], 5) for r in requests],
+            "start": [round(r["sent"] - started, 4) for r in requests],
+            "end": [
+                None if r.get("end") is None else round(r["end"] - started, 4) for r in requests
+            ],
+        },
     }
 
 
