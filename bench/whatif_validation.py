@@ -466,7 +466,7 @@ def table_of(
         ),
         "measured_at": measured.get("generated_at"),
         "trace": measured["trace"],
-        "rounds": measured["rounds"],
+        "rounds": measured.get("rounds"),
         "knee_load": knee,
         "calibration": calibration,
         "aims": AIMS,

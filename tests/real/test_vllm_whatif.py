@@ -55,15 +55,17 @@ from bench.whatif_validation import (
     twin_predictions,
 )
 from kneepoint.whatif.trace import agent_trace
-from tests.real.vllm_server import Vllm
+from tests.real.vllm_server import BENCH_SERVERS, ENGINE_BOUND_SERVERS, Vllm
 
 pytestmark = [pytest.mark.real, pytest.mark.timeout(900)]
 
 LOADS = (BENCH_LOADS[0], BENCH_LOADS[-1])
 ROUNDS = 2
 SESSIONS_PER_LOAD = 4  # the bench replays 6 per unit of load; fewer here, for CI's time
-# The bench's configurations on the session's engine-bound servers (same flags).
-SERVERS = {"A": "A", "num_gpu_blocks": "B", "max_num_seqs": "C"}
+# The bench's configurations measured here, and the bench's servers they need
+# (vllm_server.BENCH_SERVERS) by the session's engine-bound server with the same flags.
+CONFIGURATIONS = ["A", "num_gpu_blocks", "max_num_seqs"]
+SERVERS = {"A": "A", "blocks": "B", "seqs": "C"}
 
 
 def published_aims() -> dict[tuple[str, int, str], bool]:
@@ -102,7 +104,7 @@ def test_whatif_predictions_stay_within_their_published_error(
     if not VALIDATION.exists():
         pytest.skip("no published table: run bench/whatif_validation.py")
     published = published_aims()
-    wanted = {(change, load) for change in SERVERS if change != "A" for load in LOADS}
+    wanted = {(change, load) for change in CONFIGURATIONS[1:] for load in LOADS}
     missing = wanted - {(change, load) for change, load, _ in published}
     if missing:
         pytest.skip(f"kneepoint/whatif/validation.json has no rows for {sorted(missing)}")
@@ -110,8 +112,10 @@ def test_whatif_predictions_stay_within_their_published_error(
     trace = agent_trace(SEED, sessions=SESSIONS_PER_LOAD * max(LOADS), **TRACE)
     path = tmp_path / "trace.json"
     path.write_text(trace.to_json())
-    urls = {name: engine_bound_servers[server].url for name, server in SERVERS.items()}
-    runs = replay(schedule(urls, list(SERVERS), LOADS, ROUNDS, path, SESSIONS_PER_LOAD))
+    for bench, session in SERVERS.items():
+        assert BENCH_SERVERS[bench] == ENGINE_BOUND_SERVERS[session], (bench, session)
+    urls = {bench: engine_bound_servers[session].url for bench, session in SERVERS.items()}
+    runs = replay(schedule(urls, CONFIGURATIONS, LOADS, ROUNDS, path, SESSIONS_PER_LOAD))
     measure_seconds = time.monotonic() - started
 
     for run in runs:
@@ -120,6 +124,7 @@ def test_whatif_predictions_stay_within_their_published_error(
     measured = {
         "loads": list(LOADS),
         "sessions_per_load": SESSIONS_PER_LOAD,
+        "rounds": ROUNDS,
         "trace": {"file": str(path)},
         "runs": runs,
     }
