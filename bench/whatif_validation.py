@@ -7,9 +7,9 @@ twin calibrated on configuration A and predicting every other configuration; the
     .venv/bin/python bench/whatif_validation.py --predict-only
     .venv/bin/python bench/whatif_validation.py --markdown   # the published table, markdown
 
-Measuring and predicting are separate steps so that the predictions can be recomputed in
-seconds after the twin changes. `measure` (KNEEPOINT_WITH_VLLM=1 is not needed: it fails
-without a vLLM CPU environment) starts the servers of vllm_server.BENCH_SERVERS together,
+Measuring and predicting are separate steps so that the predictions can be recomputed (in a
+minute or two) after the twin changes. `measure` (it needs the vLLM CPU environment,
+scripts/setup-vllm) starts the servers of vllm_server.BENCH_SERVERS together,
 writes the trace (kneepoint.whatif.trace.agent_trace, SEED and TRACE) to TRACE_FILE and
 replays it (tests/real/whatif_load.py, on the core the engines leave free) ROUNDS rounds:
 in each round, at each load of LOADS, every configuration in turn (who goes first
@@ -17,11 +17,14 @@ alternates), so that the configurations of one load meet the machine in the same
 Load n replays the trace's first SESSIONS_PER_LOAD × n sessions. It writes every run's
 figures, the servers' flags, the vLLM version and the machine's load to MEASURED.
 
-`predict` calibrates on A's runs (kneepoint.whatif.calibrate_trace) and predicts each change
-at each load (kneepoint.whatif.predict_trace), the n-gram drafter's acceptance from the
-ngram server's counters, and writes the published table, VALIDATION
-(kneepoint/whatif/validation.json), besides printing it. The measured figure of a
-(configuration, load) is the median over rounds of each metric.
+`predict` calibrates the twin on A's runs (`calibrate`: the step cost whose simulated runs
+of the same trace, kneepoint.whatif.trace.simulate_trace, come closest to A's), predicts
+each change at each load by simulating the trace with the change applied
+(kneepoint.whatif.changes.apply; the n-gram drafter's acceptance from the ngram server's
+counters; two engines as simulate_trace's engines=2), writes the published table,
+VALIDATION (kneepoint/whatif/validation.json), and prints it. The measured figure of a
+(configuration, load) is the median over rounds of each metric; a load is past the knee
+when it is past A's knee as kneepoint.knee.detect.knee finds it in A's throughput.
 
 Two engines ("replicas"): A and A2 (A's flags), A's engine threads bound to core 0 (vLLM's
 automatic binding here), A2's to core 1 (VLLM_CPU_OMP_THREADS_BIND). Each engine has a core,
@@ -77,7 +80,7 @@ COMMAND = ".venv/bin/python bench/whatif_validation.py"
 # session's context ends at most MAX_CONTEXT tokens, 6 blocks of 128 with a shared system
 # prompt of 2: A (95 usable blocks) holds about 24 sessions at their longest.
 SEED = 28
-TRACE = {
+TRACE: dict[str, Any] = {
     "system_tokens": 256,
     "turns": 6,
     "tool_tokens": (16, 96),
@@ -208,7 +211,11 @@ def measure() -> dict[str, Any]:
     TRACE_FILE.write_text(trace.to_json())
     version = vllm_version()
     started = time.monotonic()
-    machine = {"cpus": os.cpu_count(), "platform": platform.platform(), "uptime_before": uptime()}
+    machine: dict[str, Any] = {
+        "cpus": os.cpu_count(),
+        "platform": platform.platform(),
+        "uptime_before": uptime(),
+    }
     folder = Path(os.environ.get("TMPDIR", "/tmp")) / f"whatif-bench-{os.getpid()}"
     with running_together(folder, BENCH_SERVERS, ENGINE_BOUND, BENCH_ENV) as servers:
         machine["servers_ready_seconds"] = round(time.monotonic() - started, 1)
@@ -431,10 +438,8 @@ def table_of(
             real = medians(runs_of(measured, name, load))
             twin = predictions[(name, load)]
             metrics = {m: error_of(m, real[m], twin.get(m)) for m in METRICS}
-            minutes = (
-                real["wall_seconds"] / 60,
-                (twin.get("wall_seconds") or real["wall_seconds"]) / 60,
-            )  # type: ignore[operator]
+            wall = real["wall_seconds"] or 0.0
+            minutes = (wall / 60, (twin.get("wall_seconds") or wall) / 60)
             metrics["preemptions"] = preemption_row(
                 real["preemptions"] or 0.0, twin.get("preemptions") or 0.0, minutes
             )
@@ -567,8 +572,9 @@ def calibrate(measured: dict[str, Any]) -> Any:
                 "itl_mean": float(run.itls.mean()) if run.itls.size else None,
             }
             for metric, value in simulated.items():
-                if real[load][metric] and value is not None:
-                    out.append(FitPoint("trace", float(load), metric, real[load][metric], value))
+                target = real[load][metric]
+                if target and value is not None:
+                    out.append(FitPoint("trace", float(load), metric, target, value))
         return out
 
     def rms(x: np.ndarray) -> float:

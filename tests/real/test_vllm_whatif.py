@@ -24,7 +24,7 @@ What is asserted:
   aim (the test test_whatif_predictions_stay_within_their_published_error says why); the
   preemption counts always are. Where the table marks an aim missed, nothing is asserted.
 
-It skips without a real vLLM (KNEEPOINT_WITH_VLLM=1 runs it; tests/real/vllm_server.py), and
+It skips without the vLLM CPU environment (scripts/setup-vllm; tests/real/vllm_server.py), and
 when the published table has no rows for this test's changes and loads.
 """
 
