@@ -18,15 +18,18 @@ The API other code builds on (docs/explanation/whatif.md, "The Python API"):
   (`.as_dict()`: the `whatif --json` contract): what the CLI commands do.
 - `save_profile`, `latest_profile`: calibrations in the store.
 - `AgentTrace`, `Session`, `Turn`, `agent_trace`: agent-like traffic (kneepoint.whatif.trace
-  says how a run of it goes).
+  says how a run of it goes); `simulate_trace(config, trace, load, seed, engines) ->
+  TraceRun`: the twin runs it; `calibrate_trace(measured, shape, trace) -> Profile` from
+  `TraceMeasurement`s; `predict_trace(profile, change, trace, loads) ->
+  list[TracePrediction]`.
 """
 
 from kneepoint.twin.simulated_engine import StepCost
-from kneepoint.whatif.calibrate import Level, calibrate_sweep
+from kneepoint.whatif.calibrate import Level, TraceMeasurement, calibrate_sweep, calibrate_trace
 from kneepoint.whatif.changes import KEYS, Change, parse_changes
 from kneepoint.whatif.history import History, load_history
 from kneepoint.whatif.predict import CONTRACT, WhatIf, calibrate_replica, whatif_replica
-from kneepoint.whatif.predict_sweep import predict_sweep
+from kneepoint.whatif.predict_sweep import predict_sweep, predict_trace
 from kneepoint.whatif.profile import (
     TRUST_RMS,
     EngineShape,
@@ -39,7 +42,15 @@ from kneepoint.whatif.profile import (
 from kneepoint.whatif.replay import Load, Replay, load_of
 from kneepoint.whatif.store import latest_profile, save_profile
 from kneepoint.whatif.sweep import SweepPrediction
-from kneepoint.whatif.trace import AgentTrace, Session, Turn, agent_trace
+from kneepoint.whatif.trace import (
+    AgentTrace,
+    Session,
+    TracePrediction,
+    TraceRun,
+    Turn,
+    agent_trace,
+    simulate_trace,
+)
 
 __all__ = [
     "CONTRACT",
@@ -58,6 +69,9 @@ __all__ = [
     "Session",
     "StepCost",
     "SweepPrediction",
+    "TraceMeasurement",
+    "TracePrediction",
+    "TraceRun",
     "Turn",
     "UntrustedProfile",
     "WhatIf",
@@ -65,11 +79,14 @@ __all__ = [
     "agent_trace",
     "calibrate_replica",
     "calibrate_sweep",
+    "calibrate_trace",
     "latest_profile",
     "load_history",
     "load_of",
     "parse_changes",
     "predict_sweep",
+    "predict_trace",
     "save_profile",
+    "simulate_trace",
     "whatif_replica",
 ]

@@ -10,6 +10,10 @@ From production history (history.py `Level`s): at a load level with b requests r
 a generation rate G and a computed-prompt rate P, a decode step carries b tokens and
 P·b/G prompt tokens and reads the KV the running requests hold (occupancy × capacity), and
 the mean inter-token latency is that step's duration: one more linear row per level.
+
+From runs of an agent trace (trace.py, `calibrate_trace`): the same equations per measured
+load, on the schedule the twin takes under the trace (exact without think time; with think
+time the schedule depends on the cost, so the fit is iterated to a fixed point).
 """
 
 from __future__ import annotations
@@ -33,7 +37,8 @@ from kneepoint.whatif.profile import (
     Profile,
     WhatIfError,
 )
-from kneepoint.whatif.sweep import TERMS, StepTerms, requests_for, simulate_step
+from kneepoint.whatif.sweep import TERMS, StepTerms, coefficients, requests_for, simulate_step
+from kneepoint.whatif.trace import AgentTrace, simulate_trace
 
 # The terms fitted. sequence_seconds is left out: a decode step's sequences are its decode
 # tokens, so the two cannot be told apart from sweeps (token_seconds absorbs it).
@@ -136,6 +141,111 @@ def calibrate_sweep(
     )
 
 
+@dataclass(frozen=True)
+class TraceMeasurement:
+    """What a real run of an agent trace measured at one load (a client's view, as
+    kneepoint.whatif.trace describes the run): the means are fitted, the rest is reported.
+    None: not measured."""
+
+    load: int  # sessions at once
+    wall_seconds: float  # first send to last answer
+    generated_tokens: int
+    ttft_mean: float | None
+    itl_mean: float | None  # over every gap between a request's outputs, pooled
+    ttft_p50: float | None = None
+    ttft_p95: float | None = None
+    itl_p50: float | None = None
+    itl_p95: float | None = None
+    waiting_mean: float | None = None  # requests waiting, time-averaged
+    preemptions: int | None = None
+
+
+# Calibrating from a trace with think times: the schedule depends on the step times, so the
+# fit is repeated on the schedule of the last fit until what the coefficients give for every
+# measured number moves less than TRACE_CONVERGENCE, or TRACE_ITERATIONS fits have been made.
+TRACE_CONVERGENCE = 0.01
+TRACE_ITERATIONS = 6
+
+
+def calibrate_trace(
+    measured: Sequence[TraceMeasurement],
+    shape: EngineShape,
+    trace: AgentTrace,
+    replica: str = "replica",
+    seed: int = 0,
+    initial: StepCost | None = None,
+    now: float | None = None,
+) -> Profile:
+    """Fit a profile to measured runs of `trace` at several loads on one engine of `shape`.
+
+    Each load's throughput (as wall time), mean TTFT and mean inter-token latency are linear
+    in the cost's coefficients given the schedule the twin takes (trace.simulate_trace),
+    fitted and judged as calibrate_sweep's. With think times the schedule itself depends on
+    the cost (when a request arrives against the engine's steps), so the fit is a fixed-point
+    iteration: simulate with the current cost (`initial`; default the shape's profile physics
+    where it has a GPU and model, else StepCost()), fit, repeat until every fitted number
+    moves less than TRACE_CONVERGENCE (at most TRACE_ITERATIONS fits). The profile's notes
+    say how many fits it took and whether it converged."""
+    usable = [m for m in measured if m.wall_seconds > 0 and m.generated_tokens > 0]
+    if not usable:
+        raise WhatIfError("nothing to calibrate from: no measured run generated tokens")
+    if initial is None:
+        initial = (
+            StepCost.of(shape.engine_config(None)) if shape.gpu and shape.model else StepCost()
+        )
+    theta = coefficients(initial)
+    fitted = fitted_terms(shape)
+    loads = {float(m.load) for m in usable}
+    # Without think times the schedule does not depend on the cost (as a sweep's): one fit
+    # is exact, and its quality is the twin's own on that schedule.
+    thinks = any(turn.think_seconds for session in trace.sessions for turn in session)
+    best: tuple[float, np.ndarray, FitQuality] | None = None
+    change = float("inf")
+    fits = 0
+    while True:
+        # The twin at theta, on its own schedule: exactly what it predicts.
+        config = shape.engine_config(cost_of(theta, shape))
+        equations = Equations()
+        for m in usable:
+            run = simulate_trace(config, trace, m.load, seed)
+            throughput = m.generated_tokens / m.wall_seconds
+            equations.add_step(
+                "trace", float(m.load), run.terms, throughput, m.ttft_mean, m.itl_mean
+            )
+        quality = equations.quality(theta, loads)
+        if best is None or quality.rms < best[0]:
+            best = (quality.rms, theta, quality)
+        if fits == TRACE_ITERATIONS or change < TRACE_CONVERGENCE:
+            break
+        new_theta, new_quality = equations.fit(fitted, loads)
+        fits += 1
+        if not thinks:
+            best, change = (new_quality.rms, new_theta, new_quality), 0.0
+            break
+        matrix, _, offsets = equations.arrays()
+        before, after = matrix @ theta + offsets, matrix @ new_theta + offsets
+        change = float(np.max(np.abs(after - before) / np.maximum(np.abs(before), 1e-12)))
+        theta = new_theta
+    _, theta, quality = best
+    requests = [turn for session in trace.sessions for turn in session]
+    return Profile(
+        replica=replica,
+        shape=shape,
+        cost=cost_of(theta, shape),
+        fit=quality,
+        fitted_at=time.time() if now is None else now,
+        input_tokens=round(sum(len(t.prompt) for t in requests) / len(requests)),
+        output_tokens=round(sum(t.max_tokens for t in requests) / len(requests)),
+        notes={
+            "trace": {"sessions": len(trace.sessions), "requests": len(requests)},
+            "loads": sorted(m.load for m in usable),
+            "fits": fits,
+            "converged": change < TRACE_CONVERGENCE,
+            "last_change": change,
+        },
+    )
+
+
 def calibrate(
     run: Run,
     shape: EngineShape,
@@ -221,6 +331,11 @@ class Equations:
             wider = _solve(matrix, values, offsets, extra_columns)
             if _rms(matrix, values, offsets, wider) < 0.8 * rms:
                 theta = wider
+        return theta, self.quality(theta, loads)
+
+    def quality(self, theta: np.ndarray, loads: set[float]) -> FitQuality:
+        """How closely coefficients `theta` reproduce every measured number (judge)."""
+        matrix, values, offsets = self.arrays()
         fits = matrix @ theta + offsets
         points = []
         for (source, load, metric, tokens), value, fit in zip(
@@ -229,7 +344,7 @@ class Equations:
             if metric == "throughput":  # compared as throughput, as it was measured
                 value, fit = tokens / value, (tokens / fit if fit > 0 else 0.0)
             points.append(FitPoint(source, load, metric, float(value), float(fit)))
-        return theta, judge(points, loads)
+        return judge(points, loads)
 
 
 def _solve(

@@ -1,9 +1,11 @@
 """Predict a closed-loop sweep for a calibrated profile at a changed configuration: what a
-real `kneepoint sweep` (or `vllm bench serve` at fixed concurrency) would measure."""
+real `kneepoint sweep` (or `vllm bench serve` at fixed concurrency) would measure; and a
+closed-loop run of an agent trace (kneepoint.whatif.trace) the same way."""
 
 from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
+from dataclasses import replace
 
 from kneepoint.knee.sweep import DEFAULT_LADDER
 from kneepoint.whatif.changes import Change, apply, parse_changes
@@ -15,6 +17,7 @@ from kneepoint.whatif.sweep import (
     requests_for,
     simulate_step,
 )
+from kneepoint.whatif.trace import AgentTrace, TracePrediction, simulate_trace
 
 
 def predict_sweep(
@@ -73,4 +76,54 @@ def predict_sweep(
                 + step.preempted_output_tokens,
             )
         )
+    return out
+
+
+def predict_trace(
+    profile: Profile,
+    change: Change | Mapping[str, object] | None,
+    trace: AgentTrace,
+    loads: Sequence[int],
+    seed: int = 0,
+    ngram: bool = False,
+) -> list[TracePrediction]:
+    """Per load of `loads` (sessions at once): `trace` run closed-loop (kneepoint.whatif.trace)
+    by the twin at `profile` after `change` (a Change, a mapping such as {"max_num_seqs": 8,
+    "replicas": 2}, or None): throughput, TTFT and inter-token latency (mean, p50, p95),
+    requests waiting (time-averaged, all engines), preemptions, prefix-cache hit rate.
+
+    `replicas` = N runs N engines, each with its own KV cache, sessions split between them
+    sticky (session i on engine i mod N); every other key goes through changes.apply (for an
+    n-gram drafter: num_speculative_tokens and spec_acceptance_rate as measured). Raises
+    UntrustedProfile for an untrusted profile and WhatIfError for a change that cannot apply
+    (a turn longer than the changed max_model_len or KV cache included),
+    round-robin routing (a session's turns share its prefix: they stay on one engine) and
+    growth (a closed loop's load is its sessions: give more loads instead).
+
+    `ngram`: the drafter is vLLM's n-gram proposer, a lookup in the prompt on the host that
+    costs no step time: the draft term is 0 (the verifier's 1 + γ tokens per decoding
+    request are paid through token_seconds); otherwise a drafter the replica did not have
+    costs what changes.apply says (a small draft model)."""
+    profile.require_trusted()
+    if change is None:
+        change = Change()
+    elif not isinstance(change, Change):
+        change = parse_changes(change)
+    if change.growth != 1.0:
+        raise WhatIfError("a closed-loop trace has no traffic to grow: predict at more loads")
+    if change.replicas > 1 and change.routing != "sticky":
+        raise WhatIfError("a trace's sessions are sticky: round-robin routing does not apply")
+    shape, cost = apply(profile, change)
+    if ngram:
+        cost = replace(cost, draft_token_seconds=0.0)
+    config = shape.engine_config(cost)
+    throughput_error = profile.fit.rms_of("throughput")
+    ttft_error = profile.fit.rms_of("ttft_mean")
+    out = []
+    for load in loads:
+        try:
+            run = simulate_trace(config, trace, load, seed, engines=change.replicas)
+        except ValueError as error:  # a turn the changed engine cannot take
+            raise WhatIfError(str(error)) from None
+        out.append(TracePrediction.of(run, throughput_error, ttft_error))
     return out

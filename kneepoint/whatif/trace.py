@@ -25,12 +25,12 @@ import heapq
 import json
 import random
 from collections.abc import Sequence
-from dataclasses import dataclass
+from dataclasses import asdict, dataclass
 
 import numpy as np
 
 from kneepoint.twin.simulated_engine import EngineConfig, Request, StepCost
-from kneepoint.whatif.sweep import TERMS, StepTerms, _Recorder
+from kneepoint.whatif.sweep import TERMS, StepTerms, _Recorder, bounds
 
 # Token ids are drawn below this unless agent_trace is told the model's vocabulary (vLLM's
 # /v1/completions rejects an id the model does not have: the tests' tiny model has 512).
@@ -68,6 +68,20 @@ class AgentTrace:
     def max_tokens(self) -> int:
         """The tokens a run may generate (every turn's max_tokens)."""
         return sum(turn.max_tokens for session in self.sessions for turn in session)
+
+    def with_think(self, seconds: float) -> AgentTrace:
+        """The same prompts with every turn's think time `seconds` (a session's last turn's
+        kept at 0): with 0, a closed-loop run's schedule no longer depends on the step times,
+        which is what an exact calibration needs (kneepoint.whatif.calibrate_trace)."""
+        return AgentTrace(
+            tuple(
+                tuple(
+                    Turn(turn.prompt, turn.max_tokens, seconds if i < len(session) - 1 else 0.0)
+                    for i, turn in enumerate(session)
+                )
+                for session in self.sessions
+            )
+        )
 
     def to_json(self) -> str:
         """The trace as JSON: the system prompt once (the prefix every session's first prompt
@@ -190,15 +204,12 @@ class RequestRecord:
     session: int  # the session's index in the trace
     turn: int
     engine: int  # which engine served it (session index modulo the engines)
-    sent: float  # the client sent it (the API server got it request_overhead later)
-    first_token: float
-    finished: float
+    sent: float  # the client sent it; the engine has it from then on
+    first_token: float  # the engine's step that made the first token ended
+    finished: float  # …and the last
+    ttft: float  # first_token - sent + the cost's request_overhead_seconds (TTFT only)
     output_tokens: int
     gaps: tuple[float, ...]  # between consecutive outputs (one per engine step that emitted)
-
-    @property
-    def ttft(self) -> float:
-        return self.first_token - self.sent
 
 
 @dataclass(frozen=True)
@@ -288,7 +299,7 @@ class _InFlight:
         self.tokens += count
         if self.first is None:
             self.first = at
-            run.ttft_sum += form - self.sent_form
+            run.ttft_sum += form - self.sent_form + run.overhead_form
         else:
             assert self.last_form is not None
             self.gaps.append(at - self.last)
@@ -311,7 +322,7 @@ class _Run:
         self.servers = [
             _Clocked(config, seed if engines == 1 else seed * 1000 + e) for e in range(engines)
         ]
-        # (reaches its engine at, send order, the turn in flight)
+        # (sent at, send order, the turn in flight)
         self.arrivals: list[tuple[float, int, _InFlight]] = []
         self.records: list[RequestRecord] = []
         self.ttft_sum = np.zeros(len(TERMS) + 1)
@@ -326,7 +337,7 @@ class _Run:
         server = self.servers[session % len(self.servers)]
         flight = _InFlight(self, session, turn, server, at, form)
         self.sends += 1
-        heapq.heappush(self.arrivals, (at + self.overhead, self.sends, flight))
+        heapq.heappush(self.arrivals, (at, self.sends, flight))
 
     def start_next(self, at: float, form: np.ndarray) -> None:
         if self.next_session < len(self.trace.sessions):
@@ -343,6 +354,7 @@ class _Run:
                 sent=flight.sent,
                 first_token=flight.first,
                 finished=at,
+                ttft=flight.first - flight.sent + self.overhead,
                 output_tokens=flight.tokens,
                 gaps=tuple(flight.gaps),
             )
@@ -372,7 +384,7 @@ class _Run:
                 at, _, flight = heapq.heappop(arrivals)
                 server = flight.server
                 if server.idle and at > server.now:  # it waited for this request
-                    server.now, server.form = at, flight.sent_form + self.overhead_form
+                    server.now, server.form = at, flight.sent_form
                 turn = self.trace.sessions[flight.session][flight.turn]
                 server.add(turn.prompt, turn.max_tokens, flight)
             elif soonest is not None:
@@ -388,19 +400,30 @@ def simulate_trace(
     sessions at once, as the module's docstring says, in virtual time.
 
     With `engines` > 1 that many engines, each with its own KV cache, serve it; session i
-    goes to engine i modulo `engines` (sticky: all its turns there). A request reaches its
-    engine request_overhead_seconds after it is sent and joins the engine's next step (one
-    that arrives while a step runs waits for the step's end). Every turn generates its
+    goes to engine i modulo `engines` (sticky: all its turns there). A request joins its
+    engine's next step (one sent while a step runs waits for the step's end; one sent as a
+    step ends joins the next); the cost's request_overhead_seconds is added to its TTFT
+    only, as StepCost says, never to the engine's clock. Every turn generates its
     max_tokens (the real client must ask for exactly that: ignore_eos). `seed` seeds the
-    speculative verifier's acceptances. ValueError for a turn longer than max_model_len."""
+    speculative verifier's acceptances. ValueError for a turn longer than max_model_len or
+    than the KV cache holds (less a block)."""
     if load < 1 or engines < 1:
         raise ValueError("load and engines must be at least 1")
+    # The twin would keep a longer prompt's last tokens; vLLM refuses the request (past
+    # max_model_len) or the configuration (a cache that cannot hold one sequence).
+    cache = (config.num_gpu_blocks - 1) * config.block_size
     for session in trace.sessions:
         for turn in session:
-            if len(turn.prompt) + turn.max_tokens > config.max_model_len:
+            length = len(turn.prompt) + turn.max_tokens
+            if length > config.max_model_len:
                 raise ValueError(
                     f"a turn of {len(turn.prompt)} prompt + {turn.max_tokens} tokens passes "
                     f"max_model_len {config.max_model_len}"
+                )
+            if length > cache:
+                raise ValueError(
+                    f"a turn of {length} tokens does not fit a KV cache of "
+                    f"{config.num_gpu_blocks} blocks of {config.block_size}"
                 )
     run = _Run(config, trace, engines, seed)
     run.run(load)
@@ -437,3 +460,60 @@ def simulate_trace(
         prefix_cache_hits=sum(s.prefix_cache_hits for s in stats),
         terms=terms,
     )
+
+
+@dataclass(frozen=True)
+class TracePrediction:
+    """A closed-loop run of a trace predicted at one load (seconds, tokens), with the
+    throughput's and TTFT's bounds from the calibration's RMS relative error (± one RMS)."""
+
+    load: int
+    engines: int
+    requests: int
+    wall_seconds: float
+    output_tokens_per_second: float
+    output_tokens_per_second_bounds: tuple[float, float]
+    ttft_mean: float
+    ttft_mean_bounds: tuple[float, float]
+    ttft_p50: float
+    ttft_p95: float
+    itl_mean: float | None  # None: no request made two outputs
+    itl_p50: float | None
+    itl_p95: float | None
+    waiting_mean: float
+    preemptions: int
+    prefix_cache_hit_rate: float | None  # None: no prompt tokens
+
+    @classmethod
+    def of(
+        cls, run: TraceRun, throughput_error: float | None, ttft_error: float | None
+    ) -> TracePrediction:
+        itls = run.itls
+        ttft = float(run.ttfts.mean())
+        throughput = run.output_tokens_per_second
+        return cls(
+            load=run.load,
+            engines=run.engines,
+            requests=len(run.records),
+            wall_seconds=run.wall_seconds,
+            output_tokens_per_second=throughput,
+            output_tokens_per_second_bounds=bounds(throughput, throughput_error),
+            ttft_mean=ttft,
+            ttft_mean_bounds=bounds(ttft, ttft_error),
+            ttft_p50=run.ttft_quantile(0.5),
+            ttft_p95=run.ttft_quantile(0.95),
+            itl_mean=float(itls.mean()) if itls.size else None,
+            itl_p50=run.itl_quantile(0.5),
+            itl_p95=run.itl_quantile(0.95),
+            waiting_mean=run.waiting_mean,
+            preemptions=run.preemptions,
+            prefix_cache_hit_rate=(
+                run.prefix_cache_hits / run.prompt_tokens if run.prompt_tokens else None
+            ),
+        )
+
+    def as_dict(self) -> dict[str, object]:
+        out = asdict(self)
+        out["output_tokens_per_second_bounds"] = list(self.output_tokens_per_second_bounds)
+        out["ttft_mean_bounds"] = list(self.ttft_mean_bounds)
+        return out
