@@ -19,9 +19,9 @@ figures, the servers' flags, the vLLM version and the machine's load to MEASURED
 
 `predict` calibrates the twin on A's runs (`calibrate`: the step cost whose simulated runs
 of the same trace, kneepoint.whatif.trace.simulate_trace, come closest to A's), predicts
-each change at each load by simulating the trace with the change applied
-(kneepoint.whatif.changes.apply; the n-gram drafter's acceptance from the ngram server's
-counters; two engines as simulate_trace's engines=2), writes the published table,
+each change at each load (kneepoint.whatif.predict_trace on the load's slice of the trace;
+the n-gram drafter's acceptance from the ngram server's counters, its drafting free; two
+engines as two sticky twin engines), writes the published table,
 VALIDATION (kneepoint/whatif/validation.json), and prints it. The measured figure of a
 (configuration, load) is the median over rounds of each metric; a load is past the knee
 when it is past A's knee as kneepoint.knee.detect.knee finds it in A's throughput.
@@ -605,9 +605,7 @@ def twin_predictions(
     """Calibrate the twin on A's runs and predict each other configuration present at each
     load: (the calibration's summary, predictions by (configuration, load) with the keys of
     `figures`)."""
-    from kneepoint.whatif import Change
-    from kneepoint.whatif.changes import apply
-    from kneepoint.whatif.trace import simulate_trace
+    from kneepoint.whatif import Change, predict_trace
 
     profile = calibrate(measured)
     present = {run["configuration"] for run in measured["runs"]}
@@ -617,26 +615,23 @@ def twin_predictions(
         if spec["change"] is None or name not in present:
             continue
         settings = dict(spec["change"])
-        if "num_speculative_tokens" in settings:
+        ngram = "num_speculative_tokens" in settings
+        if ngram:
             settings["spec_acceptance_rate"] = alpha
         change = Change(**settings)
-        shape, cost = apply(profile, change)
         for load in measured["loads"]:
-            run = simulate_trace(
-                shape.engine_config(cost),
-                trace_sessions(measured, load),
-                load,
-                engines=change.replicas,
+            # Each load ran its own slice of the trace (sessions_per_load × load sessions).
+            (run,) = predict_trace(
+                profile, change, trace_sessions(measured, load), [load], ngram=ngram
             )
-            itl = run.itls
             predictions[(name, load)] = {
                 "throughput": run.output_tokens_per_second,
-                "ttft_p50": run.ttft_quantile(0.50),
-                "ttft_p95": run.ttft_quantile(0.95),
-                "ttft_mean": float(run.ttfts.mean()),
-                "itl_p50": run.itl_quantile(0.50),
-                "itl_p95": run.itl_quantile(0.95),
-                "itl_mean": float(itl.mean()) if itl.size else None,
+                "ttft_p50": run.ttft_p50,
+                "ttft_p95": run.ttft_p95,
+                "ttft_mean": run.ttft_mean,
+                "itl_p50": run.itl_p50,
+                "itl_p95": run.itl_p95,
+                "itl_mean": run.itl_mean,
                 "waiting_mean": run.waiting_mean,
                 "preemptions": float(run.preemptions),
                 "wall_seconds": run.wall_seconds,
