@@ -15,6 +15,7 @@ from contextlib import ExitStack
 import pytest
 
 from tests.real.vllm_server import (
+    DEV_MODE,
     ENGINE_BOUND,
     ENGINE_BOUND_SERVERS,
     TINY,
@@ -53,8 +54,10 @@ def tiny_servers(tmp_path_factory: pytest.TempPathFactory) -> Iterator[dict[str,
 
 @pytest.fixture(scope="session")
 def engine_bound_servers(tmp_path_factory: pytest.TempPathFactory) -> Iterator[dict[str, Vllm]]:
-    """The engine-bound model's servers A, B and C (vllm_server.ENGINE_BOUND_SERVERS)."""
-    yield _group("engine_bound_servers", tmp_path_factory, ENGINE_BOUND_SERVERS, ENGINE_BOUND)
+    """The engine-bound model's servers A, B and C (vllm_server.ENGINE_BOUND_SERVERS), in dev
+    mode (the what-if test empties their prefix caches between runs)."""
+    env = dict.fromkeys(ENGINE_BOUND_SERVERS, DEV_MODE)
+    yield _group("engine_bound_servers", tmp_path_factory, ENGINE_BOUND_SERVERS, ENGINE_BOUND, env)
     _OPEN.pop("engine_bound_servers", ExitStack()).close()
 
 

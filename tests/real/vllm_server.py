@@ -103,6 +103,29 @@ ENGINE_BOUND_SERVERS: dict[str, tuple[str, ...]] = {
     for name, (blocks, seqs) in WHATIF_CONFIGS.items()
 }
 
+# The validation bench's configurations (bench/whatif_validation.py): A (the calibration, the
+# what-if test's A) and one per change predicted from it. "A2" is a second engine of A's
+# configuration for the two-replica change, its engine's threads bound to the other core
+# (BENCH_ENV); every server in dev mode, for POST /reset_prefix_cache between runs.
+BATCHED_TOKENS_SMALL = 256
+BENCH_SERVERS: dict[str, tuple[str, ...]] = {
+    "A": ENGINE_BOUND_SERVERS["A"],
+    "blocks": ENGINE_BOUND_SERVERS["B"],
+    "seqs": ENGINE_BOUND_SERVERS["C"],
+    "budget": (
+        *ENGINE_BOUND_SERVERS["A"][:-1],
+        str(BATCHED_TOKENS_SMALL),
+    ),
+    "no_prefix": (*ENGINE_BOUND_SERVERS["A"], "--no-enable-prefix-caching"),
+    "ngram": (*ENGINE_BOUND_SERVERS["A"], "--speculative-config", NGRAM),
+    "A2": ENGINE_BOUND_SERVERS["A"],
+}
+DEV_MODE = {"VLLM_SERVER_DEV_MODE": "1"}
+BENCH_ENV: dict[str, dict[str, str]] = {
+    name: {**DEV_MODE, **({"VLLM_CPU_OMP_THREADS_BIND": "1"} if name == "A2" else {})}
+    for name in BENCH_SERVERS
+}
+
 
 def tiny_model(shape: tuple[int, int], flags: tuple[str, ...]) -> Path:
     """The model of `shape` for a server started with `flags`, built once and kept (MODELS).
