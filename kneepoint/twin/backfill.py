@@ -36,6 +36,12 @@ from kneepoint.twin.simulated_engine import Engine, EngineConfig, Rejected
 from kneepoint.twin.stats import Stats
 
 LEVELS = (1, 3, 8, 20, 48)  # concurrent agent sessions measured per replica
+# Each level's virtual seconds. A day is read by interpolating between levels, so counts that
+# happen in bursts near the knee (preemptions) are estimates: at 90 s one run at 20 sessions
+# saw 3× the preemption rate of ten-minute runs, and a straight line from 8 to 20 sessions
+# puts preemptions where the curve has almost none. The what-if's replay tests, whose truth
+# this is, measure more levels for longer (tests/whatif/conftest.py); the demo keeps these.
+LEVEL_SECONDS = 90.0
 HISTOGRAMS = {
     "ttft": "time_to_first_token_seconds",
     "itl": "inter_token_latency_seconds",
@@ -114,7 +120,7 @@ def counters(stats: Stats, offload: bool = False) -> dict[str, float]:
 def measure(
     config: EngineConfig,
     sessions: int,
-    seconds: float = 90.0,
+    seconds: float = LEVEL_SECONDS,
     warmup: float = 30.0,
     seed: int = 0,
     sglang_version: str | None = None,
@@ -273,11 +279,19 @@ def _per_second(
     return level
 
 
-def profile(config: EngineConfig, seed: int = 0, sglang_version: str | None = None) -> list[Level]:
-    """The replica's levels from idle to overload, sorted by load."""
+def profile(
+    config: EngineConfig,
+    seed: int = 0,
+    sglang_version: str | None = None,
+    levels: tuple[int, ...] = LEVELS,
+    seconds: float = LEVEL_SECONDS,
+) -> list[Level]:
+    """The replica's levels from idle to overload, sorted by load: `levels` sessions, each
+    measured for `seconds` after a warm-up."""
     idle = Level(0.0)
     measured = [
-        measure(config, sessions, seed=seed, sglang_version=sglang_version) for sessions in LEVELS
+        measure(config, sessions, seconds, seed=seed, sglang_version=sglang_version)
+        for sessions in levels
     ]
     _align(measured)
     idle.rates = dict.fromkeys(measured[0].rates, 0.0)
@@ -556,12 +570,15 @@ def backfill_week(
     progress: Callable[[str], None] = lambda _: None,
     sleeps: dict[str, Sleep] | None = None,
     overloads: dict[str, Overload] | None = None,
+    levels: tuple[int, ...] = LEVELS,
+    level_seconds: float = LEVEL_SECONDS,
 ) -> int:
     """Write `days` of scrapes for every replica of `fleet` and its GPU, ending at `now`;
     return the number of rows. Rows older than two days are one a minute, newer every 15 s,
     as the collector's rollups would leave them; a prompt deploy each day at 10:00 UTC
     empties every prefix cache for 20 minutes. `sleeps` puts replicas to sleep each day,
-    `overloads` gives one a burst of load (past its queue limits, it sheds)."""
+    `overloads` gives one a burst of load (past its queue limits, it sheds); `levels` and
+    `level_seconds`: the steady loads each replica is measured at (profile)."""
     sleeps, overloads = sleeps or {}, overloads or {}
     loads = _loads(fleet, peaks, now, sleeps, overloads)
     start = now - days * 86400
@@ -584,7 +601,7 @@ def backfill_week(
         history = History(
             replica.engine.config,
             replica.served_name,
-            profile(replica.engine.config, seed=seed, sglang_version=version),
+            profile(replica.engine.config, seed, version, levels, level_seconds),
             gpu,
             template=_scrape(replica.sglang) if replica.sglang else None,
         )
