@@ -5,7 +5,8 @@ twin calibrated on configuration A and predicting every other configuration; the
     .venv/bin/python bench/whatif_validation.py              # measure (once), then predict
     .venv/bin/python bench/whatif_validation.py --measure    # measure again, then predict
     .venv/bin/python bench/whatif_validation.py --predict-only
-    .venv/bin/python bench/whatif_validation.py --markdown   # the published table, markdown
+    .venv/bin/python bench/whatif_validation.py --markdown   # the published table, per change
+    .venv/bin/python bench/whatif_validation.py --rows       # every row of it, markdown
 
 Measuring and predicting are separate steps so that the predictions can be recomputed (in a
 minute or two) after the twin changes. `measure` (it needs the vLLM CPU environment,
@@ -352,10 +353,20 @@ def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--measure", action="store_true", help="measure even if saved")
     parser.add_argument("--predict-only", action="store_true", help="only predict")
-    parser.add_argument("--markdown", action="store_true", help="print validation.json's table")
+    parser.add_argument(
+        "--markdown",
+        action="store_true",
+        help="print validation.json's table per change (the README's and the how-to's)",
+    )
+    parser.add_argument(
+        "--rows", action="store_true", help="print validation.json's every row, as markdown"
+    )
     args = parser.parse_args(argv)
-    if args.markdown:
-        print(markdown(json.loads(VALIDATION.read_text())))
+    if args.markdown or args.rows:
+        from kneepoint.whatif import validation
+
+        published = json.loads(VALIDATION.read_text())
+        print(validation.markdown(published) if args.markdown else markdown(published))
         return
     if args.measure or (not args.predict_only and not MEASURED.exists()):
         measured = measure()
