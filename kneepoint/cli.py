@@ -976,6 +976,9 @@ def whatif(
             "–" if not bounds else f"{_whatif_number(bounds[0])} – {_whatif_number(bounds[1])}",
         )
     Console(width=140).print(table)
+    checked = report["validation"]
+    if not checked["validated"]:
+        typer.echo("Outside the validated range: " + "; ".join(checked["reasons"]) + ".")
 
 
 def _whatif_number(value: object) -> str:

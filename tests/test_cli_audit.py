@@ -67,7 +67,7 @@ READS: dict[str, Callable[[Store], list[str]]] = {
     "compare": lambda s: [f"{REPLICA}-sweep", f"{REPLICA}-sweep"],
     "whatif": lambda s: [
         *("--replica", REPLICA, "--set", "kv_cache_dtype=fp8"),
-        *("--since", "1h", "--at", str(s.now), "--levels", "2"),
+        *("--since", "1h", "--at", str(s.now), "--slice", "5"),
     ],
     "report": lambda s: ["--since", "1h", "--at", str(s.now), "--out", str(s.folder / "r")],
     "alerts list": lambda s: [],

@@ -390,7 +390,7 @@ def trust() -> None:
         rows = pd.DataFrame(validation.table(document))
         t.people_table(
             rows,
-            {column: t.text(column) for column in rows.columns},
+            {column: t.text(column[0].upper() + column[1:]) for column in rows.columns},
             identity="change",
             matters=tuple(label for key, label in validation.METRICS if key in validation.AIMED),
             budget=t.PHONE_WIDTH_IN_EXPANDER,
@@ -398,21 +398,24 @@ def trust() -> None:
         st.caption(
             f"{validation.aims_sentence(document)} The worst miss over the loads tried; "
             "✓: every load met the aim, ✗: one did not. From `bench/whatif_validation.py` "
-            f"({document.get('vllm') or 'vLLM'}, CPU build, {document.get('generated_at', '')})."
+            f"(vLLM {document.get('vllm') or ''}, CPU build, "
+            f"{_when(document.get('generated_at'))})."
         )
 
 
-def verdict(change: dict[str, Any], shape: dict[str, Any]) -> None:
-    """Marks a prediction outside what the bench validated, or gives the published error of
-    the change it makes."""
-    judged = validation.judge(validation.load(), change, shape)
-    if not judged.validated:
-        st.warning("Outside the validated range: " + "; ".join(judged.reasons) + ".")
+def verdict(result: dict[str, Any]) -> None:
+    """Marks a prediction outside what the bench validated (`whatif --json`'s validation),
+    or gives the published error of the change it makes."""
+    checked = result.get("validation") or {}
+    if not checked.get("validated"):
+        reasons = checked.get("reasons") or ["no validation was published"]
+        st.warning("Outside the validated range: " + "; ".join(reasons) + ".")
         return
+    errors = checked.get("published_error") or {}
     misses = [
-        f"{label} {validation.describe(key, judged.errors.get(key))}"
+        f"{label} {validation.describe(key, errors.get(key))}"
         for key, label in validation.METRICS
-        if key in validation.AIMED and judged.errors.get(key) is not None
+        if key in validation.AIMED and errors.get(key) is not None
     ]
     st.caption("Inside the validated range; worst published miss: " + ", ".join(misses) + ".")
 
@@ -506,5 +509,5 @@ except WhatIfError as error:
 st.subheader(f"Before and after: {flags(change)}")
 window = result.get("window") or {}
 st.caption(f"Replayed {_when(window.get('start'))} → {_when(window.get('end'))}.")
-verdict(change, profile.get("shape") or {})
+verdict(result)
 before_after(result)

@@ -27,6 +27,7 @@ from kneepoint.store.models import GpuRow
 from kneepoint.store.runs import RunNotFound, load_run, load_runs
 from kneepoint.timeline import iso
 from kneepoint.twin.profiles import GPUS, MODELS
+from kneepoint.whatif import validation
 from kneepoint.whatif.calibrate import calibrate, calibrate_sweep
 from kneepoint.whatif.changes import Change
 from kneepoint.whatif.history import History, fraction_at_most, load_history
@@ -301,6 +302,20 @@ class WhatIf:
             "baseline": _plain(self.baseline),
             "predicted": _plain(self.predicted),
             "baseline_error": _plain(self.baseline_error),
+            "validation": self.validation(),
+        }
+
+    def validation(self) -> dict[str, Any]:
+        """Whether the change lies inside what the validation bench measured against a real
+        vLLM (kneepoint/whatif/validation.py), why not, and the worst published miss of each
+        aimed number for the changes it makes."""
+        verdict = validation.judge(
+            validation.load(), self.change.as_dict(), self.profile.shape.as_dict()
+        )
+        return {
+            "validated": verdict.validated,
+            "reasons": list(verdict.reasons),
+            "published_error": verdict.errors,
         }
 
 

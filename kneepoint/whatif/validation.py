@@ -145,7 +145,7 @@ def describe(metric: str, miss: float | None) -> str:
     """A worst miss as a table cell: "8 %" (relative) or "×1.3" (preemptions)."""
     if miss is None:
         return "–"
-    return f"×{miss:.2f}" if metric == "preemptions" else f"{miss:.0%}"
+    return f"×{miss:.2f}" if metric == "preemptions" else f"{miss:.1%}"
 
 
 def table(document: Mapping[str, Any]) -> list[dict[str, str]]:
@@ -163,7 +163,10 @@ def table(document: Mapping[str, Any]) -> list[dict[str, str]]:
             if metric in AIMED:
                 met = item.all_met(metric)
                 mark = "" if met is None else (" ✓" if met else " ✗")
-                row[label] = describe(metric, item.worst.get(metric)) + mark
+                miss = item.worst.get(metric)
+                # Preemptions met with no ratio: measured and predicted both ≤ 1 a minute.
+                shown = "≤ 1/min" if metric == "preemptions" and miss is None and met else None
+                row[label] = (shown or describe(metric, miss)) + mark
         rows.append(row)
     return rows
 

@@ -94,7 +94,7 @@ def test_the_markdown_table_marks_each_aim_met_or_missed() -> None:
     lines = table.splitlines()
     assert lines[0].startswith("| change | settings | loads | throughput | TTFT p95")
     blocks = next(line for line in lines if line.startswith("| KV blocks"))
-    assert "8% ✓" in blocks and "40% ✗" in blocks and "×2.00 ✗" in blocks
+    assert "8.0% ✓" in blocks and "40.0% ✗" in blocks and "×2.00 ✗" in blocks
     assert "within 10%" in table
 
 
@@ -129,3 +129,18 @@ def test_load_reads_the_file_and_a_missing_one_is_none(tmp_path: Path) -> None:
     assert validation.load(path) is None
     path.write_text(json.dumps(DOCUMENT))
     assert validation.load(path) == DOCUMENT
+
+
+def test_the_readme_and_the_how_to_show_the_published_table_as_it_is() -> None:
+    """The README's and the how-to's tables are validation.json's, not a copy that drifts:
+    `bench/whatif_validation.py --markdown` prints the block to paste between the markers."""
+    document = validation.load()
+    assert document is not None, "kneepoint/whatif/validation.json is shipped with the package"
+    table = validation.markdown(document)
+    root = Path(__file__).resolve().parents[2]
+    for page in ("README.md", "docs/how-to/whatif.md"):
+        text = (root / page).read_text()
+        start, end = "<!-- validation-table -->\n", "\n<!-- /validation-table -->"
+        assert start in text and end in text, page
+        shown = text.split(start, 1)[1].split(end, 1)[0]
+        assert shown == table, f"{page}: paste `bench/whatif_validation.py --markdown`"
