@@ -381,26 +381,27 @@ def figure(result: dict[str, Any], key: str, label: str, unit: str) -> go.Figure
 
 
 def trust() -> None:
-    """The bench's published errors against a real vLLM, one row per kind of change."""
+    """The bench's published errors against a real vLLM, one row per kind of change. Shown
+    open, not in an expander: it says how far to trust what the page predicts (and a
+    browser does not paint a table in a closed expander)."""
+    st.subheader("How close the predictions are")
     document = validation.load()
-    with st.expander("How close the predictions are: validated against a real vLLM"):
-        if document is None:
-            st.info("No validation has been published with this build.")
-            return
-        rows = pd.DataFrame(validation.table(document))
-        t.people_table(
-            rows,
-            {column: t.text(column[0].upper() + column[1:]) for column in rows.columns},
-            identity="change",
-            matters=tuple(label for key, label in validation.METRICS if key in validation.AIMED),
-            budget=t.PHONE_WIDTH_IN_EXPANDER,
-        )
-        st.caption(
-            f"{validation.aims_sentence(document)} The worst miss over the loads tried; "
-            "✓: every load met the aim, ✗: one did not. From `bench/whatif_validation.py` "
-            f"(vLLM {document.get('vllm') or ''}, CPU build, "
-            f"{_when(document.get('generated_at'))})."
-        )
+    if document is None:
+        st.info("No validation against a real vLLM has been published with this build.")
+        return
+    rows = pd.DataFrame(validation.table(document))
+    t.people_table(
+        rows,
+        {column: t.text(column[0].upper() + column[1:]) for column in rows.columns},
+        identity="change",
+        matters=("throughput", "TTFT p95"),  # whole on a phone; ITL and preemptions scroll
+    )
+    st.caption(
+        f"{validation.aims_sentence(document)} The worst miss over the loads tried; "
+        "✓: every load met the aim, ✗: one did not. From `bench/whatif_validation.py` "
+        f"(vLLM {document.get('vllm') or ''}, CPU build, "
+        f"{_when(document.get('generated_at'))}): docs/how-to/whatif.md says why each miss."
+    )
 
 
 def verdict(result: dict[str, Any]) -> None:
@@ -432,7 +433,6 @@ st.caption(
     "untrusted calibration predicts nothing. `kneepoint whatif --replica R --set k=v --json` "
     "gives the same numbers."
 )
-trust()
 if not replicas:
     st.info("No replicas are configured.")
     st.stop()
@@ -484,6 +484,7 @@ if auth.current().can("operator"):
             except WhatIfError as error:
                 st.error(f"Cannot calibrate {replica}: {error}")
 
+trust()
 st.subheader("Change")
 if profile is None or not (profile.get("fit") or {}).get("trusted"):
     st.info("No prediction without a trusted calibration.")

@@ -32,13 +32,14 @@ METRICS: tuple[tuple[str, str], ...] = (
 AIMED = ("throughput", "ttft_p95", "itl_p95", "preemptions")
 
 # What each validated change is called where people read it.
+# (Short: the name leads the table on a phone and must show whole.)
 CHANGES: dict[str, str] = {
     "num_gpu_blocks": "KV blocks",
-    "max_num_seqs": "max_num_seqs",
-    "max_num_batched_tokens": "max_num_batched_tokens",
+    "max_num_seqs": "max seqs",
+    "max_num_batched_tokens": "token budget",
     "enable_prefix_caching": "prefix caching",
-    "num_speculative_tokens": "n-gram speculative decoding",
-    "replicas": "a replica added",
+    "num_speculative_tokens": "n-gram drafts",
+    "replicas": "replicas",
 }
 # Keys that only modify another change: judged with it, never on their own.
 MODIFIERS = ("spec_acceptance_rate", "routing")
