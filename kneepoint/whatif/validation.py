@@ -2,10 +2,10 @@
 
 `bench/whatif_validation.py` runs a real vLLM (CPU build) under recorded agent traffic,
 calibrates the twin on one configuration and predicts the others; it writes what it measured
-and predicted to `validation.json` beside this module (its format: docs/explanation/whatif.md,
-"How close the predictions are"). This module reads that file: the table the README and the
-What-if page show (`summary`, `markdown`), and whether one change lies inside what was
-validated (`judge`). Pure functions over the published document; nothing here measures.
+and predicted to `validation.json` beside this module (its fields: docs/how-to/whatif.md,
+"What-if against a real vLLM"). This module reads that file: the table the README and the
+What-if page show (`summary`, `table`, `markdown`), and whether one change lies inside what
+was validated (`judge`). Pure functions over the published document; nothing here measures.
 """
 
 from __future__ import annotations
