@@ -613,9 +613,10 @@ def calibrate(measured: dict[str, Any]) -> Any:
 def twin_predictions(
     measured: dict[str, Any],
 ) -> tuple[dict[str, Any], dict[tuple[str, int], dict[str, float | None]]]:
-    """Calibrate the twin on A's runs and predict each other configuration present at each
-    load: (the calibration's summary, predictions by (configuration, load) with the keys of
-    `figures`)."""
+    """Calibrate the twin on A's runs and predict each configuration present at each load:
+    (the calibration's summary, predictions by (configuration, load) with the keys of
+    `figures`). A's own (no change: the calibrated twin itself) is there too, to tell how
+    closely the calibration reproduces A's figure at each load."""
     from kneepoint.whatif import Change, predict_trace
 
     profile = calibrate(measured)
@@ -623,9 +624,9 @@ def twin_predictions(
     alpha = acceptance(measured)
     predictions: dict[tuple[str, int], dict[str, float | None]] = {}
     for name, spec in CONFIGURATIONS.items():
-        if spec["change"] is None or name not in present:
+        if name not in present:
             continue
-        settings = dict(spec["change"])
+        settings = dict(spec["change"] or {})
         ngram = "num_speculative_tokens" in settings
         if ngram:
             settings["spec_acceptance_rate"] = alpha
