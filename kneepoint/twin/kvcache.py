@@ -9,14 +9,17 @@ from __future__ import annotations
 
 from collections import OrderedDict
 from collections.abc import Sequence
+from itertools import repeat
+from operator import countOf
 
 
 def block_hashes(tokens: Sequence[int], block_size: int) -> list[int]:
     """Chained hashes of the full blocks of `tokens`: equal prefixes give equal hashes."""
     hashes: list[int] = []
     previous = 0
-    for start in range(0, len(tokens) - block_size + 1, block_size):
-        previous = hash((previous, tuple(tokens[start : start + block_size])))
+    whole = tuple(tokens)  # a tuple's slice is a tuple: one allocation per block, not two
+    for start in range(0, len(whole) - block_size + 1, block_size):
+        previous = hash((previous, whole[start : start + block_size]))
         hashes.append(previous)
     return hashes
 
@@ -61,8 +64,9 @@ class KvCache:
 
     def cost(self, hashes: Sequence[int], private: int) -> int:
         """Free blocks needed to hold `hashes` (shared where in use) plus `private` new ones."""
-        reused = sum(1 for block in hashes if self._refs.get(block, 0) > 0)
-        return len(hashes) - reused + private
+        # Blocks not held by a request (uncached, or cached but unused) need a free one each;
+        # counted in C: a long prompt's list is thousands of blocks, asked each step it waits.
+        return countOf(map(self._refs.get, hashes, repeat(0)), 0) + private
 
     def acquire(self, hashes: Sequence[int], private: int) -> None:
         """Take references on `hashes` and `private` unnamed blocks; call cost() first."""
@@ -77,9 +81,7 @@ class KvCache:
                     self._make_room()
                 self._in_use += 1
             self._refs[block] = refs + 1
-        for _ in range(private):
-            self._make_room()
-            self._in_use += 1
+        self._take(private)
 
     def allocate(self, count: int) -> None:
         """Take `count` fresh unnamed blocks (vllm/v1/core/block_pool.py get_new_blocks: from
@@ -87,9 +89,17 @@ class KvCache:
         block); call cost() first."""
         if count > self.free:
             raise MemoryError("not enough free KV blocks")
-        for _ in range(count):
-            self._make_room()
-            self._in_use += 1
+        self._take(count)
+
+    def _take(self, count: int) -> None:
+        # `count` unnamed blocks at once (a fast-forwarded stretch takes hundreds): what
+        # `count` calls of _make_room take, empty space first, then the least recently used
+        # cached blocks, without a call per block.
+        empty = max(self.usable - self._in_use - len(self._evictable), 0)
+        for _ in range(min(count - empty, len(self._evictable))):
+            oldest, _ = self._evictable.popitem(last=False)
+            del self._refs[oldest]
+        self._in_use += count
 
     def name(self, block: int) -> bool:
         """A held unnamed block just filled with computed tokens gets its hash (vLLM's
@@ -99,6 +109,21 @@ class KvCache:
             return False
         self._refs[block] = 1
         return True
+
+    def name_blocks(
+        self, blocks: list[int | None], hashes: Sequence[int], start: int, end: int
+    ) -> None:
+        """name() each unnamed block of blocks[start:end] after its hash in `hashes`,
+        writing the hash into `blocks` where it took (one call for a request's whole run of
+        newly full blocks)."""
+        if not self.prefix_caching:
+            return
+        refs = self._refs
+        for index in range(start, end):
+            block = hashes[index]
+            if blocks[index] is None and block not in refs:
+                refs[block] = 1
+                blocks[index] = block
 
     def release(self, hashes: Sequence[int], private: int) -> None:
         """Drop references to a request's blocks, `hashes` first and then `private` unnamed

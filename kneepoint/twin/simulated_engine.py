@@ -20,7 +20,6 @@ device cache evicted is loaded back from there instead of recomputed (`HostCache
 
 from __future__ import annotations
 
-import itertools
 import random
 from collections import deque
 from collections.abc import Callable, Sequence
@@ -189,10 +188,12 @@ class Request:
     preemptions: int = 0
     cached: int = 0  # prompt tokens found in the prefix cache when first scheduled
     host_cached: int = 0  # of them, loaded from the CPU offload tier
+    # The prompt never changes: its length is a field, not a property (the scheduler reads
+    # it for every running request at every step).
+    prompt_len: int = field(init=False)
 
-    @property
-    def prompt_len(self) -> int:
-        return len(self.tokens)
+    def __post_init__(self) -> None:
+        self.prompt_len = len(self.tokens)
 
     @property
     def num_tokens(self) -> int:
@@ -207,7 +208,7 @@ class Request:
     @property
     def decoding(self) -> bool:
         """Every token but the last output one has its KV: the next step computes one."""
-        return self.generated > 0 and self.computed == self.num_tokens - 1
+        return self.generated > 0 and self.computed == self.prompt_len + self.generated - 1
 
 
 class Rejected(Exception):
@@ -433,9 +434,9 @@ class Engine:
             n * cost.token_seconds + 0 * cost.prefill_token_seconds + n * cost.sequence_seconds
         )
         durations = cost.overhead_seconds + memory + compute
-        ends = np.fromiter(
-            itertools.accumulate(durations.tolist(), initial=self.now), np.float64, steps + 1
-        )[1:]
+        # now + d0, + d1, ... added left to right as step() adds them (add.accumulate is a
+        # sequential loop, not a pairwise sum: the same floats).
+        ends = np.add.accumulate(np.concatenate(([self.now], durations)))[1:]
         reached = np.flatnonzero(ends >= until)
         if len(reached):
             steps = min(steps, int(reached[0]) + 1)
@@ -529,9 +530,7 @@ class Engine:
             request.named = max(request.named, full)
             return
         self._extend_hashes(request, full)
-        for index in range(request.named, full):
-            if request.blocks[index] is None and self.kv.name(request.hashes[index]):
-                request.blocks[index] = request.hashes[index]
+        self.kv.name_blocks(request.blocks, request.hashes, request.named, full)
         request.named = full
 
     def _extend_hashes(self, request: Request, count: int) -> None:

@@ -3,6 +3,7 @@ and the GPU activity DCGM would see."""
 
 from __future__ import annotations
 
+import operator
 from bisect import bisect_left
 from dataclasses import dataclass, field
 
@@ -116,8 +117,8 @@ class Histo:
         if not len(values):
             return
         buckets = np.searchsorted(np.asarray(self.bounds), values, side="left")
-        added = np.bincount(buckets, minlength=len(self.counts)) * times
-        self.counts = [count + int(more) for count, more in zip(self.counts, added, strict=True)]
+        added = (np.bincount(buckets, minlength=len(self.counts)) * times).tolist()
+        self.counts = list(map(operator.add, self.counts, added))
         self.total += float(values.sum()) * times
 
     def cumulative(self) -> list[int]:

@@ -235,6 +235,25 @@ MEAN_KEYS = ("kv_cache_usage", "running", "waiting", "saturated")
 LATENCY_KEYS = ("ttft", "itl", "e2e", "queue")
 
 
+def compose_prompt(
+    tokens_rng: np.random.Generator,
+    length: int,
+    common: list[int],
+    everyone: int,
+    prefix: list[int],
+    own: int,
+) -> list[int]:
+    """A prompt of `length` tokens: the first `everyone` tokens of the prefix common to every
+    session, the first `own` of its session's prefix, then fresh ones. The prefixes are drawn
+    from `tokens_rng` as far as they are first needed and kept (they grow in place), so the
+    same seed gives the same prompts whatever the engine."""
+    for part, size in ((common, everyone), (prefix, own)):
+        if len(part) < size:
+            part.extend(tokens_rng.integers(VOCABULARY, size=size - len(part)).tolist())
+    fresh = tokens_rng.integers(VOCABULARY, size=max(0, length - everyone - own))
+    return common[:everyone] + prefix[:own] + fresh.tolist()
+
+
 def simulate_level(
     config: EngineConfig,
     rate: float,
@@ -289,11 +308,7 @@ def simulate_level(
         everyone = min(common_tokens, length)
         own = min(int(shared * session_share * length), length - everyone)
         prefix = pool[session % len(pool)]
-        for part, size in ((common, everyone), (prefix, own)):
-            if len(part) < size:
-                part.extend(tokens_rng.integers(VOCABULARY, size=size - len(part)).tolist())
-        fresh = tokens_rng.integers(VOCABULARY, size=max(0, length - everyone - own))
-        tokens = common[:everyone] + prefix[:own] + fresh.tolist()
+        tokens = compose_prompt(tokens_rng, length, common, everyone, prefix, own)
         pause = rng.expovariate(1 / think) if think > 0 else 0.0
         times: list[float] = []
 
@@ -555,11 +570,7 @@ def simulate_window(
         everyone = min(common_tokens, length)
         own = min(int(share * length), length - everyone)
         prefix = prefixes.setdefault(session % pool, [])
-        for part, size in ((common, everyone), (prefix, own)):
-            if len(part) < size:
-                part.extend(tokens_rng.integers(VOCABULARY, size=size - len(part)).tolist())
-        fresh = tokens_rng.integers(VOCABULARY, size=max(0, length - everyone - own))
-        tokens = common[:everyone] + prefix[:own] + fresh.tolist()
+        tokens = compose_prompt(tokens_rng, length, common, everyone, prefix, own)
         pause = rng.expovariate(1 / think) if think > 0 else 0.0
         times: list[tuple[float, int]] = []
 
