@@ -101,21 +101,13 @@ class KvCache:
             del self._refs[oldest]
         self._in_use += count
 
-    def name(self, block: int) -> bool:
-        """A held unnamed block just filled with computed tokens gets its hash (vLLM's
-        cache_full_blocks); False (it stays unnamed) where caching is off or another block
-        already holds that hash."""
-        if not self.prefix_caching or block in self._refs:
-            return False
-        self._refs[block] = 1
-        return True
-
     def name_blocks(
         self, blocks: list[int | None], hashes: Sequence[int], start: int, end: int
     ) -> None:
-        """name() each unnamed block of blocks[start:end] after its hash in `hashes`,
-        writing the hash into `blocks` where it took (one call for a request's whole run of
-        newly full blocks)."""
+        """The held blocks blocks[start:end], just filled with computed tokens, get their
+        hashes from `hashes` (vLLM's cache_full_blocks), written into `blocks`; a block stays
+        unnamed (None) where caching is off or another block already holds its hash. One call
+        for a request's whole run of newly full blocks."""
         if not self.prefix_caching:
             return
         refs = self._refs
