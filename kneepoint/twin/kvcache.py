@@ -13,13 +13,16 @@ from itertools import repeat
 from operator import countOf
 
 
-def block_hashes(tokens: Sequence[int], block_size: int) -> list[int]:
-    """Chained hashes of the full blocks of `tokens`: equal prefixes give equal hashes."""
-    hashes: list[int] = []
-    previous = 0
-    whole = tuple(tokens)  # a tuple's slice is a tuple: one allocation per block, not two
-    for start in range(0, len(whole) - block_size + 1, block_size):
-        previous = hash((previous, whole[start : start + block_size]))
+def block_hashes(tokens: Sequence[int], block_size: int, known: Sequence[int] = ()) -> list[int]:
+    """Chained hashes of the full blocks of `tokens`: equal prefixes give equal hashes.
+    `known`: the hashes of its first blocks where the caller has them (a prefix it sent
+    before), taken as they are and not computed again."""
+    hashes = list(known)
+    previous = hashes[-1] if hashes else 0
+    # A tuple's slice is a tuple: one allocation per block, not two.
+    rest = tuple(tokens[len(hashes) * block_size :])
+    for start in range(0, len(rest) - block_size + 1, block_size):
+        previous = hash((previous, rest[start : start + block_size]))
         hashes.append(previous)
     return hashes
 
@@ -126,17 +129,18 @@ class KvCache:
 
     def release_blocks(self, blocks: Sequence[int | None]) -> None:
         """Free a request's blocks (a hash, or None for an unnamed one) in reverse order."""
+        refs, evictable = self._refs, self._evictable
+        freed = 0
         for block in reversed(blocks):
             if block is None:
-                self._in_use -= 1
+                freed += 1
                 continue
-            refs = self._refs[block] - 1
-            if refs:
-                self._refs[block] = refs
-                continue
-            self._in_use -= 1
-            self._refs[block] = 0
-            self._evictable[block] = None
+            left = refs[block] - 1
+            refs[block] = left
+            if not left:
+                freed += 1
+                evictable[block] = None
+        self._in_use -= freed
 
     def _make_room(self) -> None:
         # A fresh block comes from empty space first, else from the least recently used

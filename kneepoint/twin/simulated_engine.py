@@ -256,10 +256,13 @@ class Engine:
         sink: TokenSink | None = None,
         finish_reason: str = "length",
         max_tokens_param: int | None = None,
+        known_hashes: Sequence[int] = (),
     ) -> Request:
         """Queue a request that generates `max_tokens` and then finishes for `finish_reason`;
         its prompt keeps its last tokens where it would not fit max_model_len. Raises
-        `Rejected` (and counts it) when a queue limit refuses it."""
+        `Rejected` (and counts it) when a queue limit refuses it. `known_hashes`: the block
+        hashes of the prompt's first blocks where the caller kept them (block_hashes'
+        `known`; unused where the prompt is cut)."""
         self._check_admission()
         # A sequence longer than the whole cache could never run: vLLM refuses such a length.
         max_len = min(self.config.max_model_len, self.capacity_tokens - self.config.block_size)
@@ -267,8 +270,10 @@ class Engine:
         if limit < 1:
             raise ValueError(f"max_tokens {max_tokens} leaves no room in max_model_len")
         prompt = list(tokens[-limit:]) or [0]
+        if len(prompt) != len(tokens):
+            known_hashes = ()  # cut: its blocks begin elsewhere
         hashes = (
-            block_hashes(prompt, self.config.block_size)
+            block_hashes(prompt, self.config.block_size, known_hashes)
             if self.config.enable_prefix_caching
             else []
         )
@@ -409,12 +414,20 @@ class Engine:
             return False
         if type(self)._duration is not Engine._duration:
             return False  # a subclass that notes each step (kneepoint/whatif/sweep.py)
-        if n > config.max_num_batched_tokens or not all(r.decoding for r in running):
+        if n > config.max_num_batched_tokens:
             return False
+        # Every running request decodes (Request.decoding, inlined: this is asked before
+        # every step), and the fewest tokens any has left bounds the stretch.
+        left = self.FAST_FORWARD_STEPS + 1
+        for r in running:
+            generated = r.generated
+            if not generated or r.computed != r.prompt_len + generated - 1:
+                return False
+            left = min(left, r.max_tokens - generated)
         waiting_for_capacity = self._admission_blocked(config.max_num_batched_tokens - n)
         if waiting_for_capacity is None:
             return False
-        steps = min(min(r.max_tokens - r.generated for r in running) - 1, self.FAST_FORWARD_STEPS)
+        steps = left - 1
         if steps < 2:
             return False
         size = config.block_size
@@ -470,7 +483,8 @@ class Engine:
             request.blocks.extend([None] * lacks)
             request.computed += steps
             request.generated += steps
-            self._name_blocks(request, request.computed // size)
+            if request.computed // size > request.named:
+                self._name_blocks(request, request.computed // size)
             firsts.append(float(ends[0]) - (request.last_token or self.now))
             request.last_token = end
         stats.generation_tokens += n * steps
@@ -517,12 +531,15 @@ class Engine:
         drafts are not)."""
         after = request.computed + tokens
         size = self.config.block_size
-        need = max(-(-after // size) - len(request.blocks), 0)
-        if need > self.kv.free:
-            return False
-        self.kv.allocate(need)
-        request.blocks.extend([None] * need)
-        self._name_blocks(request, min(after, request.num_tokens) // size)
+        need = -(-after // size) - len(request.blocks)
+        if need > 0:  # most steps a running request stays within its last block
+            if need > self.kv.free:
+                return False
+            self.kv.allocate(need)
+            request.blocks.extend([None] * need)
+        full = min(after, request.num_tokens) // size
+        if full > request.named:
+            self._name_blocks(request, full)
         return True
 
     def _name_blocks(self, request: Request, full: int) -> None:

@@ -156,20 +156,25 @@ class History:
         return levels
 
 
-def weighted_quantile(values: Sequence[float], weights: Sequence[float], q: float) -> float | None:
-    """The smallest value with at least q of the weight at or below it."""
-    pairs = sorted(
-        (v, w) for v, w in zip(values, weights, strict=True) if w > 0 and math.isfinite(v)
-    )
-    total = sum(w for _, w in pairs)
+def weighted_quantile(
+    values: Sequence[float] | np.ndarray, weights: Sequence[float] | np.ndarray, q: float
+) -> float | None:
+    """The smallest value with at least q of the weight at or below it (values of no weight,
+    and values that are not finite, left out)."""
+    v, w = np.asarray(values, dtype=float), np.asarray(weights, dtype=float)
+    if v.shape != w.shape:
+        raise ValueError(f"{len(v)} values but {len(w)} weights")
+    keep = (w > 0) & np.isfinite(v)
+    v, w = v[keep], w[keep]
+    if not len(v):
+        return None
+    order = np.lexsort((w, v))  # by value, then weight: as sorting the (value, weight) pairs
+    v, running = v[order], np.add.accumulate(w[order])  # added in order, as a loop adds
+    total = float(running[-1])
     if total <= 0:
         return None
-    running = 0.0
-    for value, weight in pairs:
-        running += weight
-        if running >= q * total - 1e-12:
-            return float(value)
-    return float(pairs[-1][0])
+    reached = np.flatnonzero(running >= q * total - 1e-12)
+    return float(v[reached[0]] if len(reached) else v[-1])
 
 
 def fraction_at_most(histogram: Histogram | None, threshold: float) -> float | None:

@@ -33,6 +33,7 @@ import numpy as np
 
 from kneepoint.config import Slo
 from kneepoint.samples import Histogram
+from kneepoint.twin.kvcache import block_hashes
 from kneepoint.twin.simulated_engine import Engine, EngineConfig, Request
 from kneepoint.whatif.changes import Change, apply
 from kneepoint.whatif.history import SATURATED, History, weighted_quantile
@@ -235,23 +236,37 @@ MEAN_KEYS = ("kv_cache_usage", "running", "waiting", "saturated")
 LATENCY_KEYS = ("ttft", "itl", "e2e", "queue")
 
 
-def compose_prompt(
-    tokens_rng: np.random.Generator,
-    length: int,
-    common: list[int],
-    everyone: int,
-    prefix: list[int],
-    own: int,
-) -> list[int]:
-    """A prompt of `length` tokens: the first `everyone` tokens of the prefix common to every
-    session, the first `own` of its session's prefix, then fresh ones. The prefixes are drawn
-    from `tokens_rng` as far as they are first needed and kept (they grow in place), so the
-    same seed gives the same prompts whatever the engine."""
-    for part, size in ((common, everyone), (prefix, own)):
-        if len(part) < size:
-            part.extend(tokens_rng.integers(VOCABULARY, size=size - len(part)).tolist())
-    fresh = tokens_rng.integers(VOCABULARY, size=max(0, length - everyone - own))
-    return common[:everyone] + prefix[:own] + fresh.tolist()
+class Prompts:
+    """The replay's prompts, each of `length` tokens: the first `everyone` tokens of the prefix
+    common to every session, the first `own` of its session's prefix, then fresh ones. The
+    prefixes are drawn from `tokens_rng` as far as they are first needed and kept (they grow
+    in place), so the same seed gives the same prompts whatever the engine. The chained
+    block hashes of each (session, `everyone`) head are kept as well, so a prompt's hashes
+    are computed for its fresh blocks only (Engine.add's `known_hashes`): an agent's turn
+    resends its session's head, thousands of tokens, each time."""
+
+    def __init__(self, tokens_rng: np.random.Generator, block_size: int) -> None:
+        self.tokens_rng = tokens_rng
+        self.block_size = block_size
+        self.common: list[int] = []
+        self.prefixes: dict[int, list[int]] = {}
+        self.heads: dict[tuple[int, int], list[int]] = {}
+
+    def compose(
+        self, length: int, everyone: int, session: int, own: int
+    ) -> tuple[list[int], list[int]]:
+        """(the prompt's tokens, the hashes of its head's full blocks)."""
+        common, prefix = self.common, self.prefixes.setdefault(session, [])
+        for part, size in ((common, everyone), (prefix, own)):
+            if len(part) < size:
+                part.extend(self.tokens_rng.integers(VOCABULARY, size=size - len(part)).tolist())
+        fresh = self.tokens_rng.integers(VOCABULARY, size=max(0, length - everyone - own))
+        head = common[:everyone] + prefix[:own]
+        full = len(head) // self.block_size
+        known = self.heads.get((session, everyone), [])
+        if len(known) < full:
+            known = self.heads[session, everyone] = block_hashes(head, self.block_size, known)
+        return head + fresh.tolist(), known[:full]
 
 
 def simulate_level(
@@ -291,8 +306,8 @@ def simulate_level(
     tokens_rng = np.random.default_rng(seed)
     # The longest sequence the engine takes (max_model_len, or a cache smaller than that).
     limit = max(2, min(config.max_model_len, engine.capacity_tokens - config.block_size))
-    pool: list[list[int]] = [[] for _ in range(max(1, prefixes or sessions))]
-    common: list[int] = []
+    pool = max(1, prefixes or sessions)  # session prefixes
+    prompts = Prompts(tokens_rng, config.block_size)
     # The common prefix has one length (its blocks are the same for every request).
     common_tokens = round(load.common_share * load.prompt_tokens_mean) if shared else 0
     mu_prompt = math.log(load.prompt_tokens_mean) - LENGTH_SIGMA**2 / 2
@@ -307,8 +322,7 @@ def simulate_level(
         length = max(1, min(round(rng.lognormvariate(mu_prompt, LENGTH_SIGMA)), limit - output))
         everyone = min(common_tokens, length)
         own = min(int(shared * session_share * length), length - everyone)
-        prefix = pool[session % len(pool)]
-        tokens = compose_prompt(tokens_rng, length, common, everyone, prefix, own)
+        tokens, known = prompts.compose(length, everyone, session % pool, own)
         pause = rng.expovariate(1 / think) if think > 0 else 0.0
         times: list[float] = []
 
@@ -317,7 +331,7 @@ def simulate_level(
             if done:
                 heapq.heappush(due, (at + pause, session))
 
-        request = engine.add(tokens, output, sink)
+        request = engine.add(tokens, output, sink, known_hashes=known)
         if engine.now >= warmup:
             tracked.append((request, engine.now, times))
         next(order)
@@ -546,9 +560,8 @@ def simulate_window(
     limit = max(2, min(config.max_model_len, engine.capacity_tokens - config.block_size))
     think = load.think_seconds
     reference = load.hit_rate * COLD_SHARE
-    common: list[int] = []
+    prompts = Prompts(tokens_rng, config.block_size)
     common_tokens = round(load.common_share * load.prompt_tokens_mean) if shared else 0
-    prefixes: dict[int, list[int]] = {}
     due: list[tuple[float, int]] = []
     wanted = 0  # sessions the current bucket keeps
     active: set[int] = set()  # sessions in the loop (waiting for an answer or thinking)
@@ -569,8 +582,7 @@ def simulate_window(
         length = max(1, min(round(current.prompt.draw(rng)), limit - output))
         everyone = min(common_tokens, length)
         own = min(int(share * length), length - everyone)
-        prefix = prefixes.setdefault(session % pool, [])
-        tokens = compose_prompt(tokens_rng, length, common, everyone, prefix, own)
+        tokens, known = prompts.compose(length, everyone, session % pool, own)
         pause = rng.expovariate(1 / think) if think > 0 else 0.0
         times: list[tuple[float, int]] = []
 
@@ -579,7 +591,7 @@ def simulate_window(
             if done:
                 heapq.heappush(due, (at + pause, session))
 
-        request = engine.add(tokens, output, sink)
+        request = engine.add(tokens, output, sink, known_hashes=known)
         if weight:
             tracked.append((request, engine.now, times, weight))
 
@@ -815,7 +827,7 @@ def aggregate(
         values, weights = window.samples[key], window.weights[key]
         for name, q in (("p50", 0.5), ("p99", 0.99)):
             out[f"{key}_{name}_seconds"] = (
-                weighted_quantile(values.tolist(), weights.tolist(), q) if len(values) else None
+                weighted_quantile(values, weights, q) if len(values) else None
             )
     out["slo_compliance"] = {
         slo.name: _compliance(window, slo)

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import numpy as np
 import pytest
 
 from kneepoint.whatif import WhatIfError, load_of
@@ -67,3 +68,27 @@ def test_weighted_quantile_weighs_by_time() -> None:
     assert weighted_quantile([0.1, 0.9], [95.0, 5.0], 0.95) == 0.1
     assert weighted_quantile([0.1, 0.9], [94.0, 6.0], 0.95) == 0.9
     assert weighted_quantile([], [], 0.5) is None
+
+
+def test_weighted_quantile_is_the_running_weight_over_the_sorted_pairs() -> None:
+    """The numpy form against its definition, on ties, zero weights and a NaN."""
+
+    def by_definition(values: list[float], weights: list[float], q: float) -> float | None:
+        pairs = sorted((v, w) for v, w in zip(values, weights, strict=True) if w > 0 and v == v)
+        total = sum(w for _, w in pairs)
+        running = 0.0
+        for value, weight in pairs:
+            running += weight
+            if running >= q * total - 1e-12:
+                return value
+        return pairs[-1][0] if pairs else None
+
+    rng = np.random.default_rng(7)
+    for _ in range(200):
+        values = rng.integers(0, 20, size=50).astype(float) / 7  # ties
+        weights = rng.choice([0.0, 0.1, 1.0, 3.7], size=50)
+        values[3] = float("nan")
+        for q in (0.0, 0.5, 0.95, 0.99, 1.0):
+            expected = by_definition(values.tolist(), weights.tolist(), q)
+            assert weighted_quantile(values, weights, q) == expected
+            assert weighted_quantile(values.tolist(), weights.tolist(), q) == expected
