@@ -29,7 +29,7 @@ import numpy as np
 
 from kneepoint.twin.kvcache import HostCache, KvCache, block_hashes
 from kneepoint.twin.profiles import GIB, Gpu, Model
-from kneepoint.twin.stats import Stats
+from kneepoint.twin.stats import Counters, Stats
 
 # Fractions of the datasheet a real serving stack reaches, calibrated on the
 # RTX 4000 Ada + Qwen3-4B workshop figures of docs/explanation/domain.md
@@ -226,11 +226,20 @@ class Rejected(Exception):
 
 
 class Engine:
-    def __init__(self, config: EngineConfig, now: float = 0.0, seed: int = 0) -> None:
+    def __init__(
+        self, config: EngineConfig, now: float = 0.0, seed: int = 0, counters_only: bool = False
+    ) -> None:
+        """`counters_only`: keep the counters alone, no histogram and no time or work sums
+        (busy, memory and compute seconds; estimated FLOPs and bytes), for a caller that reads
+        the counters and takes latencies from its requests' own times (the what-if replay):
+        the same run, cheaper."""
         self.config = config
         self.now = now
         self.kv = KvCache(config.num_gpu_blocks, config.block_size, config.enable_prefix_caching)
-        self.stats = Stats(config.max_model_len, config.num_speculative_tokens)
+        self.accounting = not counters_only
+        self.stats = (Counters if counters_only else Stats)(
+            config.max_model_len, config.num_speculative_tokens
+        )
         self.waiting: deque[Request] = deque()
         self.running: list[Request] = []
         self.waiting_for_capacity = 0
@@ -455,13 +464,48 @@ class Engine:
             steps = min(steps, int(reached[0]) + 1)
             if steps < 2:
                 return False
-        durations, memory, context, ends = (
-            durations[:steps],
-            memory[:steps],
-            context[:steps],
-            ends[:steps],
-        )
-        stats, model = self.stats, config.model
+        ends = ends[:steps]
+        stats = self.stats
+        if self.accounting:
+            self._account_stretch(n, compute, memory[:steps], durations[:steps], context[:steps])
+            first = float(ends[0])
+            stats.observe_many(
+                "inter_token_latency_seconds",
+                np.array([first - (r.last_token or self.now) for r in running]),
+            )
+            stats.observe_many("inter_token_latency_seconds", np.diff(ends), n)
+        # Every request decodes one token a step: blocks, counters, latencies.
+        kv.allocate(int(needed[steps - 1]))
+        end = float(ends[-1])
+        for request, lacks in zip(running, lacking[:, steps - 1].tolist(), strict=True):
+            request.blocks.extend([None] * lacks)
+            request.computed += steps
+            request.generated += steps
+            if request.computed // size > request.named:
+                self._name_blocks(request, request.computed // size)
+            request.last_token = end
+        stats.generation_tokens += n * steps
+        self.now = end
+        self.fast_forwarded += steps
+        self.admitted = []
+        self.waiting_for_capacity = waiting_for_capacity
+        for request in running:
+            if request.sink is not None:
+                request.sink(steps, False, end)
+        return True
+
+    def _account_stretch(
+        self,
+        n: int,
+        compute: float,
+        memory: np.ndarray,
+        durations: np.ndarray,
+        context: np.ndarray,
+    ) -> None:
+        """A fast-forwarded stretch's time and work sums, as its steps' _duration would add
+        them (to float rounding)."""
+        config, stats, model = self.config, self.stats, self.config.model
+        steps = len(durations)
         stats.memory_seconds += float(memory.sum())
         stats.compute_seconds += compute * steps
         stats.busy_seconds += float(durations.sum())
@@ -475,29 +519,6 @@ class Engine:
             ((config.weight_bytes + context * config.kv_bytes_per_token) / tp).sum()
         )
         stats.estimated_write_bytes += n * config.kv_bytes_per_token / tp * steps
-        # Every request decodes one token a step: blocks, counters, latencies.
-        kv.allocate(int(needed[steps - 1]))
-        end = float(ends[-1])
-        firsts = []
-        for request, lacks in zip(running, lacking[:, steps - 1].tolist(), strict=True):
-            request.blocks.extend([None] * lacks)
-            request.computed += steps
-            request.generated += steps
-            if request.computed // size > request.named:
-                self._name_blocks(request, request.computed // size)
-            firsts.append(float(ends[0]) - (request.last_token or self.now))
-            request.last_token = end
-        stats.generation_tokens += n * steps
-        stats.observe_many("inter_token_latency_seconds", np.array(firsts))
-        stats.observe_many("inter_token_latency_seconds", np.diff(ends), n)
-        self.now = end
-        self.fast_forwarded += steps
-        self.admitted = []
-        self.waiting_for_capacity = waiting_for_capacity
-        for request in running:
-            if request.sink is not None:
-                request.sink(steps, False, end)
-        return True
 
     def _admission_blocked(self, budget: int) -> int | None:
         """What step() would leave in waiting_for_capacity where no waiting request can be
@@ -671,7 +692,8 @@ class Engine:
 
     def _duration(self, work: list[tuple[Request, int]]) -> float:
         config, cost = self.config, self.cost
-        self._estimate(work)
+        if self.accounting:
+            self._estimate(work)
         tokens = sum(count for _, count in work)
         context = sum(request.computed + count for request, count in work)
         memory = cost.weight_read_seconds + context * cost.context_token_seconds
@@ -685,16 +707,17 @@ class Engine:
         draft = 0.0
         if decoding and config.num_speculative_tokens:
             draft = cost.draft_token_seconds * config.num_speculative_tokens
-        stats = self.stats
-        stats.memory_seconds += memory
-        stats.compute_seconds += compute
-        stats.prefill_compute_seconds += compute * prefill_tokens / max(tokens, 1)
         duration = cost.overhead_seconds + memory + compute + draft
         # Blocks loaded from the CPU tier this step cross the host link first.
         duration += self._host_load_bytes / HOST_LINK_BYTES_PER_SECOND
         self._host_load_bytes = 0.0
-        stats.busy_seconds += duration
-        stats.observe("iteration_tokens_total", tokens)
+        if self.accounting:
+            stats = self.stats
+            stats.memory_seconds += memory
+            stats.compute_seconds += compute
+            stats.prefill_compute_seconds += compute * prefill_tokens / max(tokens, 1)
+            stats.busy_seconds += duration
+            stats.observe("iteration_tokens_total", tokens)
         return duration
 
     def _estimate(self, work: list[tuple[Request, int]]) -> None:

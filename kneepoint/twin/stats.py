@@ -199,3 +199,14 @@ class Stats:
 
     def observe_many(self, name: str, values: npt.NDArray[np.float64], times: int = 1) -> None:
         self.histograms[name].observe_many(values, times)
+
+
+class Counters(Stats):
+    """Stats that keep the counters alone: observing a histogram does nothing (Engine's
+    `counters_only`, for a caller that takes its latencies from its requests' own times)."""
+
+    def observe(self, name: str, value: float, times: int = 1) -> None:
+        pass
+
+    def observe_many(self, name: str, values: npt.NDArray[np.float64], times: int = 1) -> None:
+        pass

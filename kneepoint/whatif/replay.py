@@ -301,7 +301,7 @@ def simulate_level(
         return run
     seconds = min(max(seconds, requests / rate), MAX_SECONDS)
     end = warmup + seconds
-    engine = Engine(config, seed=seed)
+    engine = Engine(config, seed=seed, counters_only=True)
     rng = random.Random(seed * 104729 + sessions)
     tokens_rng = np.random.default_rng(seed)
     # The longest sequence the engine takes (max_model_len, or a cache smaller than that).
@@ -554,7 +554,7 @@ def simulate_window(
     prefix share of `shared` × (its hit rate / the light-load hit rate, at most 1); its counts
     scale by its seconds over the slice's. A request's latencies count for the bucket it was
     sent in; one unanswered at the end counts with the time it had waited (a lower bound)."""
-    engine = Engine(config, seed=seed)
+    engine = Engine(config, seed=seed, counters_only=True)
     rng = random.Random(seed * 104729 + 1)
     tokens_rng = np.random.default_rng(seed)
     limit = max(2, min(config.max_model_len, engine.capacity_tokens - config.block_size))

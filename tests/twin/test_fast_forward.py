@@ -118,6 +118,36 @@ def test_advance_gives_what_stepping_gives(name: str) -> None:
         assert stepped.stats.prefix_cache_hits > 0
 
 
+COUNTERS = (
+    "prompt_tokens",
+    "generation_tokens",
+    "preemptions",
+    "preempted_prompt_tokens",
+    "preempted_output_tokens",
+    "prefix_cache_queries",
+    "prefix_cache_hits",
+    "prompt_local_compute",
+    "finished",
+)
+
+
+@pytest.mark.parametrize("name", LOADS)
+def test_a_counters_only_engine_runs_the_same_and_keeps_the_counters(name: str) -> None:
+    """The what-if replay's engine: the same times, tokens and counters, exactly; no
+    histogram observed and no time or work summed."""
+    engine_config, arrivals = LOADS[name]
+    full, lean = Engine(engine_config), Engine(engine_config, counters_only=True)
+    full_sinks, lean_sinks = by_advance(full, arrivals), by_advance(lean, arrivals)
+    assert lean.fast_forwarded == full.fast_forwarded > 0
+    assert lean.now == full.now and lean_sinks == full_sinks
+    for counter in COUNTERS:
+        assert getattr(lean.stats, counter) == getattr(full.stats, counter), counter
+    assert full.stats.busy_seconds > 0 and full.stats.estimated_flops > 0
+    assert lean.stats.busy_seconds == lean.stats.estimated_flops == 0.0
+    assert sum(full.stats.histograms["inter_token_latency_seconds"].counts) > 0
+    assert all(sum(h.counts) == 0 for h in lean.stats.histograms.values())
+
+
 def test_advance_stops_at_until_and_when_a_request_finishes() -> None:
     engine = Engine(config())
     engine.add(list(range(100)), 50)

@@ -170,6 +170,17 @@ def test_acceptance_counters_follow_the_configured_rate() -> None:
     assert stats.spec_draft_tokens == 3 * drafts
 
 
+def test_block_hashes_take_the_known_hashes_of_a_prefix_sent_before() -> None:
+    rng = random.Random(3)
+    head, tail = random_prompt(rng, 40), random_prompt(rng, 37)
+    whole = block_hashes(head + tail, 16)
+    assert len(whole) == 4  # 77 tokens: 4 full blocks
+    assert block_hashes(head + tail, 16, block_hashes(head, 16)) == whole
+    assert block_hashes(head + tail, 16, whole[:1]) == whole
+    # Known hashes are taken as they are: the caller vouches for them.
+    assert block_hashes(head + tail, 16, [7, 8])[:2] == [7, 8]
+
+
 def test_the_cache_evicts_least_recently_used_blocks_nobody_holds() -> None:
     cache = KvCache(num_blocks=5, block_size=2)
     first, second = block_hashes([1, 2, 3, 4], 2), block_hashes([9, 9, 8, 8], 2)
