@@ -440,45 +440,64 @@ class Engine:
         if steps < 2:
             return False
         size = config.block_size
-        computed = np.array([r.computed for r in running], dtype=np.int64)
-        held = np.array([len(r.blocks) for r in running], dtype=np.int64)
-        ahead = np.arange(1, steps + 1, dtype=np.int64)
-        # Blocks each request lacks after k steps; the stretch ends before they run out.
-        lacking = np.maximum(-(-(computed[:, None] + ahead[None, :]) // size) - held[:, None], 0)
-        needed = lacking.sum(axis=0)
-        steps = min(steps, int(np.count_nonzero(needed <= kv.free)))
-        if steps < 2:
-            return False
-        # Each step's duration, term by term as _duration adds them.
-        context = int(computed.sum()) + n + n * np.arange(steps, dtype=np.int64)
-        memory = cost.weight_read_seconds + context * cost.context_token_seconds
+        # Past the tokens its blocks still hold (its room), a request lacks one more block
+        # every `size` steps: after k steps, ceil((k - room) / size). The stretch ends
+        # before the free blocks run out (what it lacks only grows with k).
+        rooms = [len(r.blocks) * size - r.computed for r in running]
+        free = kv.free
+
+        def lacking(k: int) -> list[int]:
+            return [-(-(k - room) // size) if k > room else 0 for room in rooms]
+
+        if sum(lacking(steps)) > free:
+            covered, short = 0, steps  # lacking(covered) fits, lacking(short) does not
+            while short - covered > 1:
+                middle = (covered + short) // 2
+                if sum(lacking(middle)) <= free:
+                    covered = middle
+                else:
+                    short = middle
+            steps = covered
+            if steps < 2:
+                return False
+        # Each step's end, its duration term by term as _duration adds them and the ends
+        # added left to right as step() adds them (the same floats), up to the one that
+        # reaches `until`.
+        overhead, weights, per_context = (
+            cost.overhead_seconds,
+            cost.weight_read_seconds,
+            cost.context_token_seconds,
+        )
         compute = (
             n * cost.token_seconds + 0 * cost.prefill_token_seconds + n * cost.sequence_seconds
         )
-        durations = cost.overhead_seconds + memory + compute
-        # now + d0, + d1, ... added left to right as step() adds them (add.accumulate is a
-        # sequential loop, not a pairwise sum: the same floats).
-        ends = np.add.accumulate(np.concatenate(([self.now], durations)))[1:]
-        reached = np.flatnonzero(ends >= until)
-        if len(reached):
-            steps = min(steps, int(reached[0]) + 1)
-            if steps < 2:
-                return False
-        ends = ends[:steps]
+        context = sum(r.computed for r in running) + n
+        ends: list[float] = []
+        end = self.now
+        for _ in range(steps):
+            end += overhead + (weights + context * per_context) + compute
+            ends.append(end)
+            context += n
+            if end >= until:
+                break
+        steps = len(ends)
+        if steps < 2:
+            return False
         stats = self.stats
         if self.accounting:
-            self._account_stretch(n, compute, memory[:steps], durations[:steps], context[:steps])
-            first = float(ends[0])
+            contexts = sum(r.computed for r in running) + n + n * np.arange(steps, dtype=np.int64)
+            memory = weights + contexts * per_context
+            self._account_stretch(n, compute, memory, overhead + memory + compute, contexts)
             stats.observe_many(
                 "inter_token_latency_seconds",
-                np.array([first - (r.last_token or self.now) for r in running]),
+                np.array([ends[0] - (r.last_token or self.now) for r in running]),
             )
             stats.observe_many("inter_token_latency_seconds", np.diff(ends), n)
         # Every request decodes one token a step: blocks, counters, latencies.
-        kv.allocate(int(needed[steps - 1]))
-        end = float(ends[-1])
-        for request, lacks in zip(running, lacking[:, steps - 1].tolist(), strict=True):
-            request.blocks.extend([None] * lacks)
+        lacks = lacking(steps)
+        kv.allocate(sum(lacks))
+        for request, lack in zip(running, lacks, strict=True):
+            request.blocks.extend([None] * lack)
             request.computed += steps
             request.generated += steps
             if request.computed // size > request.named:
