@@ -248,7 +248,10 @@ def without_cycle_collection(simulate: Callable[P, R]) -> Callable[P, R]:
     by reference counting as before; a cycle, if any, waits for the next collection after).
     A replay allocates about a million short-lived objects (requests, their block lists,
     token lists), which triggers collections that each walk the process's whole heap: on
-    the demo's week they took a fifth of a replay's time (docs/benchmarks.md)."""
+    the demo's week they took a fifth of a replay's time (docs/benchmarks.md). The switch is
+    the process's: where replays run on several threads at once, the collector is back on
+    when the first of them ends (the others then run as before, only slower), and it is
+    left off after a replay only where it was off before."""
 
     @functools.wraps(simulate)
     def run(*args: P.args, **kwargs: P.kwargs) -> R:
